@@ -1,0 +1,1 @@
+"""Engines: the only code that knows a database driver."""

@@ -1,0 +1,605 @@
+"""The SQLite engine: connection discipline, writer gate, budgeted lock wait, hygiene.
+
+The write path (DESIGN.md, "The write path (SQLite)")::
+
+    gate.acquire(deadline)        in-process lock + flock on <db>.gate
+    BEGIN IMMEDIATE               retried every ~1 ms until the deadline, before the body
+    body                          runs once
+    COMMIT                        any error: ROLLBACK (discard the connection if that fails)
+    gate.release(); checkpoint    outside the gate, when the WAL has grown
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import apsw
+
+from fleetstore import errors
+from fleetstore.engine.gate import GateTimeout, WriterGate
+from fleetstore.engine.proclocks import lock_holders
+from fleetstore.metrics import WriteMetrics
+from fleetstore.settings import Settings
+
+T = TypeVar("T")
+Row = tuple[Any, ...]
+Params = Sequence[Any] | dict[str, Any]
+
+_MIGRATIONS_TABLE = "fleetstore_migrations"
+_BEGIN_RETRY_SLEEP = 0.001
+_MAX_IDLE_READERS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One versioned schema step: SQL text (several statements allowed) or a
+    function given the write transaction.  Versions are positive and unique."""
+
+    version: int
+    name: str
+    sql: str | Callable[[WriteTx], None]
+
+
+def _translate(exc: apsw.Error, path: str) -> errors.FleetstoreError:
+    """The fleetstore error for a driver error; the caller raises it ``from exc``."""
+    message = f"{path}: {exc}"
+    if isinstance(exc, apsw.ConstraintError):
+        return errors.IntegrityError(message)
+    if isinstance(exc, apsw.ReadOnlyError):
+        return errors.ReadOnlyError(message)
+    if isinstance(exc, apsw.NotADBError | apsw.CorruptError):
+        return errors.CorruptStore(message)
+    if isinstance(exc, apsw.BusyError | apsw.LockedError):
+        return errors.StoreBusy(path, 0.0, 1, stage="statement")
+    if isinstance(exc, apsw.ConnectionClosedError | apsw.CursorClosedError):
+        return errors.StoreClosed(message)
+    return errors.DatabaseError(message)
+
+
+def _pragma(conn: apsw.Connection, name: str) -> int:
+    value = conn.execute(f"PRAGMA {name}").fetchall()[0][0]
+    return int(value) if isinstance(value, int | str) else 0
+
+
+class _Tx:
+    __slots__ = ("_conn", "_open", "_path")
+
+    def __init__(self, conn: apsw.Connection, path: str) -> None:
+        self._conn = conn
+        self._path = path
+        self._open = True
+
+    def execute(self, sql: str, params: Params = ()) -> list[Row]:
+        """Run *sql* and return every row it produces, read to the end.
+
+        Reading whole is what keeps a write statement from staying active: an
+        ``UPDATE … RETURNING`` read in part makes COMMIT fail with "SQL
+        statements in progress" and leaves the lock held
+        (tests/test_engine.py::test_returning_read_in_part_wedges_raw_apsw_but_not_the_api).
+        """
+        cursor = self._cursor()
+        try:
+            return list(cursor.execute(sql, params))
+        except apsw.Error as exc:
+            raise _translate(exc, self._path) from exc
+        finally:
+            cursor.close(True)
+
+    def executemany(self, sql: str, seq_of_params: Iterable[Params]) -> None:
+        """Run *sql* once per parameter set (rows produced are read and dropped)."""
+        cursor = self._cursor()
+        try:
+            for _ in cursor.executemany(sql, seq_of_params):
+                pass
+        except apsw.Error as exc:
+            raise _translate(exc, self._path) from exc
+        finally:
+            cursor.close(True)
+
+    def _cursor(self) -> apsw.Cursor:
+        if not self._open:
+            raise errors.StoreClosed(
+                "this transaction has ended; use a new db.write() or db.read()"
+            )
+        return self._conn.cursor()
+
+
+class WriteTx(_Tx):
+    """The transaction of one ``with db.write() as tx:`` block."""
+
+    __slots__ = ()
+
+
+class ReadTx(_Tx):
+    """A read transaction: one consistent snapshot; writes raise ``ReadOnlyError``."""
+
+    __slots__ = ()
+
+
+class Database:
+    """A SQLite file that many processes can write at once without "database is locked".
+
+    >>> import tempfile, os
+    >>> db = Database.open(os.path.join(tempfile.mkdtemp(), "app.db"),
+    ...                    migrations=[Migration(1, "t", "CREATE TABLE t(v)")])
+    >>> with db.write() as tx:
+    ...     tx.execute("INSERT INTO t(v) VALUES (?) RETURNING v", (1,))
+    [(1,)]
+    >>> db.read(lambda tx: tx.execute("SELECT v FROM t"))
+    [(1,)]
+    >>> db.close()
+    """
+
+    # Tests point this at a statement that fails, to drive the discard path.
+    _rollback_sql = "ROLLBACK"
+
+    def __init__(self, path: str, settings: Settings) -> None:
+        self.path = os.path.abspath(path)
+        self.gate_path = self.path + ".gate"
+        self.settings = settings
+        self._lock = threading.Lock()  # guards the connection slots below
+        self._checkpoint_lock = threading.Lock()
+        self._closed = False
+        self._pid = os.getpid()
+        self._orphans: list[apsw.Connection] = []
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        self._writer: apsw.Connection | None = None
+        self._checkpointer: apsw.Connection | None = None
+        self._idle_readers: list[apsw.Connection] = []
+        self._gate = WriterGate(self.gate_path, cross_process=self.settings.gate)
+        self._metrics = WriteMetrics()
+        self._wal_frames = 0
+        self._frame_bytes = 4096 + 24
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], migrations: Sequence[Migration] = (), **settings: Any
+    ) -> Database:
+        """Open (creating if needed, mode 0600) the database at *path*, switch it to WAL
+        if it is not already, and apply the *migrations* it lacks, exactly once across
+        every process opening it at the same time.  *settings* are ``Settings`` fields,
+        each also readable from ``FLEETSTORE_<NAME>``."""
+        config = Settings.load(**settings)
+        path = os.fspath(path)
+        if path in ("", ":memory:") or path.startswith("file:"):
+            raise errors.ConfigError(
+                f"a file path is required, not {path!r}: processes share files"
+            )
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        # Sessions carry secrets: create the file 0600 ourselves, before SQLite
+        # would create it 0644; SQLite gives -wal and -shm the database's mode.
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise errors.DatabaseError(f"{path}: cannot open: {exc.strerror}") from exc
+        fresh = os.fstat(fd).st_size == 0
+        os.close(fd)
+        db = cls(path, config)
+        try:
+            db._prepare_file(fresh)
+            if migrations:
+                db.migrate(migrations)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _prepare_file(self, fresh: bool) -> None:
+        conn = self._writer_connection()
+        try:
+            page_size = _pragma(conn, "page_size")
+            mode = self._journal_mode(conn)
+        except apsw.Error as exc:
+            raise _translate(exc, self.path) from exc
+        self._frame_bytes = page_size + 24
+        if mode == "wal" and not fresh:
+            return
+        # The switch needs the file to itself and fails at once (or silently keeps
+        # the old mode) while another process holds a lock: do it under the gate,
+        # only when needed, and check the mode it reports.
+        deadline = time.monotonic() + self.settings.write_budget
+        self._acquire_gate(time.monotonic(), deadline)
+        try:
+            if fresh:
+                with contextlib.suppress(apsw.Error):
+                    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            while True:
+                try:
+                    if self._journal_mode(conn, "WAL") == "wal":
+                        return
+                except apsw.BusyError:
+                    pass
+                except apsw.Error as exc:
+                    raise _translate(exc, self.path) from exc
+                if time.monotonic() >= deadline:
+                    raise errors.StoreBusy(
+                        self.path,
+                        self.settings.write_budget,
+                        1,
+                        lock_holders(self.path, self.gate_path),
+                        stage="journal mode switch",
+                    )
+                time.sleep(_BEGIN_RETRY_SLEEP)
+        finally:
+            self._gate.release()
+
+    @staticmethod
+    def _journal_mode(conn: apsw.Connection, new: str | None = None) -> str:
+        sql = "PRAGMA journal_mode" + (f"={new}" if new else "")
+        return str(conn.execute(sql).fetchall()[0][0]).lower()
+
+    def _connect(self, role: str) -> apsw.Connection:
+        try:
+            conn = apsw.Connection(
+                self.path, flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
+            )
+            self._configure(conn, role)
+        except apsw.Error as exc:
+            raise _translate(exc, self.path) from exc
+        return conn
+
+    def _configure(self, conn: apsw.Connection, role: str) -> None:
+        """Every connection, on open and again after migrations: busy timeout (the
+        backstop), synchronous, foreign keys; writers also hand checkpoints to us."""
+        conn.setbusytimeout(self.settings.busy_timeout_ms)
+        conn.execute(f"PRAGMA synchronous={self.settings.synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        if role == "reader":
+            conn.execute("PRAGMA query_only=ON")
+        if role == "writer":
+            # SQLite's auto-checkpoint runs inside COMMIT, i.e. while the gate is
+            # held; a WAL hook of our own replaces it and counts the frames so we
+            # checkpoint after release (DESIGN.md: 1.3-1.56x).
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+            conn.set_wal_hook(self._on_wal_commit)
+
+    def _on_wal_commit(self, _conn: apsw.Connection, _name: str, frames: int) -> int:
+        self._wal_frames = frames
+        return apsw.SQLITE_OK
+
+    def _check_process(self) -> None:
+        if self._closed:
+            raise errors.StoreClosed(f"{self.path}: the database was closed")
+        if os.getpid() != self._pid:
+            self._after_fork()
+
+    def _after_fork(self) -> None:
+        # SQLite connections must not cross fork().  The child keeps references to
+        # the inherited ones without ever using or closing them, and opens its own;
+        # the inherited gate descriptor is closed (not unlocked: it shares the
+        # parent's open file).  tests/test_fleet.py::test_fork_child_never_reuses_parent_connections
+        # (No self._lock here: a parent thread may have held it at fork time.)
+        inherited = [self._writer, self._checkpointer, *self._idle_readers]
+        self._orphans.extend(c for c in inherited if c is not None)
+        self._gate.close()
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
+        self._reset_process_state()
+
+    def _writer_connection(self) -> apsw.Connection:
+        if self._writer is None:
+            self._writer = self._connect("writer")
+        return self._writer
+
+    def _discard(self, conn: apsw.Connection) -> None:
+        self._metrics.count("discarded_connections")
+        if conn is self._writer:
+            self._writer = None
+        with contextlib.suppress(apsw.Error):
+            conn.close(True)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[WriteTx]:
+        """A write transaction: gate, then ``BEGIN IMMEDIATE``, both waited for within
+        ``write_budget`` seconds (``StoreBusy`` past it, nothing written).  The body runs
+        once; if it raises, the transaction is rolled back and the error re-raised."""
+        self._check_process()
+        started = time.monotonic()
+        deadline = started + self.settings.write_budget
+        self._acquire_gate(started, deadline)
+        try:
+            conn = self._writer_connection()
+            self._begin_immediate(conn, started, deadline)
+            acquired = time.monotonic()
+            tx = WriteTx(conn, self.path)
+            try:
+                yield tx
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                self._metrics.count("write_errors")
+                self._rollback(conn)
+                if isinstance(exc, apsw.Error):
+                    raise _translate(exc, self.path) from exc
+                raise
+            finally:
+                tx._open = False
+            committed = time.monotonic()
+        finally:
+            self._gate.release()
+        self._metrics.record_write(acquired - started, committed - acquired)
+        self._maybe_checkpoint()
+
+    def _acquire_gate(self, started: float, deadline: float) -> None:
+        try:
+            if self._gate.acquire(deadline):
+                self._metrics.count("gate_contended")
+        except GateTimeout:
+            self._metrics.count("busy_timeouts")
+            raise errors.StoreBusy(
+                self.path,
+                time.monotonic() - started,
+                1,
+                lock_holders(self.path, self.gate_path),
+                stage="gate",
+            ) from None
+
+    def _begin_immediate(self, conn: apsw.Connection, started: float, deadline: float) -> None:
+        """BEGIN IMMEDIATE, retried every ~1 ms while a process outside the gate holds
+        the SQLite lock.  Never deferred BEGIN: its later upgrade to a write lock
+        returns BUSY at once without calling any busy handler."""
+        attempts = 0
+        # SQLite's own busy handler naps up to 100 ms; only the gate holder waits
+        # here, so a fine-grained retry costs the fleet nothing.
+        conn.setbusytimeout(0)
+        try:
+            while True:
+                attempts += 1
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except apsw.BusyError:
+                    pass
+                except apsw.Error as exc:
+                    if conn.in_transaction:
+                        # Left behind by an earlier failure we could not see; the
+                        # rollback discards the connection if it fails.
+                        self._rollback(conn)
+                    raise _translate(exc, self.path) from exc
+                self._metrics.count("begin_busy_retries")
+                if time.monotonic() >= deadline:
+                    self._metrics.count("busy_timeouts")
+                    raise errors.StoreBusy(
+                        self.path,
+                        time.monotonic() - started,
+                        attempts,
+                        lock_holders(self.path, self.gate_path),
+                        stage="sqlite",
+                    )
+                time.sleep(_BEGIN_RETRY_SLEEP)
+        finally:
+            with contextlib.suppress(apsw.Error):
+                conn.setbusytimeout(self.settings.busy_timeout_ms)
+
+    def _rollback(self, conn: apsw.Connection) -> None:
+        """After any error: roll back; a connection that cannot is thrown away, so no
+        later BEGIN meets "cannot start a transaction within a transaction"."""
+        try:
+            if conn.in_transaction:
+                conn.execute(self._rollback_sql)
+        except apsw.Error:
+            self._discard(conn)
+            return
+        if conn.in_transaction:
+            self._discard(conn)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def _maybe_checkpoint(self) -> None:
+        if self._wal_frames * self._frame_bytes < self.settings.checkpoint_bytes:
+            return
+        self.checkpoint()
+
+    def checkpoint(self) -> tuple[int, int]:
+        """Passive checkpoint, outside the gate; then, if the WAL is past
+        ``truncate_bytes`` and no reader holds frames back, one non-waiting try to
+        truncate it.  Returns (frames in the WAL, frames checkpointed); (-1, -1) if
+        another checkpoint was already running."""
+        self._check_process()
+        if not self._checkpoint_lock.acquire(blocking=False):
+            return (-1, -1)
+        try:
+            if self._checkpointer is None:
+                self._checkpointer = self._connect("checkpointer")
+            conn = self._checkpointer
+            try:
+                log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            except apsw.BusyError:
+                return (-1, -1)
+            except apsw.Error as exc:
+                raise _translate(exc, self.path) from exc
+            self._metrics.count("checkpoints")
+            self._wal_frames = 0
+            if log * self._frame_bytes >= self.settings.truncate_bytes and done == log:
+                conn.setbusytimeout(0)
+                try:
+                    log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                except apsw.BusyError:
+                    pass
+                finally:
+                    conn.setbusytimeout(self.settings.busy_timeout_ms)
+            return (log, done)
+        finally:
+            self._checkpoint_lock.release()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, fn: Callable[[ReadTx], T]) -> T:
+        """Call ``fn(tx)`` inside a read transaction (one snapshot) on a read connection,
+        without the gate, and return what it returns."""
+        self._check_process()
+        with self._lock:
+            conn = self._idle_readers.pop() if self._idle_readers else None
+        if conn is None:
+            conn = self._connect("reader")
+        tx = ReadTx(conn, self.path)
+        healthy = False
+        try:
+            try:
+                conn.execute("BEGIN")
+                result = fn(tx)
+            except apsw.Error as exc:
+                raise _translate(exc, self.path) from exc
+            finally:
+                tx._open = False
+                try:
+                    if conn.in_transaction:
+                        conn.execute(self._rollback_sql)
+                    healthy = not conn.in_transaction
+                except apsw.Error:
+                    healthy = False
+            return result
+        finally:
+            if not healthy:
+                self._discard(conn)
+            else:
+                with self._lock:
+                    if len(self._idle_readers) < _MAX_IDLE_READERS and not self._closed:
+                        self._idle_readers.append(conn)
+                        conn = None
+                if conn is not None:
+                    conn.close()
+
+    # -- migrations ------------------------------------------------------------------------
+
+    def migrate(self, migrations: Sequence[Migration]) -> list[int]:
+        """Apply, in one write transaction, the migrations newer than the store's
+        version; the version is read again inside the transaction, so processes
+        starting together apply each migration once.  Returns the versions applied."""
+        steps = sorted(migrations, key=lambda m: m.version)
+        versions = [m.version for m in steps]
+        if any(not isinstance(v, int) or isinstance(v, bool) or v <= 0 for v in versions):
+            raise errors.ConfigError(f"migration versions must be positive integers: {versions}")
+        if len(set(versions)) != len(versions):
+            raise errors.ConfigError(f"migration versions must be unique: {versions}")
+        if not steps or self.schema_version >= steps[-1].version:
+            self._check_not_newer(self.schema_version, steps)
+            return []
+        applied: list[int] = []
+        try:
+            with self.write() as tx:
+                tx.execute(
+                    f"CREATE TABLE IF NOT EXISTS {_MIGRATIONS_TABLE}("
+                    "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+                )
+                current = self._version_in(tx)
+                self._check_not_newer(current, steps)
+                for step in steps:
+                    if step.version <= current:
+                        continue
+                    try:
+                        if callable(step.sql):
+                            step.sql(tx)
+                        else:
+                            tx.execute(step.sql)
+                    except Exception as exc:
+                        raise errors.MigrationError(
+                            f"{self.path}: migration {step.version} ({step.name}) failed: {exc}"
+                        ) from exc
+                    tx.execute(
+                        f"INSERT INTO {_MIGRATIONS_TABLE}(version, name, applied_at) "
+                        "VALUES (?, ?, strftime('%Y-%m-%dT%H:%M:%fZ','now'))",
+                        (step.version, step.name),
+                    )
+                    applied.append(step.version)
+        finally:
+            # Migration SQL may change pragmas (foreign_keys, busy_timeout...):
+            # re-assert them on the connection that ran it, failure or not.
+            if self._writer is not None:
+                with contextlib.suppress(apsw.Error):
+                    self._configure(self._writer, "writer")
+        return applied
+
+    def _check_not_newer(self, current: int, steps: Sequence[Migration]) -> None:
+        if steps and current > steps[-1].version:
+            raise errors.MigrationError(
+                f"{self.path}: the store is at schema version {current}, newer than the "
+                f"newest migration this program knows ({steps[-1].version}); upgrade it"
+            )
+
+    @staticmethod
+    def _version_in(tx: _Tx) -> int:
+        exists = tx.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (_MIGRATIONS_TABLE,)
+        )
+        if not exists:
+            return 0
+        return int(tx.execute(f"SELECT coalesce(max(version), 0) FROM {_MIGRATIONS_TABLE}")[0][0])
+
+    @property
+    def schema_version(self) -> int:
+        """The newest migration applied to this store (0 for none)."""
+        return self.read(self._version_in)
+
+    # -- observing -------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, Any]:
+        """This process's write figures for this database (JSON-serialisable)."""
+        return {"pid": os.getpid(), "path": self.path, **self._metrics.snapshot()}
+
+    def connection_report(self) -> list[dict[str, Any]]:
+        """The settings each open connection of this process reports now."""
+        self._check_process()
+        with self._lock:
+            conns = [("writer", self._writer), ("checkpointer", self._checkpointer)]
+            conns += [("reader", c) for c in self._idle_readers]
+        report = []
+        for role, conn in conns:
+            if conn is None:
+                continue
+            sync = _pragma(conn, "synchronous")
+            report.append(
+                {
+                    "role": role,
+                    "journal_mode": self._journal_mode(conn),
+                    "busy_timeout": _pragma(conn, "busy_timeout"),
+                    "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[sync],
+                    "foreign_keys": bool(_pragma(conn, "foreign_keys")),
+                    "wal_autocheckpoint": _pragma(conn, "wal_autocheckpoint"),
+                }
+            )
+        return report
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every connection of this process.  Idempotent."""
+        if self._closed:
+            return
+        if os.getpid() != self._pid:
+            self._after_fork()
+        self._closed = True
+        with self._lock:
+            conns = [*self._idle_readers, self._checkpointer, self._writer]
+            self._idle_readers = []
+            self._writer = self._checkpointer = None
+        for conn in conns:
+            if conn is not None:
+                with contextlib.suppress(apsw.Error):
+                    conn.close(True)
+        self._gate.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<fleetstore.Database {self.path!r}{' closed' if self._closed else ''}>"
+
+
+__all__ = ["Database", "Migration", "ReadTx", "WriteTx"]

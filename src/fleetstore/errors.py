@@ -1,0 +1,106 @@
+"""One exception tree for everything fleetstore raises.
+
+Transient errors (``TransientError``) may succeed if the same call is made
+again later; permanent ones (``PermanentError``) will not.  Errors raised by
+the SQLite driver are kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class FleetstoreError(Exception):
+    """A fleetstore operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(FleetstoreError, ValueError):
+    """A setting has a value fleetstore cannot use."""
+
+
+class TransientError(FleetstoreError):
+    """The operation failed for a reason that may pass; retrying later can succeed."""
+
+
+class PermanentError(FleetstoreError):
+    """The operation failed and will fail again if retried unchanged."""
+
+
+@dataclass(frozen=True, slots=True)
+class LockHolder:
+    """A process that /proc/locks shows holding one of the store's locks."""
+
+    pid: int
+    lock: str  # "gate" (fleetstore's writer gate) or "sqlite-write" (SQLite's write lock)
+    command: str = ""
+
+    def __str__(self) -> str:
+        who = f"pid {self.pid}" + (f" ({self.command})" if self.command else "")
+        return f"{who} holds the {self.lock} lock"
+
+
+class StoreBusy(TransientError):
+    """The write lock could not be taken within the write budget."""
+
+    def __init__(
+        self,
+        path: str,
+        waited: float,
+        attempts: int,
+        holders: Sequence[LockHolder] = (),
+        stage: str = "gate",
+    ) -> None:
+        self.path = path
+        self.waited = waited
+        self.attempts = attempts
+        self.holders = tuple(holders)
+        self.stage = stage
+        who = "; ".join(str(h) for h in self.holders) or "holder not visible in /proc/locks"
+        super().__init__(
+            f"{path}: write lock not obtained after {waited:.2f}s "
+            f"({attempts} attempt{'s' if attempts != 1 else ''}, waiting on the {stage}): {who}"
+        )
+
+
+class StoreClosed(PermanentError):
+    """The store was closed; open it again to use it."""
+
+
+class DatabaseError(PermanentError):
+    """SQLite rejected a statement (bad SQL, a constraint, a read-only transaction...)."""
+
+
+class IntegrityError(DatabaseError):
+    """A constraint (UNIQUE, NOT NULL, FOREIGN KEY, CHECK) was violated; nothing was written."""
+
+
+class ReadOnlyError(DatabaseError):
+    """A write was attempted inside a read transaction; use ``db.write()``."""
+
+
+class MigrationError(PermanentError):
+    """A migration could not be applied; the store is left at its previous version."""
+
+
+class CorruptStore(PermanentError):
+    """The database file is damaged or is not a SQLite database."""
+
+
+__all__ = [
+    "ConfigError",
+    "CorruptStore",
+    "DatabaseError",
+    "FleetstoreError",
+    "IntegrityError",
+    "LockHolder",
+    "MigrationError",
+    "PermanentError",
+    "ReadOnlyError",
+    "StoreBusy",
+    "StoreClosed",
+    "TransientError",
+]

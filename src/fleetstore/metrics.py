@@ -1,0 +1,100 @@
+"""Per-process write figures: counters and log-bucketed latency histograms.
+
+Cheap enough for the write path: one ``math.log`` and a list increment per sample.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+# Buckets grow by 10 % from 1 µs: percentile error stays under 10 %, and
+# 300 buckets reach past an hour.
+_BASE = 1e-6
+_GROWTH = 1.1
+_LOG_GROWTH = math.log(_GROWTH)
+_BUCKETS = 300
+
+
+class Histogram:
+    """Durations in seconds; reports count, mean, p50/p90/p99 and max."""
+
+    __slots__ = ("_counts", "_max", "_n", "_sum")
+
+    def __init__(self) -> None:
+        self._counts = [0] * _BUCKETS
+        self._n = 0
+        self._sum = 0.0
+        self._max = 0.0
+
+    def add(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        index = 0 if seconds <= _BASE else int(math.log(seconds / _BASE) / _LOG_GROWTH) + 1
+        self._counts[min(index, _BUCKETS - 1)] += 1
+        self._n += 1
+        self._sum += seconds
+        self._max = max(self._max, seconds)
+
+    def quantile(self, q: float) -> float:
+        if self._n == 0:
+            return 0.0
+        rank = q * self._n
+        seen = 0
+        for index, count in enumerate(self._counts):
+            seen += count
+            if seen >= rank and count:
+                upper = _BASE * _GROWTH**index
+                return min(upper, self._max)
+        return self._max
+
+    def snapshot(self) -> dict[str, float]:
+        return {
+            "count": self._n,
+            "mean": self._sum / self._n if self._n else 0.0,
+            "p50": self.quantile(0.50),
+            "p90": self.quantile(0.90),
+            "p99": self.quantile(0.99),
+            "max": self._max,
+        }
+
+
+class WriteMetrics:
+    """What one process's writes to one database cost.  Thread-safe."""
+
+    COUNTERS = (
+        "writes",  # committed write transactions
+        "write_errors",  # write blocks that raised and were rolled back
+        "busy_timeouts",  # writes that ran out of budget (StoreBusy)
+        "begin_busy_retries",  # BEGIN IMMEDIATE met an outside holder and was retried
+        "gate_contended",  # the gate was not free at the first try
+        "checkpoints",  # checkpoints run after commit
+        "discarded_connections",  # connections thrown away after a failed rollback
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters = dict.fromkeys(self.COUNTERS, 0)
+        self.lock_wait = Histogram()
+        self.lock_hold = Histogram()
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[name] += n
+
+    def record_write(self, wait: float, hold: float) -> None:
+        with self._lock:
+            self.counters["writes"] += 1
+            self.lock_wait.add(wait)
+            self.lock_hold.add(hold)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                **self.counters,
+                "lock_wait": self.lock_wait.snapshot(),
+                "lock_hold": self.lock_hold.snapshot(),
+            }
+
+
+__all__ = ["Histogram", "WriteMetrics"]

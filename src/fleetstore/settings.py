@@ -1,0 +1,121 @@
+"""Settings: keyword arguments, each with a ``FLEETSTORE_*`` environment variable.
+
+Precedence: an explicit keyword argument, then the environment, then the default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from fleetstore.errors import ConfigError
+
+SYNCHRONOUS_MODES = ("NORMAL", "FULL", "EXTRA")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How a store writes.  Every field can be set as ``FLEETSTORE_<NAME>``."""
+
+    #: Seconds a write may wait for the lock (gate plus SQLite) before it gives up.
+    write_budget: float = 60.0
+    #: SQLite ``synchronous``: NORMAL (default; a power loss may drop the last
+    #: commits, never corrupt) or FULL (every commit fsynced) or EXTRA.
+    synchronous: str = "NORMAL"
+    #: busy_timeout on every connection, the backstop when a lock is met
+    #: outside the gate (reads, processes that do not use fleetstore).
+    busy_timeout_ms: int = 5000
+    #: Run a passive checkpoint after a commit once the WAL holds this many bytes.
+    checkpoint_bytes: int = 4 * 1024 * 1024
+    #: Try a truncating checkpoint (only when no reader blocks it) past this size.
+    truncate_bytes: int = 64 * 1024 * 1024
+    #: Take the cross-process writer gate (a flock on ``<db>.gate``) before BEGIN.
+    #: Turning it off is for benchmarks; writers then queue on SQLite alone.
+    gate: bool = True
+
+    def __post_init__(self) -> None:
+        budget = self.write_budget
+        if not isinstance(budget, int | float) or isinstance(budget, bool):
+            raise ConfigError(f"write_budget must be a number of seconds, not {budget!r}")
+        if not math.isfinite(budget) or budget < 0:
+            raise ConfigError(f"write_budget must be a finite number >= 0, not {budget!r}")
+        if (
+            not isinstance(self.synchronous, str)
+            or self.synchronous.upper() not in SYNCHRONOUS_MODES
+        ):
+            raise ConfigError(
+                f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}, not {self.synchronous!r}"
+            )
+        object.__setattr__(self, "synchronous", self.synchronous.upper())
+        for name in ("busy_timeout_ms", "checkpoint_bytes", "truncate_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+        if not isinstance(self.gate, bool):
+            raise ConfigError(f"gate must be true or false, not {self.gate!r}")
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults, then ``FLEETSTORE_*`` variables from *env* (default ``os.environ``),
+        then *overrides*.  Unknown names and unparsable values raise ``ConfigError``."""
+        env = os.environ if env is None else env
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s): {', '.join(unknown)}; known: {', '.join(known)}"
+            )
+        values: dict[str, Any] = {}
+        for name, field in known.items():
+            var = env_var(name)
+            if name in overrides:
+                values[name] = overrides[name]
+            elif var in env:
+                values[name] = _parse(var, env[var], field.type)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def default_data_dir() -> Path:
+    """Where fleetstore keeps its files when no path is given: ``$FLEETSTORE_DATA_DIR``,
+    else ``$XDG_DATA_HOME/fleetstore``, else ``~/.local/share/fleetstore``."""
+    explicit = os.environ.get("FLEETSTORE_DATA_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
+    return base / "fleetstore"
+
+
+def env_var(name: str) -> str:
+    """The environment variable for setting *name*: ``write_budget`` → ``FLEETSTORE_WRITE_BUDGET``."""
+    return "FLEETSTORE_" + name.upper()
+
+
+def _parse(var: str, raw: str, type_name: object) -> Any:
+    text = raw.strip()
+    try:
+        if type_name in (float, "float"):
+            return float(text)
+        if type_name in (int, "int"):
+            return int(text)
+        if type_name in (bool, "bool"):
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not a valid {type_name}") from None
+    return text
+
+
+__all__ = ["SYNCHRONOUS_MODES", "Settings", "default_data_dir", "env_var"]
