@@ -210,6 +210,7 @@ class Database:
         # only when needed, and check the mode it reports.
         deadline = time.monotonic() + self.settings.write_budget
         self._acquire_gate(time.monotonic(), deadline)
+        conn.setbusytimeout(0)
         try:
             if fresh:
                 with contextlib.suppress(apsw.Error):
@@ -232,6 +233,7 @@ class Database:
                     )
                 time.sleep(_BEGIN_RETRY_SLEEP)
         finally:
+            conn.setbusytimeout(self.settings.busy_timeout_ms)
             self._gate.release()
 
     @staticmethod
@@ -376,7 +378,12 @@ class Database:
                         self.path,
                         time.monotonic() - started,
                         attempts,
-                        lock_holders(self.path, self.gate_path),
+                        # We hold the gate ourselves; name the outside holder.
+                        [
+                            h
+                            for h in lock_holders(self.path, self.gate_path)
+                            if h.pid != os.getpid()
+                        ],
                         stage="sqlite",
                     )
                 time.sleep(_BEGIN_RETRY_SLEEP)
