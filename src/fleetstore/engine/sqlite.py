@@ -157,7 +157,9 @@ class Database:
         self._gate = WriterGate(self.gate_path, cross_process=self.settings.gate)
         self._metrics = WriteMetrics()
         self._wal_frames = 0
+        self._checkpointed_at = 0  # WAL frames at our last checkpoint
         self._frame_bytes = 4096 + 24
+        self._write_owner = 0  # thread inside write(), to refuse nesting
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -267,6 +269,8 @@ class Database:
             conn.set_wal_hook(self._on_wal_commit)
 
     def _on_wal_commit(self, _conn: apsw.Connection, _name: str, frames: int) -> int:
+        if frames < self._wal_frames:  # the WAL was reset: count again from its start
+            self._checkpointed_at = 0
         self._wal_frames = frames
         return apsw.SQLITE_OK
 
@@ -310,9 +314,17 @@ class Database:
         ``write_budget`` seconds (``StoreBusy`` past it, nothing written).  The body runs
         once; if it raises, the transaction is rolled back and the error re-raised."""
         self._check_process()
+        if self._write_owner == threading.get_ident():
+            # The gate is not re-entrant: without this check the inner write
+            # would wait out the whole budget on its own thread.
+            raise errors.DatabaseError(
+                f"{self.path}: db.write() inside a db.write() block of the same thread; "
+                "do all the work in one block"
+            )
         started = time.monotonic()
         deadline = started + self.settings.write_budget
         self._acquire_gate(started, deadline)
+        self._write_owner = threading.get_ident()
         try:
             conn = self._writer_connection()
             self._begin_immediate(conn, started, deadline)
@@ -331,6 +343,7 @@ class Database:
                 tx._open = False
             committed = time.monotonic()
         finally:
+            self._write_owner = 0
             self._gate.release()
         self._metrics.record_write(acquired - started, committed - acquired)
         self._maybe_checkpoint()
@@ -406,9 +419,11 @@ class Database:
     # -- checkpoints -----------------------------------------------------------------------
 
     def _maybe_checkpoint(self) -> None:
-        if self._wal_frames * self._frame_bytes < self.settings.checkpoint_bytes:
-            return
-        self.checkpoint()
+        # Measured from our last checkpoint, so a reader that pins the WAL does
+        # not make every commit run a checkpoint that cannot progress.
+        grown = self._wal_frames - self._checkpointed_at
+        if grown * self._frame_bytes >= self.settings.checkpoint_bytes:
+            self.checkpoint()
 
     def checkpoint(self) -> tuple[int, int]:
         """Passive checkpoint, outside the gate; then, if the WAL is past
@@ -429,7 +444,7 @@ class Database:
             except apsw.Error as exc:
                 raise _translate(exc, self.path) from exc
             self._metrics.count("checkpoints")
-            self._wal_frames = 0
+            self._checkpointed_at = self._wal_frames
             if log * self._frame_bytes >= self.settings.truncate_bytes and done == log:
                 conn.setbusytimeout(0)
                 try:
