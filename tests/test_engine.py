@@ -463,3 +463,37 @@ def test_parse_proc_locks_skips_waiters_and_reads_hex_devices() -> None:
     assert parsed[0] == ("POSIX", "WRITE", 2120, (254, 0, 2148741), "120", "120")
     assert parsed[1] == ("FLOCK", "WRITE", 77, (8, 26, 99), "0", "EOF")
     assert len(parsed) == 3
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_child_forked_inside_a_write_block_cannot_commit_the_parents_transaction(
+    db: Database,
+) -> None:
+    parent = os.getpid()
+
+    def write_and_fork() -> int:
+        with db.write() as tx:
+            tx.execute("INSERT INTO t(v) VALUES ('parent')")
+            pid = os.fork()
+        return pid
+
+    try:
+        pid = write_and_fork()
+    except errors.StoreClosed:
+        if os.getpid() != parent:
+            os._exit(0)  # the child: a clear error, and its copy of the gate let go
+        raise
+    except BaseException:
+        if os.getpid() != parent:
+            os._exit(4)
+        raise
+    if pid == 0:
+        os._exit(3)  # the child committed the parent's transaction
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    with db.write() as tx:
+        tx.execute("INSERT INTO t(v) VALUES ('after')")
+    assert db.read(lambda tx: tx.execute("SELECT v FROM t ORDER BY id")) == [
+        ("parent",),
+        ("after",),
+    ]

@@ -117,7 +117,7 @@ class WriterGate:
         self.release()
 
     def release(self) -> None:
-        if self._cross_process:
+        if self._cross_process and self._fd >= 0:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._release_mutex()
 
@@ -130,6 +130,14 @@ class WriterGate:
             self._fd = -1
             self._requests.put(None)
         self._mutex.release()
+
+    def close_inherited(self) -> None:
+        """In a forked child: drop the descriptor whatever the copied in-process lock
+        says (the thread that held it does not exist here)."""
+        if self._fd >= 0 and self._cross_process:
+            os.close(self._fd)
+        self._fd = -1
+        self._closed = True
 
     def close(self) -> None:
         """Close the descriptor.  Never LOCK_UN here: in a forked child the descriptor

@@ -15,6 +15,7 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -122,6 +123,18 @@ class ReadTx(_Tx):
     __slots__ = ()
 
 
+_live: weakref.WeakSet[Database] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for db in list(_live):
+        if not db._closed:
+            db._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Database:
     """A SQLite file that many processes can write at once without "database is locked".
 
@@ -149,6 +162,7 @@ class Database:
         self._pid = os.getpid()
         self._orphans: list[apsw.Connection] = []
         self._reset_process_state()
+        _live.add(self)
 
     def _reset_process_state(self) -> None:
         self._writer: apsw.Connection | None = None
@@ -262,6 +276,9 @@ class Database:
         if role == "reader":
             conn.execute("PRAGMA query_only=ON")
         if role == "writer":
+            # Pages reach the WAL only at COMMIT: a rollback never has to undo
+            # frames in the shared WAL index (see _after_fork).
+            conn.execute("PRAGMA cache_spill=OFF")
             # SQLite's auto-checkpoint runs inside COMMIT, i.e. while the gate is
             # held; a WAL hook of our own replaces it and counts the frames so we
             # checkpoint after release (DESIGN.md: 1.3-1.56x).
@@ -281,14 +298,37 @@ class Database:
             self._after_fork()
 
     def _after_fork(self) -> None:
-        # SQLite connections must not cross fork().  The child keeps references to
-        # the inherited ones without ever using or closing them, and opens its own;
-        # the inherited gate descriptor is closed (not unlocked: it shares the
-        # parent's open file).  tests/test_fleet.py::test_fork_child_never_reuses_parent_connections
+        """In a forked child, before it runs any code of its own (os.register_at_fork).
+
+        SQLite keeps lock state per file in process memory, shared by every
+        connection of the process.  A child that merely stopped using the inherited
+        connections would open new ones that believe the locks are held and take no
+        real lock: a parent closing its last connection then deletes the WAL under the
+        child's acknowledged commits.  So the child closes the inherited connections
+        (its unlocks are no-ops: POSIX locks are not inherited) and opens its own.  The
+        writer never spills to the WAL before COMMIT (cache_spill=OFF), so closing it
+        mid-transaction has nothing in the shared WAL index to undo.  One in use by
+        another parent thread may be inside SQLite's mutex: it is left alone.
+        The inherited gate descriptor shares the parent's open file: it is closed, never
+        unlocked, or a parent killed while holding the gate would leave it held by us.
+        tests/test_fleet.py: test_fork_child_*, test_kill9_of_writer_whose_forked_child_*
+        """
         # (No self._lock here: a parent thread may have held it at fork time.)
-        inherited = [self._writer, self._checkpointer, *self._idle_readers]
-        self._orphans.extend(c for c in inherited if c is not None)
-        self._gate.close()
+        me = threading.get_ident()
+        idle: list[apsw.Connection | None] = [*self._idle_readers]
+        if self._write_owner in (0, me):
+            idle.append(self._writer)
+        elif self._writer is not None:
+            self._orphans.append(self._writer)
+        if self._checkpointer is not None and self._checkpoint_lock.locked():
+            self._orphans.append(self._checkpointer)
+        else:
+            idle.append(self._checkpointer)
+        for conn in idle:
+            if conn is not None:
+                with contextlib.suppress(apsw.Error):
+                    conn.close(True)
+        self._gate.close_inherited()
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
@@ -323,6 +363,7 @@ class Database:
             )
         started = time.monotonic()
         deadline = started + self.settings.write_budget
+        gate = self._gate  # a child forked inside the block releases the old one
         self._acquire_gate(started, deadline)
         self._write_owner = threading.get_ident()
         try:
@@ -344,7 +385,7 @@ class Database:
             committed = time.monotonic()
         finally:
             self._write_owner = 0
-            self._gate.release()
+            gate.release()
         self._metrics.record_write(acquired - started, committed - acquired)
         self._maybe_checkpoint()
 
@@ -410,11 +451,11 @@ class Database:
         try:
             if conn.in_transaction:
                 conn.execute(self._rollback_sql)
+            if not conn.in_transaction:
+                return
         except apsw.Error:
-            self._discard(conn)
-            return
-        if conn.in_transaction:
-            self._discard(conn)
+            pass
+        self._discard(conn)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -604,6 +645,7 @@ class Database:
         if os.getpid() != self._pid:
             self._after_fork()
         self._closed = True
+        _live.discard(self)
         with self._lock:
             conns = [*self._idle_readers, self._checkpointer, self._writer]
             self._idle_readers = []
