@@ -60,10 +60,20 @@ class StoreBusy(TransientError):
         self.holders = tuple(holders)
         self.stage = stage
         who = "; ".join(str(h) for h in self.holders) or "holder not visible in /proc/locks"
+        what = _STAGES.get(stage, stage)
         super().__init__(
             f"{path}: write lock not obtained after {waited:.2f}s "
-            f"({attempts} attempt{'s' if attempts != 1 else ''}, waiting on the {stage}): {who}"
+            f"({attempts} attempt{'s' if attempts != 1 else ''}, waiting for {what}): {who}"
         )
+
+
+_STAGES = {
+    "gate": "the writer gate",
+    "sqlite": "SQLite's write lock",
+    "journal mode switch": "the file to itself, to switch it to WAL",
+    "statement": "a lock inside the transaction",
+    "read": "a read lock",
+}
 
 
 class StoreClosed(PermanentError):
