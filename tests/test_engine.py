@@ -16,6 +16,7 @@ import pytest
 
 import fleetstore
 from fleetstore import Database, Migration, errors
+from fleetstore.engine import gate as gate_module
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.proclocks import lock_holders, parse_proc_locks
 from fleetstore.metrics import Histogram
@@ -497,3 +498,30 @@ def test_child_forked_inside_a_write_block_cannot_commit_the_parents_transaction
         ("parent",),
         ("after",),
     ]
+
+
+@pytest.mark.skipif(
+    gate_module._syscall is None, reason="no futex on this platform: waiters poll instead"
+)
+def test_gate_release_rings_the_doorbell_of_a_sleeping_waiter(tmp_path: Path) -> None:
+    gate_path = str(tmp_path / "d.gate")
+    sleeper, ringer = WriterGate(gate_path), WriterGate(gate_path)
+    assert sleeper._bell is not None
+    rung = sleeper._bell.value
+    woke: list[float] = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        sleeper._wait(rung, 10.0)  # far longer than the test may take
+        woke.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.2)
+    assert ringer.acquire(time.monotonic() + 1) is False
+    ringer.release()  # a release rings the bell through the other mapping
+    thread.join(timeout=5)
+    assert woke and woke[0] < 5, "the waiter slept through the release"
+    assert sleeper._bell.value != rung
+    sleeper.close()
+    ringer.close()
