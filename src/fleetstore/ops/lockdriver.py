@@ -5,9 +5,8 @@ fleetstore's writer gate), runs ``BEGIN IMMEDIATE`` (or ``BEGIN EXCLUSIVE``),
 prints ``locked PATH pid=PID``, holds the lock, rolls back and prints
 ``released PATH after X.XXs``.  SIGTERM and SIGINT release the lock early.
 
-It uses apsw, never the stdlib ``sqlite3`` module: two SQLite libraries in one
-process silently drop each other's POSIX locks (DESIGN.md, "Two SQLite
-libraries in one process").
+The lock itself is taken by ``fleetstore.engine.outside``: only ``engine/``
+knows the SQLite driver.
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import TextIO
 
-import apsw
+from fleetstore.engine.outside import outside_write_lock
+from fleetstore.errors import FleetstoreError, StoreBusy
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -31,10 +31,8 @@ EXIT_MISSING = 2
 EXIT_NOT_LOCKED = 3
 
 # How often the hold loop looks at the stop flag: the release after a signal
-# comes at most this late.  Busy-handler naps are finer so that a lock freed by
-# its holder is taken within about a millisecond.
+# comes at most this late.
 _HOLD_POLL = 0.005
-_BUSY_NAP = 0.001
 
 
 class _Stop:
@@ -96,68 +94,31 @@ def hold_lock(
     stop = _Stop()
     with _stop_on_signals(stop):
         try:
-            # No SQLITE_OPEN_CREATE: should the file vanish after the check above,
-            # opening fails instead of creating an empty database.
-            conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READWRITE)
-        except apsw.CantOpenError as exc:
-            print(f"fleetstore lock: {path}: cannot open: {exc}", file=err, flush=True)
+            with outside_write_lock(
+                path, exclusive=exclusive, wait=wait, stop=lambda: stop.requested
+            ):
+                locked_at = time.monotonic()
+                _say(out, f"locked {path} pid={os.getpid()}")
+                until = locked_at + hold if math.isfinite(hold) else math.inf
+                while not stop.requested:
+                    remaining = until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    time.sleep(min(_HOLD_POLL, remaining))
+        except FileNotFoundError as exc:
+            print(f"fleetstore lock: {exc}", file=err, flush=True)
             return EXIT_MISSING
-        except apsw.Error as exc:
-            print(f"fleetstore lock: {path}: {type(exc).__name__}: {exc}", file=err, flush=True)
+        except StoreBusy as exc:
+            if stop.requested:
+                reason = f"interrupted by signal {stop.signal} while waiting"
+            else:
+                holders = "; ".join(str(h) for h in exc.holders)
+                reason = f"lock not taken within {wait:g}s" + (f"; {holders}" if holders else "")
+            print(f"fleetstore lock: {path}: {reason}", file=err, flush=True)
+            return EXIT_NOT_LOCKED
+        except FleetstoreError as exc:
+            print(f"fleetstore lock: {type(exc).__name__}: {exc}", file=err, flush=True)
             return EXIT_ERROR
-        try:
-            return _lock_and_hold(conn, path, hold, exclusive, wait, stop, out, err)
-        finally:
-            conn.close()
-
-
-def _lock_and_hold(
-    conn: apsw.Connection,
-    path: str,
-    hold: float,
-    exclusive: bool,
-    wait: float,
-    stop: _Stop,
-    out: TextIO,
-    err: TextIO,
-) -> int:
-    deadline = time.monotonic() + wait
-
-    def busy(_count: int) -> bool:
-        if stop.requested or time.monotonic() >= deadline:
-            return False
-        time.sleep(_BUSY_NAP)
-        return True
-
-    conn.set_busy_handler(busy)
-    begin = "BEGIN EXCLUSIVE" if exclusive else "BEGIN IMMEDIATE"
-    try:
-        conn.execute(begin)
-    except apsw.BusyError:
-        if stop.requested:
-            reason = f"interrupted by signal {stop.signal} while waiting"
-        else:
-            reason = f"lock not taken within {wait:g}s{_holders_hint(path)}"
-        print(f"fleetstore lock: {path}: {reason}", file=err, flush=True)
-        return EXIT_NOT_LOCKED
-    except apsw.Error as exc:
-        print(f"fleetstore lock: {path}: {type(exc).__name__}: {exc}", file=err, flush=True)
-        return EXIT_ERROR
-
-    locked_at = time.monotonic()
-    try:
-        _say(out, f"locked {path} pid={os.getpid()}")
-        until = locked_at + hold if math.isfinite(hold) else math.inf
-        while not stop.requested:
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                break
-            time.sleep(min(_HOLD_POLL, remaining))
-    finally:
-        try:
-            conn.execute("ROLLBACK")
-        except apsw.Error:
-            pass  # closing the connection releases the lock anyway
     _say(out, f"released {path} after {time.monotonic() - locked_at:.2f}s")
     return EXIT_OK
 
@@ -167,18 +128,6 @@ def _say(out: TextIO, line: str) -> None:
         print(line, file=out, flush=True)
     except BrokenPipeError:
         pass  # nobody is listening any more; the lock still has to be released
-
-
-def _holders_hint(path: str) -> str:
-    try:
-        from fleetstore.engine.proclocks import lock_holders
-    except ImportError:
-        return ""
-    try:
-        holders = lock_holders(path)
-    except Exception:
-        return ""
-    return "; " + "; ".join(str(h) for h in holders) if holders else ""
 
 
 __all__ = ["EXIT_ERROR", "EXIT_MISSING", "EXIT_NOT_LOCKED", "EXIT_OK", "hold_lock"]

@@ -32,13 +32,12 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-import apsw
-
 import fleetstore
-from fleetstore import Database, Migration, Settings
+from fleetstore import Database, Migration, ReadTx, Settings
 
 # No UNIQUE(agent, seq) on purpose: a write committed twice must show up as a
 # second row, not be hidden behind a constraint error.
@@ -648,22 +647,26 @@ class _Check:
     integrity: list[str] = field(default_factory=list)
 
 
+def _seqs_on_disk(tx: ReadTx, baseline: int, agent: int) -> list[tuple[Any, ...]]:
+    return tx.execute("SELECT seq FROM stress_writes WHERE id > ? AND agent = ?", (baseline, agent))
+
+
 def _read_back(path: Path, baseline: int, agents: Sequence[dict[str, Any]]) -> _Check:
-    # A connection of its own, not the Database under test: the checker must
-    # not share the engine's code path or its caches.
+    # A Database opened afresh, after every agent has exited: new connections,
+    # nothing cached from the run, only what is on disk.
     acked = {int(a["agent"]): _Runs(a.get("acked_runs", ())) for a in agents}
     failed = {int(a["agent"]): _Runs(a.get("failed_runs", ())) for a in agents}
     check = _Check()
     present_by_agent: Counter[int] = Counter()
-    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
-    try:
-        conn.set_busy_timeout(30_000)
-        # Streamed in (agent, seq) order: memory does not grow with the run's length.
-        for agent, seq, n in conn.execute(
-            "SELECT agent, seq, count(*) FROM stress_writes WHERE id > ? "
-            "GROUP BY agent, seq ORDER BY agent, seq",
-            (baseline,),
-        ):
+    with Database.open(str(path)) as db:
+        counted = db.read(
+            lambda tx: tx.execute(
+                "SELECT agent, seq, count(*) FROM stress_writes WHERE id > ? "
+                "GROUP BY agent, seq ORDER BY agent, seq",
+                (baseline,),
+            )
+        )
+        for agent, seq, n in counted:
             check.rows += n
             if n > 1:
                 check.duplicated += 1
@@ -676,24 +679,22 @@ def _read_back(path: Path, baseline: int, agents: Sequence[dict[str, Any]]) -> _
                 check.failed_present += 1
             else:
                 check.unacknowledged += 1
+        del counted
         for a in agents:
             agent = int(a["agent"])
             if present_by_agent[agent] < a.get("acked_count", 0) and len(check.lost_samples) < 10:
                 on_disk = {
                     int(row[0])
-                    for row in conn.execute(
-                        "SELECT seq FROM stress_writes WHERE id > ? AND agent = ?",
-                        (baseline, agent),
-                    )
+                    for row in db.read(partial(_seqs_on_disk, baseline=baseline, agent=agent))
                 }
                 missing = (seq for seq in acked[agent] if seq not in on_disk)
                 for seq in missing:
                     check.lost_samples.append([agent, seq])
                     if len(check.lost_samples) >= 10:
                         break
-        check.integrity = [str(row[0]) for row in conn.execute("PRAGMA integrity_check")]
-    finally:
-        conn.close()
+        check.integrity = [
+            str(row[0]) for row in db.read(lambda tx: tx.execute("PRAGMA integrity_check"))
+        ]
     return check
 
 
