@@ -321,7 +321,7 @@ def test_failed_migration_leaves_the_previous_version(tmp_path: Path) -> None:
 # -- the gate and the budget --------------------------------------------------------------
 
 
-def test_gate_obtained_after_waiter_gave_up_is_released(tmp_path: Path) -> None:
+def test_no_process_holds_the_gate_after_its_waiter_gave_up(tmp_path: Path) -> None:
     gate_path = str(tmp_path / "g.gate")
     holder = outside(f"""
         fd = os.open({gate_path!r}, os.O_RDWR | os.O_CREAT, 0o600); fcntl.flock(fd, fcntl.LOCK_EX)
@@ -335,8 +335,8 @@ def test_gate_obtained_after_waiter_gave_up_is_released(tmp_path: Path) -> None:
         assert [h.pid for h in lock_holders(str(tmp_path / "g"), gate_path)] == [holder.pid]
     finally:
         finish(holder)
-    # The abandoned waiter gets the gate from the kernel now and must drop it at
-    # once: another process can take it, and this process's next writer too.
+    # Nothing of the waiter that gave up may hold the gate now: another process
+    # can take it, and this process's next writer too.
     deadline = time.monotonic() + 5
     while True:
         probe = subprocess.run(

@@ -72,7 +72,6 @@ _STAGES = {
     "sqlite": "SQLite's write lock",
     "journal mode switch": "the file to itself, to switch it to WAL",
     "statement": "a lock inside the transaction",
-    "read": "a read lock",
 }
 
 
