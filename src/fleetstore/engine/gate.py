@@ -2,9 +2,12 @@
 
 The lock is the ``flock``: the kernel drops it when its holder dies, so a
 ``kill -9`` never wedges the fleet.  It is only ever taken with ``LOCK_NB`` by
-the thread that will use it.  Waiters sleep in the kernel on a futex in the
-gate file itself (a *doorbell*), which every release rings, waking one waiter
-the moment the gate is free, with the waiter's own deadline as the futex timeout.
+the thread that will use it.  A writer that finds it taken retries for 100 µs
+(a hold lasts tens of microseconds, and a lock taken while running costs no
+wake-up: closed loop at 64 processes, 7.5k -> 16k writes/s), then sleeps in the
+kernel on a futex in the gate file itself (a *doorbell*), which every release
+rings, waking one waiter the moment the gate is free, with the waiter's own
+deadline as the futex timeout.
 
 Why not a blocking ``flock``: it has no timeout, so it must run in a helper
 thread, and that thread then holds the gate while the caller's thread waits to
@@ -30,6 +33,7 @@ _GATE_FILE_BYTES = 64
 #: it could ring the doorbell delays the next writer by this much at most.
 _MAX_NAP = 0.05
 _POLL = 0.0005
+_SPIN = 0.0001
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "riscv64": 98}.get(platform.machine())
 
@@ -103,6 +107,8 @@ class WriterGate:
                     fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     return contended
                 except BlockingIOError:
+                    if not contended and self._spin():
+                        return True
                     contended = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -113,6 +119,17 @@ class WriterGate:
         except BaseException:
             self._release_mutex()
             raise
+
+    def _spin(self) -> bool:
+        """Retry LOCK_NB for a moment before the first sleep (see the module doc)."""
+        until = time.perf_counter() + _SPIN
+        while time.perf_counter() < until:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                pass
+        return False
 
     def _wait(self, rung: int, seconds: float) -> None:
         if self._bell is None or _syscall is None:
