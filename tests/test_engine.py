@@ -140,6 +140,19 @@ def test_failed_rollback_discards_the_connection(
     assert db.read(lambda tx: tx.execute("SELECT v FROM t ORDER BY v")) == [(1,), (3,)]
 
 
+def test_writer_left_inside_a_transaction_is_healed_before_the_next_write(db: Database) -> None:
+    with db.write() as tx:
+        tx.execute("INSERT INTO t(v) VALUES (1)")
+    assert db._writer is not None
+    # Something outside the API (a bug, a C extension) leaves the writer mid-transaction
+    # with an uncommitted row; the next write must neither fail nor commit that row.
+    db._writer.execute("BEGIN")
+    db._writer.execute("INSERT INTO t(v) VALUES ('stray')")
+    with db.write() as tx:
+        tx.execute("INSERT INTO t(v) VALUES (2)")
+    assert db.read(lambda tx: tx.execute("SELECT v FROM t ORDER BY id")) == [(1,), (2,)]
+
+
 def test_nested_write_in_one_thread_fails_at_once(db: Database) -> None:
     started = time.monotonic()
     with pytest.raises(errors.DatabaseError, match=r"inside a db\.write"), db.write() as tx:

@@ -428,10 +428,13 @@ class Database:
                 except apsw.BusyError:
                     pass
                 except apsw.Error as exc:
-                    if conn.in_transaction:
-                        # Left behind by an earlier failure we could not see; the
-                        # rollback discards the connection if it fails.
+                    if conn.in_transaction and attempts == 1:
+                        # Left behind by a failure we could not see ("cannot start a
+                        # transaction within a transaction"): roll it back and try
+                        # once more; a connection that cannot roll back is discarded.
                         self._rollback(conn)
+                        if self._writer is conn:
+                            continue
                     raise _translate(exc, self.path) from exc
                 self._metrics.count("begin_busy_retries")
                 if time.monotonic() >= deadline:
