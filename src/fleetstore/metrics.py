@@ -29,12 +29,19 @@ class Histogram:
         self._max = 0.0
 
     def add(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)
-        index = 0 if seconds <= _BASE else int(math.log(seconds / _BASE) / _LOG_GROWTH) + 1
-        self._counts[min(index, _BUCKETS - 1)] += 1
+        # Plain comparisons rather than min()/max(): this runs twice per write.
+        if seconds <= _BASE:
+            index = 0
+            seconds = max(seconds, 0.0)
+        else:
+            index = int(math.log(seconds / _BASE) / _LOG_GROWTH) + 1
+            if index >= _BUCKETS:
+                index = _BUCKETS - 1
+        self._counts[index] += 1
         self._n += 1
         self._sum += seconds
-        self._max = max(self._max, seconds)
+        if seconds > self._max:
+            self._max = seconds
 
     def quantile(self, q: float) -> float:
         if self._n == 0:

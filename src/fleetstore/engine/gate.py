@@ -71,6 +71,7 @@ class WriterGate:
         self._fd = -1
         self._map: mmap.mmap | None = None
         self._bell: ctypes.c_uint32 | None = None
+        self._wal_word: ctypes.c_uint32 | None = None
         self._bell_addr = ctypes.c_void_p(0)
         self._timeout = _Timespec(0, 0)
         self._timeout_ref = ctypes.byref(self._timeout)
@@ -86,9 +87,10 @@ class WriterGate:
                     os.ftruncate(self._fd, _GATE_FILE_BYTES)
                 self._map = mmap.mmap(self._fd, _GATE_FILE_BYTES, mmap.MAP_SHARED)
                 self._bell = ctypes.c_uint32.from_buffer(self._map)
+                self._wal_word = ctypes.c_uint32.from_buffer(self._map, 4)
                 self._bell_addr = ctypes.c_void_p(ctypes.addressof(self._bell))
             except (OSError, ValueError):
-                self._map = self._bell = None
+                self._map = self._bell = self._wal_word = None
 
     def acquire(self, deadline: float) -> bool:
         if not self._mutex.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
@@ -160,10 +162,11 @@ class WriterGate:
     def swap_wal_frames(self, frames: int) -> int | None:
         """Store *frames* in the gate file and return the value stored by the
         previous writer; None where the file is not mapped.  Gate holders only."""
-        if self._map is None:
+        word = self._wal_word
+        if word is None:
             return None
-        previous = int.from_bytes(self._map[4:8], "little")
-        self._map[4:8] = (frames & 0xFFFFFFFF).to_bytes(4, "little")
+        previous = word.value
+        word.value = frames
         return previous
 
     def release(self) -> None:
@@ -180,7 +183,7 @@ class WriterGate:
         self._mutex.release()
 
     def _drop_descriptor(self) -> None:
-        self._bell = None  # the ctypes view must go before the map can close
+        self._bell = self._wal_word = None  # ctypes views must go before the map can close
         if self._map is not None:
             self._map.close()
             self._map = None
