@@ -124,6 +124,15 @@ def _open_raw(path: str) -> apsw.Connection:
     return con
 
 
+def _rollback_quietly(con: apsw.Connection) -> None:
+    """After a failed write, as the tools do: roll back if a transaction is open."""
+    if not con.getautocommit():
+        try:
+            con.execute("ROLLBACK")
+        except apsw.Error:
+            pass
+
+
 def _raw_writer(path: str, begin: str, workload: str) -> tuple[Any, Any, Any, Any]:
     """A write function with the discipline agent tools ship (no retry)."""
     if workload == "turn":
@@ -137,11 +146,7 @@ def _raw_writer(path: str, begin: str, workload: str) -> tuple[Any, Any, Any, An
             con.execute(INSERT_SQL, params)
             con.execute("COMMIT")
         except BaseException:
-            if not con.getautocommit():
-                try:
-                    con.execute("ROLLBACK")
-                except apsw.Error:
-                    pass
+            _rollback_quietly(con)
             raise
 
     def warm() -> None:
@@ -164,11 +169,7 @@ def _raw_turn_writer(path: str, begin: str) -> tuple[Any, Any, Any, Any]:
             con.execute(SESSION_UPDATE_SQL, (time.time(), session))
             con.execute("COMMIT")
         except BaseException:
-            if not con.getautocommit():
-                try:
-                    con.execute("ROLLBACK")
-                except apsw.Error:
-                    pass
+            _rollback_quietly(con)
             raise
         return seq
 
