@@ -224,8 +224,9 @@ class Database:
         # The switch needs the file to itself and fails at once (or silently keeps
         # the old mode) while another process holds a lock: do it under the gate,
         # only when needed, and check the mode it reports.
-        deadline = time.monotonic() + self.settings.write_budget
-        self._acquire_gate(time.monotonic(), deadline)
+        started = time.monotonic()
+        deadline = started + self.settings.write_budget
+        self._acquire_gate(started, deadline)
         conn.setbusytimeout(0)
         try:
             if fresh:
@@ -242,7 +243,7 @@ class Database:
                 if time.monotonic() >= deadline:
                     raise errors.StoreBusy(
                         self.path,
-                        self.settings.write_budget,
+                        time.monotonic() - started,
                         1,
                         lock_holders(self.path, self.gate_path),
                         stage="journal mode switch",
@@ -565,8 +566,9 @@ class Database:
             raise errors.ConfigError(f"migration versions must be positive integers: {versions}")
         if len(set(versions)) != len(versions):
             raise errors.ConfigError(f"migration versions must be unique: {versions}")
-        if not steps or self.schema_version >= steps[-1].version:
-            self._check_not_newer(self.schema_version, steps)
+        version = self.schema_version
+        if not steps or version >= steps[-1].version:
+            self._check_not_newer(version, steps)
             return []
         applied: list[int] = []
         try:
