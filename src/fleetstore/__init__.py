@@ -1,37 +1,88 @@
 """fleetstore: storage a whole fleet of agent processes can write at once.
 
-``fleetstore.Database`` is the lower layer: a SQLite file that many processes
-write safely, with a cross-process writer gate, a bounded lock wait and strict
-connection hygiene.
+``fleetstore.open()`` gives a ``Store``: sessions, messages (streamed or whole),
+versioned state, blobs and the spool.  ``fleetstore.Database`` is the lower
+layer: a SQLite file that many processes write safely, with a cross-process
+writer gate, a bounded lock wait and strict connection hygiene.
 """
 
 from fleetstore import errors
 from fleetstore.engine.sqlite import Database, Migration, ReadTx, WriteTx
 from fleetstore.errors import (
+    AlreadyExists,
     ConfigError,
     FleetstoreError,
+    InvalidInput,
     MigrationError,
+    NotFound,
+    PayloadTooLarge,
     PermanentError,
+    SpoolPending,
     StoreBusy,
     TransientError,
+    VersionConflict,
 )
+from fleetstore.history import Messages, Sessions, Stream, ToolCallHandle
+from fleetstore.models import (
+    File,
+    Message,
+    MessageStatus,
+    Part,
+    Reasoning,
+    Session,
+    SessionStatus,
+    StateValue,
+    Text,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+from fleetstore.operations import Operation
 from fleetstore.settings import Settings, default_data_dir
+from fleetstore.state import State
+from fleetstore.store import Store, open
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AlreadyExists",
     "ConfigError",
     "Database",
+    "File",
     "FleetstoreError",
+    "InvalidInput",
+    "Message",
+    "MessageStatus",
+    "Messages",
     "Migration",
     "MigrationError",
+    "NotFound",
+    "Operation",
+    "Part",
+    "PayloadTooLarge",
     "PermanentError",
     "ReadTx",
+    "Reasoning",
+    "Session",
+    "SessionStatus",
+    "Sessions",
     "Settings",
+    "SpoolPending",
+    "State",
+    "StateValue",
+    "Store",
     "StoreBusy",
+    "Stream",
+    "Text",
+    "ToolCall",
+    "ToolCallHandle",
+    "ToolResult",
     "TransientError",
+    "Usage",
+    "VersionConflict",
     "WriteTx",
     "__version__",
     "default_data_dir",
     "errors",
+    "open",
 ]

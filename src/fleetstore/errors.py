@@ -99,17 +99,67 @@ class CorruptStore(PermanentError):
     """The database file is damaged or is not a SQLite database."""
 
 
+class InvalidInput(PermanentError, ValueError):
+    """An argument cannot be stored as given (wrong type, unknown part kind,
+    non-JSON metadata...); nothing was written."""
+
+
+class PayloadTooLarge(InvalidInput):
+    """A payload is larger than ``max_payload_bytes`` allows; nothing was written."""
+
+
+class NotFound(PermanentError, LookupError):
+    """No such session, message or key (it never existed, or was deleted)."""
+
+
+class AlreadyExists(PermanentError):
+    """An id is already used by a different object; nothing was written."""
+
+
+class VersionConflict(PermanentError):
+    """The expected version is not the current one: someone else wrote first."""
+
+    def __init__(
+        self, message: str, expected: int | None = None, actual: int | None = None
+    ) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(message)
+
+
+class SpoolPending(TransientError):
+    """This process has writes waiting in its spool that touch what is being
+    read; the read would not see them.  Retry once the spool has drained
+    (``store.flush()``)."""
+
+
+class BlobCorrupt(CorruptStore):
+    """A blob file is missing, unreadable, or its bytes do not match its hash."""
+
+
+class InvalidArchive(PermanentError, ValueError):
+    """An export file is malformed, damaged or hostile; nothing was imported."""
+
+
 __all__ = [
+    "AlreadyExists",
+    "BlobCorrupt",
     "ConfigError",
     "CorruptStore",
     "DatabaseError",
     "FleetstoreError",
     "IntegrityError",
+    "InvalidArchive",
+    "InvalidInput",
     "LockHolder",
     "MigrationError",
+    "NotFound",
+    "PayloadTooLarge",
     "PermanentError",
     "ReadOnlyError",
+    "SpoolPending",
     "StoreBusy",
     "StoreClosed",
     "TransientError",
+    "VersionConflict",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 from fleetstore.errors import ConfigError
 
 SYNCHRONOUS_MODES = ("NORMAL", "FULL", "EXTRA")
+ON_BUSY = ("spool", "raise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,19 @@ class Settings:
     #: Take the cross-process writer gate (a flock on ``<db>.gate``) before BEGIN.
     #: Turning it off is for benchmarks; writers then queue on SQLite alone.
     gate: bool = True
+    #: What a write does when the budget runs out: ``spool`` (append it, fsynced,
+    #: to this process's journal and return; replayed in order when the lock
+    #: frees) or ``raise`` (``StoreBusy``).
+    on_busy: str = "spool"
+    #: Payloads (a part body, a state value) of at least this many bytes are
+    #: compressed and written as blob files before the transaction.
+    blob_threshold: int = 64 * 1024
+    #: The largest payload accepted (``PayloadTooLarge`` beyond it).
+    max_payload_bytes: int = 256 * 1024 * 1024
+    #: A streamed reply's pending text is written after this many seconds...
+    stream_flush_interval: float = 0.25
+    #: ...or once this many bytes are pending, and when the stream ends.
+    stream_flush_bytes: int = 16 * 1024
 
     def __post_init__(self) -> None:
         budget = self.write_budget
@@ -52,7 +66,24 @@ class Settings:
                 f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}, not {self.synchronous!r}"
             )
         object.__setattr__(self, "synchronous", self.synchronous.upper())
-        for name in ("busy_timeout_ms", "checkpoint_bytes", "truncate_bytes"):
+        if self.on_busy not in ON_BUSY:
+            raise ConfigError(f"on_busy must be one of {', '.join(ON_BUSY)}, not {self.on_busy!r}")
+        interval = self.stream_flush_interval
+        if (
+            not isinstance(interval, int | float)
+            or isinstance(interval, bool)
+            or not math.isfinite(interval)
+            or interval <= 0
+        ):
+            raise ConfigError(f"stream_flush_interval must be a number > 0, not {interval!r}")
+        for name in (
+            "busy_timeout_ms",
+            "checkpoint_bytes",
+            "truncate_bytes",
+            "blob_threshold",
+            "max_payload_bytes",
+            "stream_flush_bytes",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, not {value!r}")
@@ -118,4 +149,4 @@ def _parse(var: str, raw: str, type_name: object) -> Any:
     return text
 
 
-__all__ = ["SYNCHRONOUS_MODES", "Settings", "default_data_dir", "env_var"]
+__all__ = ["ON_BUSY", "SYNCHRONOUS_MODES", "Settings", "default_data_dir", "env_var"]

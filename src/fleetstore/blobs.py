@@ -1,0 +1,158 @@
+"""Content-addressed payload files beside the database.
+
+A payload over ``blob_threshold`` is compressed (zstd), written to a temporary
+file, fsynced, renamed to ``<dir>/<sha[:2]>/<sha>`` and the directory fsynced,
+all *before* the write transaction, which then stores only the hash: the time
+a writer holds the lock does not grow with the payload (DESIGN.md promise 4;
+a 4 MB payload written inside the transaction raised everyone else's p99 6-7x).
+Paths come from the hash alone, so no input can name a file of its choosing.
+Identical payloads share one file.  Reads verify the hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import zstandard
+
+from fleetstore import errors
+
+CODEC = "zstd"
+_SHA = re.compile(r"[0-9a-f]{64}")
+_LEVEL = 3
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """A stored payload: its SHA-256 (of the uncompressed bytes) and sizes."""
+
+    sha256: str
+    size: int
+    stored_size: int
+    codec: str = CODEC
+
+
+def check_sha(sha256: object) -> str:
+    if not isinstance(sha256, str) or not _SHA.fullmatch(sha256):
+        raise errors.InvalidInput(f"not a blob hash (64 lower-case hex digits): {sha256!r}")
+    return sha256
+
+
+class BlobStore:
+    """The blob files of one store (``<database>.blobs/``)."""
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+
+    def path(self, sha256: str) -> Path:
+        sha = check_sha(sha256)
+        return self.directory / sha[:2] / sha
+
+    def put(self, data: bytes) -> BlobRef:
+        """Store *data* durably (fsynced) and return its reference; a payload
+        already stored is not written again."""
+        if len(data) > self.max_bytes:
+            raise errors.PayloadTooLarge(
+                f"payload of {len(data):,} bytes is over max_payload_bytes ({self.max_bytes:,})"
+            )
+        sha = hashlib.sha256(data).hexdigest()
+        target = self.path(sha)
+        with contextlib.suppress(OSError):
+            stored = target.stat().st_size
+            if stored > 0:
+                return BlobRef(sha, len(data), stored)
+        packed = zstandard.ZstdCompressor(level=_LEVEL, write_content_size=True).compress(data)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = target.parent / f".{sha}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(packed)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        os.close(fd)
+        # Two processes storing the same payload both rename: either file is right.
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+        return BlobRef(sha, len(data), len(packed))
+
+    def get(self, sha256: str, size: int | None = None) -> bytes:
+        """The payload, verified against its hash (``BlobCorrupt`` if missing or damaged)."""
+        target = self.path(sha256)
+        try:
+            packed = target.read_bytes()
+        except OSError as exc:
+            raise errors.BlobCorrupt(
+                f"blob {sha256}: cannot read {target}: {exc.strerror}"
+            ) from exc
+        limit = self.max_bytes if size is None else size
+        try:
+            data = zstandard.ZstdDecompressor().decompress(packed, max_output_size=limit)
+        except zstandard.ZstdError as exc:
+            raise errors.BlobCorrupt(f"blob {sha256}: {target} is damaged: {exc}") from exc
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise errors.BlobCorrupt(f"blob {sha256}: {target} does not match its hash")
+        return data
+
+    def read_stored(self, sha256: str) -> bytes:
+        """The compressed bytes as stored (for export; verified by the importer)."""
+        try:
+            return self.path(sha256).read_bytes()
+        except OSError as exc:
+            raise errors.BlobCorrupt(f"blob {sha256}: {exc.strerror}") from exc
+
+    def put_stored(self, sha256: str, packed: bytes, size: int) -> BlobRef:
+        """Store compressed bytes received from elsewhere, after checking that
+        they decompress to *size* bytes with hash *sha256*."""
+        check_sha(sha256)
+        if size > self.max_bytes:
+            raise errors.PayloadTooLarge(
+                f"blob {sha256} of {size:,} bytes is over max_payload_bytes"
+            )
+        try:
+            data = zstandard.ZstdDecompressor().decompress(packed, max_output_size=size)
+        except zstandard.ZstdError as exc:
+            raise errors.BlobCorrupt(f"blob {sha256}: not valid zstd data: {exc}") from exc
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+            raise errors.BlobCorrupt(f"blob {sha256}: bytes do not match the hash or size")
+        return self.put(data)
+
+    def verify(self, sha256: str) -> bool:
+        try:
+            self.get(sha256)
+        except errors.BlobCorrupt:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        """The hashes of every blob file present."""
+        if not self.directory.is_dir():
+            return
+        for sub in sorted(self.directory.iterdir()):
+            if sub.is_dir() and len(sub.name) == 2:
+                for f in sorted(sub.iterdir()):
+                    if _SHA.fullmatch(f.name):
+                        yield f.name
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["CODEC", "BlobRef", "BlobStore", "check_sha"]

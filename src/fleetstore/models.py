@@ -1,0 +1,173 @@
+"""The values fleetstore stores and returns: frozen, slotted dataclasses.
+
+A message is a list of *parts*; each part type has a ``kind`` (its name in the
+store and in operations).  Times are seconds since the epoch (float).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from fleetstore.ids import new_id
+
+
+class SessionStatus(enum.StrEnum):
+    #: In use: listed by default.
+    active = "active"
+    #: Kept but put away: listed only when asked for.
+    archived = "archived"
+
+
+class MessageStatus(enum.StrEnum):
+    #: Being written by a stream: what has been flushed is readable.
+    streaming = "streaming"
+    #: Written whole (an append, or a stream that ended normally).
+    complete = "complete"
+    #: Its stream ended with an exception; what was flushed is kept.
+    error = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """Text the model (or the user) wrote."""
+
+    text: str
+    kind: ClassVar[str] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """The model's reasoning, kept apart from its answer."""
+
+    text: str
+    kind: ClassVar[str] = "reasoning"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool the model asked to run, with JSON arguments."""
+
+    name: str
+    arguments: Any = None
+    call_id: str = field(default_factory=new_id)
+    kind: ClassVar[str] = "tool_call"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool returned (text or bytes; may be many megabytes)."""
+
+    call_id: str
+    output: str | bytes
+    is_error: bool = False
+    name: str = ""
+    kind: ClassVar[str] = "tool_result"
+
+
+@dataclass(frozen=True, slots=True)
+class File:
+    """A file attached to a message."""
+
+    data: bytes
+    mime_type: str = "application/octet-stream"
+    name: str = ""
+    kind: ClassVar[str] = "file"
+
+
+Part = Text | Reasoning | ToolCall | ToolResult | File
+PART_TYPES: Mapping[str, type[Part]] = {
+    t.kind: t for t in (Text, Reasoning, ToolCall, ToolResult, File)
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens and cost of one model call, recorded with its message."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A conversation.  Sessions form trees: a subagent's session has the
+    spawning session as ``parent_id``; ``root_id`` is the top of the tree
+    (a session's own id when it has no parent).  A fork records where it came
+    from in ``forked_from`` and ``fork_seq``."""
+
+    id: str
+    root_id: str
+    parent_id: str | None = None
+    forked_from: str | None = None
+    fork_seq: int | None = None
+    project: str | None = None
+    title: str | None = None
+    status: SessionStatus = SessionStatus.active
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    archived_at: float | None = None
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a session, with its parts in order.  ``seq`` numbers
+    the messages of a session from 1 in the order they were stored; it is
+    ``None`` for a message still waiting in this process's spool."""
+
+    id: str
+    session_id: str
+    seq: int | None
+    role: str
+    parts: tuple[Part, ...] = ()
+    status: MessageStatus = MessageStatus.complete
+    model: str | None = None
+    usage: Usage | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    created_at: float = 0.0
+    completed_at: float | None = None
+
+    @property
+    def text(self) -> str:
+        """The message's ``Text`` parts joined."""
+        return "".join(p.text for p in self.parts if isinstance(p, Text))
+
+
+@dataclass(frozen=True, slots=True)
+class StateValue:
+    """A versioned value under (session, namespace, key).  ``version`` starts
+    at 1 and grows by one on every put; it is ``None`` for a put still waiting
+    in this process's spool."""
+
+    session_id: str
+    key: str
+    value: Any
+    version: int | None
+    namespace: str = "default"
+    updated_at: float = 0.0
+
+
+__all__ = [
+    "PART_TYPES",
+    "File",
+    "Message",
+    "MessageStatus",
+    "Part",
+    "Reasoning",
+    "Session",
+    "SessionStatus",
+    "StateValue",
+    "Text",
+    "ToolCall",
+    "ToolResult",
+    "Usage",
+]

@@ -1,0 +1,107 @@
+"""Versioned per-session state: (session, namespace, key) → value.
+
+Every put raises the version by one.  A put or delete with ``expected_version``
+applies only if the current version is that one (0 for "does not exist yet")
+and otherwise raises ``VersionConflict``; such conditional writes are never
+spooled, since their outcome must be known when the call returns.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from fleetstore import errors
+from fleetstore.history import decode_value, encode_payload
+from fleetstore.ids import new_id
+from fleetstore.models import StateValue
+from fleetstore.operations import Operation, dump_json
+
+if TYPE_CHECKING:
+    from fleetstore.store import Store
+
+
+class State:
+    """``store.state``: versioned values per session."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def get(self, session_id: str, key: str, *, namespace: str = "default") -> StateValue | None:
+        """The value under *key*, or None."""
+        self._store.check_visible(session_id)
+        q = self._store.queries
+        rows = self._store.read(lambda tx: tx.execute(q["state_get"], (session_id, namespace, key)))
+        if not rows:
+            return None
+        version, enc, body, sha, size, updated = rows[0]
+        value = decode_value(self._store, enc, body, sha, size)
+        return StateValue(session_id, key, value, version, namespace, updated)
+
+    def put(
+        self,
+        session_id: str,
+        key: str,
+        value: Any,
+        *,
+        namespace: str = "default",
+        expected_version: int | None = None,
+    ) -> StateValue:
+        """Store *value* (JSON-serialisable, or bytes) under *key*; returns it with
+        its new version (``None`` while the write waits in this process's spool)."""
+        if isinstance(value, bytes | bytearray | memoryview):
+            encoded = encode_payload(self._store, bytes(value), "bytes")
+        else:
+            encoded = encode_payload(self._store, dump_json(value, f"state value {key!r}"), "json")
+        now = time.time()
+        args = {
+            "session_id": session_id,
+            "namespace": namespace,
+            "key": key,
+            "value": encoded,
+            "expected_version": expected_version,
+            "now": now,
+        }
+        result = self._store.submit(
+            Operation("put_state", args, new_id()), spool=expected_version is None
+        )
+        if result is None:
+            return StateValue(session_id, key, value, None, namespace, now)
+        if result.get("duplicate"):
+            current = self.get(session_id, key, namespace=namespace)
+            if current is None:
+                raise errors.NotFound(
+                    f"state {namespace}/{key} of session {session_id!r} was deleted"
+                )
+            return current
+        return StateValue(session_id, key, value, result["version"], namespace, now)
+
+    def delete(
+        self,
+        session_id: str,
+        key: str,
+        *,
+        namespace: str = "default",
+        expected_version: int | None = None,
+    ) -> bool:
+        """Remove *key*; True if it existed (also True if the delete was spooled)."""
+        args = {
+            "session_id": session_id,
+            "namespace": namespace,
+            "key": key,
+            "expected_version": expected_version,
+        }
+        result = self._store.submit(
+            Operation("delete_state", args, new_id()), spool=expected_version is None
+        )
+        return True if result is None else bool(result.get("deleted", True))
+
+    def keys(self, session_id: str, *, namespace: str = "default") -> list[str]:
+        """The keys stored in *namespace* of the session, sorted."""
+        self._store.check_visible(session_id)
+        q = self._store.queries
+        rows = self._store.read(lambda tx: tx.execute(q["state_keys"], (session_id, namespace)))
+        return [r[0] for r in rows]
+
+
+__all__ = ["State"]
