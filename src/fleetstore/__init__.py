@@ -1,12 +1,22 @@
 """fleetstore: storage a whole fleet of agent processes can write at once.
 
 ``fleetstore.open()`` gives a ``Store``: sessions, messages (streamed or whole),
-versioned state, blobs and the spool.  ``fleetstore.Database`` is the lower
+versioned state, blobs and the spool; ``await fleetstore.open_async()`` gives
+the same API as coroutines.  ``fleetstore.Database`` is the lower
 layer: a SQLite file that many processes write safely, with a cross-process
 writer gate, a bounded lock wait and strict connection hygiene.
 """
 
 from fleetstore import errors
+from fleetstore.aio import (
+    AsyncMessages,
+    AsyncSessions,
+    AsyncState,
+    AsyncStore,
+    AsyncStream,
+    AsyncToolCallHandle,
+    open_async,
+)
 from fleetstore.engine.sqlite import Database, Migration, ReadTx, WriteTx
 from fleetstore.errors import (
     AlreadyExists,
@@ -46,6 +56,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AlreadyExists",
+    "AsyncMessages",
+    "AsyncSessions",
+    "AsyncState",
+    "AsyncStore",
+    "AsyncStream",
+    "AsyncToolCallHandle",
     "ConfigError",
     "Database",
     "File",
@@ -85,4 +101,5 @@ __all__ = [
     "default_data_dir",
     "errors",
     "open",
+    "open_async",
 ]
