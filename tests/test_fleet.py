@@ -14,6 +14,7 @@ import os
 import re
 import select
 import signal
+import threading
 import time
 import traceback
 from collections import Counter
@@ -25,7 +26,7 @@ import pytest
 
 from conftest import Barrier, Proc, Spawn, start_lock
 from fleet_agent import MARKER_AGENT, SCHEMA, logged_migrations
-from fleetstore import Database, Migration, StoreBusy
+from fleetstore import Database, Migration, ReadTx, StoreBusy
 from fleetstore.errors import LockHolder
 
 FLEET = 16
@@ -394,6 +395,54 @@ def test_fork_child_never_reuses_parent_connections(store_path: str) -> None:
         assert stored_rows(db) == Counter({(1, 1): 1, (2, 1): 1, (1, 2): 1, (1, 3): 1})
         assert integrity(db) == [("ok",)]
     finally:
+        db.close()
+
+
+@forks
+def test_fork_waits_until_no_other_thread_is_inside_sqlite(store_path: str) -> None:
+    """A connection another thread is using at the instant of a fork may be inside
+    SQLite: the child can neither close it nor keep it (its in-process lock state
+    makes the child's own connections take no real lock; writes of a child forked
+    while a background thread waited inside db.write() were lost).  So a fork waits
+    until no other thread is inside SQLite, and the child closes every connection."""
+    db = Database.open(store_path, migrations=SCHEMA)
+    with db.write() as tx:
+        insert(tx, 1, 1)
+    entered = threading.Event()
+    finished: list[float] = []
+
+    def long_read(tx: ReadTx) -> None:
+        entered.set()
+        # A statement that keeps this thread inside SQLite for a while.
+        tx.execute(
+            "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 3000000) "
+            "SELECT count(*) FROM c"
+        )
+        finished.append(time.monotonic())
+
+    reader = threading.Thread(target=lambda: db.read(long_read))
+    reader.start()
+    try:
+        assert entered.wait(30)
+        time.sleep(0.05)  # let the statement start
+        pid = os.fork()
+        if pid == 0:
+
+            def child() -> bool:
+                with db.write() as tx:
+                    insert(tx, 2, 1)
+                return stored_rows(db) == Counter({(1, 1): 1, (2, 1): 1})
+
+            in_child(child)
+        forked = time.monotonic()
+        assert child_exit_code(pid) == 0, "the child could not write and read its row"
+        reader.join(60)
+        # Ordering, not speed: the fork returned only after the read left SQLite.
+        assert finished and finished[0] <= forked
+        assert stored_rows(db) == Counter({(1, 1): 1, (2, 1): 1})
+        assert integrity(db) == [("ok",)]
+    finally:
+        reader.join(60)
         db.close()
 
 

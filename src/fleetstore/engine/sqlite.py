@@ -123,16 +123,85 @@ class ReadTx(_Tx):
     __slots__ = ()
 
 
+class _ForkGuard:
+    """Threads count themselves in while they run SQLite code; ``os.fork`` waits
+    (in a before-fork hook) until no *other* thread is inside.
+
+    A child inherits every connection, and one that another parent thread was
+    using at the instant of the fork may be inside SQLite, holding its mutex: the
+    child could neither close it (deadlock) nor keep it (its in-process lock state
+    makes the child's own connections take no real lock, and the child's writes
+    were lost: test_spool.py::test_forked_child_neither_writes_nor_keeps_the_parents_journal).
+    With this guard no connection is ever inside SQLite at a fork, so the child
+    closes them all.  Waiting for the gate or between BEGIN attempts does not count.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = 0
+        self._forking = 0  # the thread ident that is forking
+        self._depth = threading.local()
+
+    def enter(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            while self._forking and self._forking != me:
+                self._cond.wait()
+            self._inside += 1
+        self._depth.n = getattr(self._depth, "n", 0) + 1
+
+    def exit(self) -> None:
+        self._depth.n -= 1
+        with self._cond:
+            self._inside -= 1
+            if self._forking:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.exit()
+
+    def before_fork(self) -> None:
+        mine = getattr(self._depth, "n", 0)
+        with self._cond:
+            while self._forking:  # another thread is forking: let it finish first
+                self._cond.wait()
+            self._forking = threading.get_ident()
+            while self._inside > mine:
+                self._cond.wait()
+
+    def after_fork_in_parent(self) -> None:
+        with self._cond:
+            self._forking = 0
+            self._cond.notify_all()
+
+    def after_fork_in_child(self) -> None:
+        # Only the forking thread exists here; its own count carries over.
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = getattr(self._depth, "n", 0)
+        self._forking = 0
+
+
+_guard = _ForkGuard()
 _live: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
+    _guard.after_fork_in_child()
     for db in list(_live):
         if not db._closed:
             db._after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_guard.before_fork,
+    after_in_parent=_guard.after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
 
 
 class Database:
@@ -160,7 +229,6 @@ class Database:
         self._checkpoint_lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()
-        self._orphans: list[apsw.Connection] = []
         self._reset_process_state()
         _live.add(self)
 
@@ -168,6 +236,7 @@ class Database:
         self._writer: apsw.Connection | None = None
         self._checkpointer: apsw.Connection | None = None
         self._idle_readers: list[apsw.Connection] = []
+        self._busy_readers: set[apsw.Connection] = set()
         self._gate = WriterGate(self.gate_path, cross_process=self.settings.gate)
         self._metrics = WriteMetrics()
         self._wal_frames = 0
@@ -214,8 +283,9 @@ class Database:
     def _prepare_file(self, fresh: bool) -> None:
         conn = self._writer_connection()
         try:
-            page_size = _pragma(conn, "page_size")
-            mode = self._journal_mode(conn)
+            with _guard.inside():
+                page_size = _pragma(conn, "page_size")
+                mode = self._journal_mode(conn)
         except apsw.Error as exc:
             raise _translate(exc, self.path) from exc
         self._frame_bytes = page_size + 24
@@ -230,11 +300,13 @@ class Database:
         conn.setbusytimeout(0)
         try:
             if fresh:
-                with contextlib.suppress(apsw.Error):
+                with contextlib.suppress(apsw.Error), _guard.inside():
                     conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
             while True:
                 try:
-                    if self._journal_mode(conn, "WAL") == "wal":
+                    with _guard.inside():
+                        switched = self._journal_mode(conn, "WAL") == "wal"
+                    if switched:
                         return
                 except apsw.BusyError:
                     pass
@@ -260,10 +332,11 @@ class Database:
 
     def _connect(self, role: str) -> apsw.Connection:
         try:
-            conn = apsw.Connection(
-                self.path, flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
-            )
-            self._configure(conn, role)
+            with _guard.inside():
+                conn = apsw.Connection(
+                    self.path, flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
+                )
+                self._configure(conn, role)
         except apsw.Error as exc:
             raise _translate(exc, self.path) from exc
         return conn
@@ -316,24 +389,16 @@ class Database:
         child's acknowledged commits.  So the child closes the inherited connections
         (its unlocks are no-ops: POSIX locks are not inherited) and opens its own.  The
         writer never spills to the WAL before COMMIT (cache_spill=OFF), so closing it
-        mid-transaction has nothing in the shared WAL index to undo.  One in use by
-        another parent thread may be inside SQLite's mutex: it is left alone.
+        mid-transaction has nothing in the shared WAL index to undo.  Connections in
+        use by other parent threads are closed too: the fork guard (_ForkGuard) made
+        the fork wait until none of them was inside SQLite.
         The inherited gate descriptor shares the parent's open file: it is closed, never
         unlocked, or a parent killed while holding the gate would leave it held by us.
         tests/test_fleet.py: test_fork_child_*, test_kill9_of_writer_whose_forked_child_*
         """
         # (No self._lock here: a parent thread may have held it at fork time.)
-        me = threading.get_ident()
-        idle: list[apsw.Connection | None] = [*self._idle_readers]
-        if self._write_owner in (0, me):
-            idle.append(self._writer)
-        elif self._writer is not None:
-            self._orphans.append(self._writer)
-        if self._checkpointer is not None and self._checkpoint_lock.locked():
-            self._orphans.append(self._checkpointer)
-        else:
-            idle.append(self._checkpointer)
-        for conn in idle:
+        inherited = [*self._idle_readers, *self._busy_readers, self._writer, self._checkpointer]
+        for conn in inherited:
             if conn is not None:
                 with contextlib.suppress(apsw.Error):
                     conn.close(True)
@@ -345,14 +410,15 @@ class Database:
 
     def _writer_connection(self) -> apsw.Connection:
         if self._writer is None:
-            self._writer = self._connect("writer")
+            with _guard.inside():
+                self._writer = self._connect("writer")
         return self._writer
 
     def _discard(self, conn: apsw.Connection) -> None:
         self._metrics.count("discarded_connections")
         if conn is self._writer:
             self._writer = None
-        with contextlib.suppress(apsw.Error):
+        with contextlib.suppress(apsw.Error), _guard.inside():
             conn.close(True)
 
     # -- writing ---------------------------------------------------------------------------
@@ -377,21 +443,24 @@ class Database:
         self._write_owner = threading.get_ident()
         try:
             conn = self._writer_connection()
-            self._begin_immediate(conn, started, deadline)
-            acquired = time.monotonic()
-            tx = WriteTx(conn, self.path)
+            self._begin_immediate(conn, started, deadline)  # returns inside the fork guard
             try:
-                yield tx
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                self._metrics.count("write_errors")
-                self._rollback(conn)
-                if isinstance(exc, apsw.Error):
-                    raise _translate(exc, self.path) from exc
-                raise
+                acquired = time.monotonic()
+                tx = WriteTx(conn, self.path)
+                try:
+                    yield tx
+                    conn.execute("COMMIT")
+                except BaseException as exc:
+                    self._metrics.count("write_errors")
+                    self._rollback(conn)
+                    if isinstance(exc, apsw.Error):
+                        raise _translate(exc, self.path) from exc
+                    raise
+                finally:
+                    tx._open = False
+                committed = time.monotonic()
             finally:
-                tx._open = False
-            committed = time.monotonic()
+                _guard.exit()
         finally:
             self._write_owner = 0
             gate.release()
@@ -415,28 +484,37 @@ class Database:
     def _begin_immediate(self, conn: apsw.Connection, started: float, deadline: float) -> None:
         """BEGIN IMMEDIATE, retried every ~1 ms while a process outside the gate holds
         the SQLite lock.  Never deferred BEGIN: its later upgrade to a write lock
-        returns BUSY at once without calling any busy handler."""
+        returns BUSY at once without calling any busy handler.  Returns inside the
+        fork guard (the caller exits it); sleeps between attempts outside it."""
         attempts = 0
         # SQLite's own busy handler naps up to 100 ms; only the gate holder waits
         # here, so a fine-grained retry costs the fleet nothing.
-        conn.setbusytimeout(0)
+        with _guard.inside():
+            conn.setbusytimeout(0)
         try:
             while True:
                 attempts += 1
+                _guard.enter()
                 try:
                     conn.execute("BEGIN IMMEDIATE")
                     return
                 except apsw.BusyError:
-                    pass
+                    _guard.exit()
                 except apsw.Error as exc:
                     if conn.in_transaction and attempts == 1:
                         # Left behind by a failure we could not see ("cannot start a
                         # transaction within a transaction"): roll it back and try
                         # once more; a connection that cannot roll back is discarded.
                         self._rollback(conn)
+                        _guard.exit()
                         if self._writer is conn:
                             continue
+                    else:
+                        _guard.exit()
                     raise _translate(exc, self.path) from exc
+                except BaseException:
+                    _guard.exit()
+                    raise
                 self._metrics.count("begin_busy_retries")
                 if time.monotonic() >= deadline:
                     self._metrics.count("busy_timeouts")
@@ -454,7 +532,7 @@ class Database:
                     )
                 time.sleep(_BEGIN_RETRY_SLEEP)
         finally:
-            with contextlib.suppress(apsw.Error):
+            with contextlib.suppress(apsw.Error), _guard.inside():
                 conn.setbusytimeout(self.settings.busy_timeout_ms)
 
     def _rollback(self, conn: apsw.Connection) -> None:
@@ -486,27 +564,29 @@ class Database:
             return (-1, -1)
         try:
             if self._checkpointer is None:
-                self._checkpointer = self._connect("checkpointer")
+                with _guard.inside():
+                    self._checkpointer = self._connect("checkpointer")
             conn = self._checkpointer
-            try:
-                log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-            except apsw.BusyError:
-                return (-1, -1)
-            except apsw.Error as exc:
-                raise _translate(exc, self.path) from exc
-            self._metrics.count("checkpoints")
-            # TRUNCATE holds SQLite's write lock through a full backfill and an
-            # fsync (22-28 ms stalls of the gate holder, measured): only for a WAL
-            # file grown large, e.g. while a reader pinned it, and fully copied.
-            if done == log and self._wal_file_bytes() >= self.settings.truncate_bytes:
-                conn.setbusytimeout(0)
+            with _guard.inside():
                 try:
-                    log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                    log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
                 except apsw.BusyError:
-                    pass
-                finally:
-                    conn.setbusytimeout(self.settings.busy_timeout_ms)
-            return (log, done)
+                    return (-1, -1)
+                except apsw.Error as exc:
+                    raise _translate(exc, self.path) from exc
+                self._metrics.count("checkpoints")
+                # TRUNCATE holds SQLite's write lock through a full backfill and an
+                # fsync (22-28 ms stalls of the gate holder, measured): only for a WAL
+                # file grown large, e.g. while a reader pinned it, and fully copied.
+                if done == log and self._wal_file_bytes() >= self.settings.truncate_bytes:
+                    conn.setbusytimeout(0)
+                    try:
+                        log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                    except apsw.BusyError:
+                        pass
+                    finally:
+                        conn.setbusytimeout(self.settings.busy_timeout_ms)
+                return (log, done)
         finally:
             self._checkpoint_lock.release()
 
@@ -522,10 +602,17 @@ class Database:
         """Call ``fn(tx)`` inside a read transaction (one snapshot) on a read connection,
         without the gate, and return what it returns."""
         self._check_process()
+        # Inside the fork guard from before the connection leaves the idle list until
+        # it is back: at a fork every connection is in a list the child closes.
+        with _guard.inside():
+            return self._read(fn)
+
+    def _read(self, fn: Callable[[ReadTx], T]) -> T:
         with self._lock:
             conn = self._idle_readers.pop() if self._idle_readers else None
         if conn is None:
             conn = self._connect("reader")
+        self._busy_readers.add(conn)
         tx = ReadTx(conn, self.path)
         healthy = False
         try:
@@ -544,6 +631,7 @@ class Database:
                     healthy = False
             return result
         finally:
+            self._busy_readers.discard(conn)
             if not healthy:
                 self._discard(conn)
             else:
@@ -635,6 +723,10 @@ class Database:
     def connection_report(self) -> list[dict[str, Any]]:
         """The settings each open connection of this process reports now."""
         self._check_process()
+        with _guard.inside():
+            return self._connection_report()
+
+    def _connection_report(self) -> list[dict[str, Any]]:
         with self._lock:
             conns = [("writer", self._writer), ("checkpointer", self._checkpointer)]
             conns += [("reader", c) for c in self._idle_readers]
@@ -665,14 +757,15 @@ class Database:
             self._after_fork()
         self._closed = True
         _live.discard(self)
-        with self._lock:
-            conns = [*self._idle_readers, self._checkpointer, self._writer]
-            self._idle_readers = []
-            self._writer = self._checkpointer = None
-        for conn in conns:
-            if conn is not None:
-                with contextlib.suppress(apsw.Error):
-                    conn.close(True)
+        with _guard.inside():
+            with self._lock:
+                conns = [*self._idle_readers, self._checkpointer, self._writer]
+                self._idle_readers = []
+                self._writer = self._checkpointer = None
+            for conn in conns:
+                if conn is not None:
+                    with contextlib.suppress(apsw.Error):
+                        conn.close(True)
         self._gate.close()
 
     def __enter__(self) -> Database:
