@@ -22,13 +22,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetstore import errors, operations, sql
+from fleetstore import transfer as _transfer  # noqa: F401  registers the import operations
 from fleetstore.blobs import BlobStore
 from fleetstore.engine.base import Tx
 from fleetstore.engine.sqlite import Database, Migration
 from fleetstore.history import Messages, Sessions, Stream
 from fleetstore.operations import Operation
 from fleetstore.settings import Settings, default_data_dir
-from fleetstore.spool import Recovered, Spool, journals, recover_journal, reject
+from fleetstore.spool import (
+    REJECTED,
+    Recovered,
+    Spool,
+    is_rejectable,
+    journals,
+    recover_journal,
+    reject,
+    remove_stale_new_files,
+)
 from fleetstore.state import State
 
 T = TypeVar("T")
@@ -77,6 +87,17 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
+#: After a transient failure to replay (the lock), wait this long before the next
+#: attempt; the attempt itself already waited up to the write budget.
+_RETRY_PAUSE = 0.01
+#: After the store itself failed a replay (I/O error, disk full...): backoff cap.
+_MAX_PAUSE = 10.0
+
+
+def _due(stream: Stream, now: float) -> bool:
+    due = stream.due()
+    return due is not None and due <= now
+
 
 class Store:
     """An open fleetstore store.  Use ``fleetstore.open()``; thread-safe."""
@@ -88,32 +109,48 @@ class Store:
         self.queries = sql.queries("sqlite")
         self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
         self.spool_dir = Path(str(self.path) + ".spool")
+        self.spool = Spool(self.spool_dir)
         self.sessions = Sessions(self)
         self.messages = Messages(self)
         self.state = State(self)
         self._closed = False
-        self._op_counts: collections.Counter[str] = collections.Counter()
-        self._rejected = 0
         self._init_process()
         _live.add(self)
 
     def _init_process(self) -> None:
-        self.spool = Spool(self.spool_dir)
+        self._counts_lock = threading.Lock()
+        self._op_counts: collections.Counter[str] = collections.Counter()
+        self._rejected = 0
+        self._failures = 0
+        # _cond guards _streams, _thread, _running and _stop, and is notified
+        # whenever the spool shrinks (flush() waits on it).
         self._cond = threading.Condition()
         self._streams: set[Stream] = set()
         self._thread: threading.Thread | None = None
-        self._stop = False
+        self._running = False
+        self._stop = self._closed
 
     def _after_fork(self) -> None:
-        # Threads do not survive a fork: a child starts its own spool and flusher.
+        # Threads do not survive a fork: a child starts its own spool and
+        # background thread.  (Spool's own at-fork hook did the same; doing it
+        # here too does not depend on the order the hooks run in.)
+        self.spool._after_fork()
         self._init_process()
 
     # -- writing ---------------------------------------------------------------------------
 
     def submit(self, op: Operation, *, spool: bool = True) -> dict[str, Any] | None:
-        """Apply *op*; returns its result, or None if it went to the spool."""
+        """Apply *op*; returns its result, or None if it went to the spool.
+
+        Past the write budget the operation is spooled (``on_busy="spool"`` and
+        *spool*) or ``StoreBusy`` is raised.  Once anything is spooled, later
+        operations queue behind it; one that must not be spooled (*spool* False:
+        a conditional write, whose outcome the caller needs) raises
+        ``SpoolPending`` instead of overtaking them.  If the journal cannot be
+        written either (disk full), ``DatabaseError``: nothing was written."""
         self._check_open()
-        self._op_counts[op.name] += 1
+        with self._counts_lock:
+            self._op_counts[op.name] += 1
         may_spool = spool and self.settings.on_busy == "spool"
         if len(self.spool):
             if not may_spool:
@@ -122,14 +159,14 @@ class Store:
                     f"a {op.name} that must not be spooled cannot overtake them; "
                     "retry after store.flush()"
                 )
-            self._spool(op)
+            self._spool(op, None)
             return None
         try:
             return self.apply(op)
-        except errors.StoreBusy:
+        except errors.StoreBusy as busy:
             if not may_spool:
                 raise
-            self._spool(op)
+            self._spool(op, busy)
             return None
 
     def apply(self, op: Operation) -> dict[str, Any]:
@@ -137,27 +174,38 @@ class Store:
         with self.db.write() as tx:
             return operations.apply(tx, self.queries, op, time.time())
 
-    def _spool(self, op: Operation) -> None:
-        self.spool.append(op)
-        log.warning(
-            "%s: the write lock stayed taken past the %.1fs budget; %s spooled (%d waiting)",
-            self.path,
-            self.settings.write_budget,
-            op.name,
-            len(self.spool),
-        )
+    def _spool(self, op: Operation, busy: errors.StoreBusy | None) -> None:
+        try:
+            self.spool.append(op)
+        except OSError as exc:
+            raise errors.DatabaseError(
+                f"{self.path}: {op.name} could not be written now (the store is busy) nor "
+                f"spooled ({exc}); nothing was written"
+            ) from exc
+        if busy is not None:
+            log.warning(
+                "%s: %s spooled (%d waiting in %s): %s",
+                self.path,
+                op.name,
+                len(self.spool),
+                self.spool.path,
+                busy,
+            )
+        else:
+            log.debug("%s: %s queued in the spool behind earlier writes", self.path, op.name)
         self._wake()
 
     def spooled_for(self, session_id: str) -> bool:
-        return bool(len(self.spool)) and session_id in self.spool.session_ids()
+        return bool(len(self.spool)) and self.spool.touches(session_id)
 
     def check_visible(self, session_id: str | None) -> None:
         """Raise ``SpoolPending`` if a read of *session_id* (None: of anything) would
         miss writes of this process still in its spool."""
+        self._check_open()
         pending = len(self.spool)
         if not pending:
             return
-        if session_id is not None and session_id not in self.spool.session_ids():
+        if session_id is not None and not self.spool.touches(session_id):
             return
         raise errors.SpoolPending(
             f"{pending} write(s) of this process wait in its spool"
@@ -168,17 +216,24 @@ class Store:
     def flush(self, timeout: float | None = None) -> bool:
         """Write pending stream text and wait until this process's spool is empty
         (at most *timeout* seconds; default: the write budget).  True if it is."""
-        for stream in list(self._streams):
+        self._check_open()
+        return self._drain(timeout)
+
+    def _drain(self, timeout: float | None) -> bool:
+        with self._cond:
+            streams = list(self._streams)
+        for stream in streams:
             stream.flush()
         deadline = time.monotonic() + (self.settings.write_budget if timeout is None else timeout)
-        while len(self.spool):
-            if self._thread is None or not self._thread.is_alive():
-                self._wake()
-            with self._cond:
+        if threading.current_thread() is self._thread:
+            return not len(self.spool)  # the drainer cannot wait for itself
+        self._wake()
+        with self._cond:
+            while len(self.spool):
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._stop:
                     return False
-                self._cond.wait(min(remaining, 0.05))
+                self._cond.wait(remaining)
         return True
 
     # -- reading ---------------------------------------------------------------------------
@@ -199,81 +254,163 @@ class Store:
             self._streams.discard(stream)
 
     def _wake(self) -> None:
+        """Make sure the background thread runs and looks at the spool again."""
         with self._cond:
-            if self._thread is None or not self._thread.is_alive():
-                self._stop = False
-                self._thread = threading.Thread(
+            if self._stop:
+                return
+            if not self._running:
+                # _running, not Thread.is_alive(): a thread that has decided to exit
+                # (below, under this lock) but not yet ended is alive, and a write
+                # spooled in that moment would wait for a thread that never looks.
+                thread = threading.Thread(
                     target=self._background, name="fleetstore-background", daemon=True
                 )
-                self._thread.start()
+                thread.start()
+                self._thread, self._running = thread, True
             self._cond.notify_all()
 
     def _background(self) -> None:
+        try:
+            self._background_loop()
+        finally:
+            # Whatever ended it, the next _wake must be able to start another.
+            with self._cond:
+                if self._thread is threading.current_thread():
+                    self._running = False
+
+    def _background_loop(self) -> None:
+        """Replay the spool in order, one operation per transaction, and flush
+        streams when due; exit when there is neither (``_wake`` starts it again).
+        test_spool.py::test_outside_lock_past_the_budget_spools_then_drains_in_order"""
+        pause_until = 0.0
         while True:
             with self._cond:
-                if self._stop:
-                    return
-                op = self.spool.head()
-                due = [d for s in self._streams if (d := s.due()) is not None]
-                if op is None:
+                while True:
+                    if self._stop:
+                        self._running = False
+                        return
+                    op = self.spool.head()
+                    if op is None and not self._streams:
+                        self._running = False
+                        return
                     now = time.monotonic()
-                    wait = (min(due) - now) if due else None
-                    if wait is None and not self._streams:
-                        return  # nothing to do: the next write or stream starts us again
-                    if wait is None or wait > 0:
-                        self._cond.wait(wait if wait is not None else 1.0)
-                        continue
-                ready = [
-                    s for s in self._streams if (d := s.due()) is not None and d <= time.monotonic()
-                ]
+                    paused = now < pause_until
+                    dues = [d for s in self._streams if (d := s.due()) is not None]
+                    ready = [] if paused else [s for s in self._streams if _due(s, now)]
+                    replay = op is not None and not paused
+                    if replay or ready:
+                        break
+                    waits = [d - now for d in dues if d > now]
+                    if paused:
+                        waits.append(pause_until - now)
+                    self._cond.wait(
+                        min(waits) if waits else max(self.settings.stream_flush_interval, 0.01)
+                    )
             for stream in ready:
                 try:
                     stream.flush()
-                except errors.FleetstoreError as exc:
+                except Exception as exc:
                     log.error("%s: timed flush of message %s failed: %s", self.path, stream.id, exc)
-            if op is not None:
-                self._replay(op)
+            if replay and op is not None:
+                pause = self._replay(op)
+                pause_until = time.monotonic() + pause if pause else 0.0
 
-    def _replay(self, op: Operation) -> None:
+    def _replay(self, op: Operation) -> float:
+        """Apply the spool's head *op*; the seconds to wait before trying again
+        (0: it is done with, applied or rejected)."""
         try:
             self.apply(op)
         except errors.TransientError:
-            return  # still locked: the next pass tries again (the gate wait is the backoff)
-        except errors.StoreClosed:
-            with self._cond:
-                self._stop = True
-            return
-        except errors.PermanentError as exc:
+            return _RETRY_PAUSE  # still locked: the next attempt waits for the lock again
+        except Exception as exc:
+            if not is_rejectable(exc):
+                # The store itself failed (I/O error, disk full, closed): the
+                # operation is fine and keeps its place; back off and retry.
+                self._failures += 1
+                pause = min(_MAX_PAUSE, 0.1 * 2.0 ** min(self._failures, 10))
+                log.error(
+                    "%s: replaying spooled %s failed (%s: %s); retrying in %.1fs",
+                    self.path,
+                    op.name,
+                    type(exc).__name__,
+                    exc,
+                    pause,
+                )
+                return pause
             # It can never apply (e.g. its session was deleted meanwhile): keep it
             # with the reason in rejected.jsonl, loudly; never drop it silently.
-            reject(self.spool_dir, op, exc)
-            self._rejected += 1
-            log.error("%s: spooled %s rejected on replay: %s", self.path, op.name, exc)
+            # test_spool.py::test_spooled_write_that_cannot_apply_is_rejected_not_dropped
+            path = self.spool.path
+            try:
+                reject(self.spool_dir, op, exc, path.name if path else None)
+            except OSError as err:
+                log.error("%s: cannot record rejected %s: %s", self.path, op.name, err)
+                return _MAX_PAUSE
+            with self._counts_lock:
+                self._rejected += 1
+            log.error(
+                "%s: spooled %s (op %s) rejected on replay, kept in %s: %s: %s",
+                self.path,
+                op.name,
+                op.op_id,
+                self.spool_dir / REJECTED,
+                type(exc).__name__,
+                exc,
+            )
+        self._failures = 0
         self.spool.done(op)
         with self._cond:
             self._cond.notify_all()
+        return 0.0
 
     def recover(self) -> list[Recovered]:
-        """Replay the journals of processes that died with writes in their spool."""
+        """Replay the journals of processes that died with writes in their spool
+        (and of stores closed before theirs drained).  Journals of live processes
+        are left alone ("busy").  Once one stops "unfinished" (the store stayed
+        locked past the budget), the rest are not tried."""
         self._check_open()
-        results = []
+        remove_stale_new_files(self.spool_dir)
+        results: list[Recovered] = []
+        stopped = ""
+        own = self.spool.path
         for path in journals(self.spool_dir):
-            if self.spool._path is not None and path == self.spool._path:
+            if path == own:
                 continue
-            results.append(recover_journal(path, self.apply))
+            if stopped:
+                results.append(Recovered(str(path), 0, "unfinished", f"not tried: {stopped}"))
+                continue
+            result = recover_journal(path, self.apply)
+            if result.status == "unfinished":
+                stopped = f"the replay of {path.name} stopped"
+            if result.rejected:
+                with self._counts_lock:
+                    self._rejected += result.rejected
+                for r in result.rejections:
+                    log.error(
+                        "%s: %s (op %s) from %s rejected, kept in %s: %s",
+                        self.path,
+                        r.op,
+                        r.op_id,
+                        path.name,
+                        self.spool_dir / REJECTED,
+                        r.error,
+                    )
+            results.append(result)
         return results
 
     # -- observing and closing -------------------------------------------------------------
 
     def metrics(self) -> dict[str, Any]:
         """This process's figures: the engine's, plus operations, spool and streams."""
+        with self._counts_lock:
+            counts, rejected = dict(self._op_counts), self._rejected
         return {
             **self.db.metrics(),
-            "operations": dict(self._op_counts),
+            "operations": counts,
             "spool_pending": len(self.spool),
             "spooled": self.spool.spooled_total,
             "replayed": self.spool.replayed_total,
-            "rejected": self._rejected,
+            "rejected": rejected,
             "open_streams": len(self._streams),
         }
 
@@ -284,17 +421,18 @@ class Store:
     def close(self, timeout: float | None = None) -> None:
         """Flush open streams, wait (up to *timeout*, default the write budget) for the
         spool to drain, and close.  Writes still spooled stay in the journal, for
-        ``fleetstore recover`` or the next ``fleetstore.open``.  Idempotent."""
+        ``fleetstore recover`` or the next ``fleetstore.open``; a replay attempt
+        under way may add up to one write budget to the wait.  Idempotent."""
         if self._closed:
             return
         try:
-            if not self.flush(timeout):
+            if not self._drain(timeout):
                 log.error(
                     "%s: closing with %d write(s) still in the spool journal %s; "
                     "`fleetstore recover` or the next open applies them",
                     self.path,
                     len(self.spool),
-                    self.spool._path,
+                    self.spool.path,
                 )
         finally:
             with self._cond:
@@ -302,7 +440,11 @@ class Store:
                 self._cond.notify_all()
             thread = self._thread
             if thread is not None and thread is not threading.current_thread():
-                thread.join(timeout=self.settings.write_budget + 1)
+                # An attempt under way ends within one write budget; the database
+                # must not close under it.  test_spool.py::test_close_while_locked_*
+                thread.join(self.settings.write_budget + 5)
+                if thread.is_alive():
+                    log.error("%s: the background thread did not stop; closing anyway", self.path)
             self._closed = True
             self.spool.close()
             self.db.close()
@@ -318,6 +460,15 @@ class Store:
         return f"<fleetstore.Store {str(self.path)!r}{' closed' if self._closed else ''}>"
 
 
+def _open_store(path: Path, config: Settings) -> Store:
+    db = Database.open(path, migrations(), **dataclasses.asdict(config))
+    try:
+        return Store(db, config)
+    except BaseException:
+        db.close()
+        raise
+
+
 def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> Store:
     """Open (creating if needed) a store.  *url_or_path*: a file path, a directory,
     or ``sqlite:///absolute/path``; default ``$FLEETSTORE_URL``, else
@@ -325,25 +476,47 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     ``FLEETSTORE_<NAME>``).  Journals left by processes that died are replayed."""
     config = Settings.load(**settings)
     path = resolve_target(url_or_path)
-    db = Database.open(path, migrations(), **dataclasses.asdict(config))
-    store = Store(db, config)
+    store = _open_store(path, config)
     try:
-        if any(True for _ in journals(store.spool_dir)):
+        if journals(store.spool_dir):
             for result in store.recover():
-                if result.status not in ("replayed", "busy"):
+                if result.status in ("damaged", "unfinished"):
                     log.error(
-                        "%s: recovering %s: %s %s",
+                        "%s: recovering %s: %s: %s",
                         path,
                         result.journal,
                         result.status,
                         result.detail,
                     )
-    except errors.TransientError as exc:
-        log.error("%s: journals of dead processes not replayed yet: %s", path, exc)
+    except (errors.FleetstoreError, OSError) as exc:
+        # The store itself is fine; the journals wait for the next open or recover.
+        log.error("%s: journals of dead processes not replayed: %s", path, exc)
     except BaseException:
         store.close(timeout=0)
         raise
     return store
 
 
-__all__ = ["DEFAULT_FILENAME", "Store", "open", "resolve_target"]
+def recover_journals(
+    url_or_path: str | os.PathLike[str] | None = None, **settings: Any
+) -> tuple[Path, list[Recovered]]:
+    """``fleetstore recover``: replay the journals that processes which died left
+    beside the store at *url_or_path* (resolved as by ``open``).  Returns the
+    store's path and what happened to each journal.  ``NotFound`` if there is no
+    store there (nothing is created); the store is opened only if a journal exists."""
+    config = Settings.load(**settings)
+    path = resolve_target(url_or_path)
+    if not path.is_file():
+        raise errors.NotFound(f"no store at {path}")
+    spool_dir = Path(str(path) + ".spool")
+    if not journals(spool_dir):
+        remove_stale_new_files(spool_dir)
+        return path, []
+    store = _open_store(path, config)
+    try:
+        return path, store.recover()
+    finally:
+        store.close(timeout=0)
+
+
+__all__ = ["DEFAULT_FILENAME", "Store", "open", "recover_journals", "resolve_target"]
