@@ -187,11 +187,15 @@ def test_python_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Mon
     finally:
         # An example that forgets to close its store must not leak into other tests.
         for value in list(namespace.values()):
-            if isinstance(value, fleetstore.Database):
+            if isinstance(value, fleetstore.Database | fleetstore.Store):
                 value.close()
-    # Every file the examples made is private: sessions carry secrets.
+    # Every file the examples made is private: sessions carry secrets.  Blob files
+    # and spool journals (under <db>.blobs/ and <db>.spool/) are session content too.
     for made in [*work.rglob("*"), *(data_dir.rglob("*") if data_dir.exists() else [])]:
-        if made.is_file() and re.search(r"\.db(-wal|-shm)?$|\.gate$", made.name):
+        private = re.search(r"\.db(-wal|-shm)?$|\.gate$", made.name) or any(
+            re.search(r"\.(blobs|spool)$", parent.name) for parent in made.parents
+        )
+        if made.is_file() and private:
             assert made.stat().st_mode & 0o077 == 0, f"{made} is readable by others"
 
 
@@ -294,6 +298,34 @@ def test_reference_lists_every_metrics_and_connection_report_key(tmp_path: Path)
         keys |= set(entry)
     missing = sorted(k for k in keys if f"`{k}`" not in text)
     assert not missing, f"docs/reference.md does not list these keys: {missing}"
+
+
+def test_reference_lists_every_store_metrics_key(tmp_path: Path) -> None:
+    """Store.metrics() adds the operation, spool and stream figures to the engine's."""
+    with fleetstore.open(tmp_path / "s.db") as store:
+        session = store.sessions.create(title="t")
+        store.messages.append(session.id, "user", "hi")
+        metrics = store.metrics()
+    assert metrics["operations"], "no operation was counted"
+    keys = set(metrics)
+    for value in metrics.values():
+        if isinstance(value, dict) and value is not metrics["operations"]:
+            keys |= set(value)
+    text = reference_text()
+    missing = sorted(k for k in keys if f"`{k}`" not in text)
+    assert not missing, f"docs/reference.md does not list these Store.metrics() keys: {missing}"
+
+
+def test_reference_lists_every_operation() -> None:
+    """Every registered operation is named, with whether applied_ops logs it."""
+    from fleetstore.operations import REGISTRY
+
+    rows = table_rows(reference_text())
+    for name, spec in REGISTRY.items():
+        found = [row for row in rows if row.lstrip().startswith(f"| `{name}` |")]
+        assert found, f"docs/reference.md needs an operations table row for `{name}`"
+        marker = "applied_ops" if spec.logged else "not logged"
+        assert marker in found[0], f"the `{name}` row should say `{marker}`: {found[0]}"
 
 
 def test_reference_names_every_public_export() -> None:
