@@ -25,7 +25,10 @@ from fleetstore import errors
 
 CODEC = "zstd"
 _SHA = re.compile(r"[0-9a-f]{64}")
-_LEVEL = 3
+# Level 1: a 6 MB tool output costs 11-13 ms at level 1 vs 54-61 ms at level 3, for
+# a file barely larger; on a 2-core machine that CPU, not the lock, raised other
+# agents' small-write p99 (benchmarks/bench_history.py, "cpu-only" variant).
+_LEVEL = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,10 @@ class BlobStore:
             if stored > 0:
                 return BlobRef(sha, len(data), stored)
         packed = zstandard.ZstdCompressor(level=_LEVEL, write_content_size=True).compress(data)
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not target.parent.is_dir():
+            # mkdir(parents=True) would create the top directory with the umask's mode.
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            target.parent.mkdir(mode=0o700, exist_ok=True)
         tmp = target.parent / f".{sha}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -98,10 +104,7 @@ class BlobStore:
                 f"blob {sha256}: cannot read {target}: {exc.strerror}"
             ) from exc
         limit = self.max_bytes if size is None else size
-        try:
-            data = zstandard.ZstdDecompressor().decompress(packed, max_output_size=limit)
-        except zstandard.ZstdError as exc:
-            raise errors.BlobCorrupt(f"blob {sha256}: {target} is damaged: {exc}") from exc
+        data = _unpack(packed, limit, f"blob {sha256}: {target} is damaged")
         if hashlib.sha256(data).hexdigest() != sha256:
             raise errors.BlobCorrupt(f"blob {sha256}: {target} does not match its hash")
         return data
@@ -121,10 +124,7 @@ class BlobStore:
             raise errors.PayloadTooLarge(
                 f"blob {sha256} of {size:,} bytes is over max_payload_bytes"
             )
-        try:
-            data = zstandard.ZstdDecompressor().decompress(packed, max_output_size=size)
-        except zstandard.ZstdError as exc:
-            raise errors.BlobCorrupt(f"blob {sha256}: not valid zstd data: {exc}") from exc
+        data = _unpack(packed, size, f"blob {sha256}: not valid zstd data")
         if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
             raise errors.BlobCorrupt(f"blob {sha256}: bytes do not match the hash or size")
         return self.put(data)
@@ -145,6 +145,22 @@ class BlobStore:
                 for f in sorted(sub.iterdir()):
                     if _SHA.fullmatch(f.name):
                         yield f.name
+
+
+def _unpack(packed: bytes, limit: int, what: str) -> bytes:
+    """The bytes of a zstd frame of at most *limit* bytes, else ``BlobCorrupt``.
+    ``max_output_size`` bounds only frames that do not declare their size: a damaged
+    or forged header declaring terabytes raised MemoryError, so it is refused before
+    anything is allocated (tests/test_history.py: test_a_damaged_blob_file_...)."""
+    try:
+        declared = zstandard.frame_content_size(packed)
+        if declared > limit:
+            raise errors.BlobCorrupt(
+                f"{what}: its header declares {declared:,} bytes, over the {limit:,} expected"
+            )
+        return zstandard.ZstdDecompressor().decompress(packed, max_output_size=limit)
+    except zstandard.ZstdError as exc:
+        raise errors.BlobCorrupt(f"{what}: {exc}") from exc
 
 
 def _fsync_dir(path: Path) -> None:

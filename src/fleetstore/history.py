@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ from fleetstore.models import (
     ToolResult,
     Usage,
 )
-from fleetstore.operations import Operation, dump_json
+from fleetstore.operations import ROLES_MAX, Operation, check_text, dump_json
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
@@ -53,12 +54,10 @@ _USAGE_FIELDS = (
 
 def encode_payload(store: Store, value: str | bytes, enc: str) -> dict[str, Any]:
     """``{"enc", "body"}`` inline, or ``{"enc", "blob"}`` after writing the blob file."""
-    raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-    limit = store.settings.max_payload_bytes
-    if len(raw) > limit:
-        raise errors.PayloadTooLarge(
-            f"payload of {len(raw):,} bytes is over max_payload_bytes ({limit:,})"
-        )
+    return _encoded(store, _raw(store, value), value, enc)
+
+
+def _encoded(store: Store, raw: bytes, value: str | bytes, enc: str) -> dict[str, Any]:
     if len(raw) >= store.settings.blob_threshold:
         ref = store.blobs.put(raw)
         return {
@@ -70,37 +69,69 @@ def encode_payload(store: Store, value: str | bytes, enc: str) -> dict[str, Any]
     return {"enc": enc, "body": base64.b64encode(raw).decode("ascii")}
 
 
-def encode_part(store: Store, part: object) -> dict[str, Any]:
-    """An operation's JSON for *part* (a ``Text``, ``ToolCall``...)."""
+def _raw(store: Store, value: str | bytes) -> bytes:
+    if isinstance(value, str):
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError:
+            check_text(value, "text")  # raises InvalidInput
+            raise
+    else:
+        raw = bytes(value)
+    limit = store.settings.max_payload_bytes
+    if len(raw) > limit:
+        raise errors.PayloadTooLarge(
+            f"payload of {len(raw):,} bytes is over max_payload_bytes ({limit:,})"
+        )
+    return raw
+
+
+def _prepare_part(store: Store, part: object) -> tuple[dict[str, Any], bytes, str | bytes, str]:
+    """(kind and meta, raw bytes, payload, encoding) of *part*: every check done,
+    nothing written."""
     if isinstance(part, Text | Reasoning):
         _check_type(part, "text", str)
-        return {"kind": part.kind, "meta": {}, **encode_payload(store, part.text, "str")}
-    if isinstance(part, ToolCall):
+        head: dict[str, Any] = {"kind": part.kind, "meta": {}}
+        value: str | bytes = part.text
+        enc = "str"
+    elif isinstance(part, ToolCall):
         _check_type(part, "name", str)
         _check_type(part, "call_id", str)
-        args = dump_json(part.arguments, f"arguments of tool call {part.name!r}")
-        meta: dict[str, Any] = {"name": part.name, "call_id": part.call_id}
-        return {"kind": part.kind, "meta": meta, **encode_payload(store, args, "json")}
-    if isinstance(part, ToolResult):
+        value = dump_json(part.arguments, f"arguments of tool call {part.name!r}")
+        head = {"kind": part.kind, "meta": {"name": part.name, "call_id": part.call_id}}
+        enc = "json"
+    elif isinstance(part, ToolResult):
         _check_type(part, "call_id", str)
         _check_type(part, "name", str)
         _check_type(part, "is_error", bool)
         _check_type(part, "output", str | bytes)
+        meta = {"call_id": part.call_id, "is_error": part.is_error, "name": part.name}
+        head = {"kind": part.kind, "meta": meta}
+        value = part.output
         enc = "str" if isinstance(part.output, str) else "bytes"
-        meta = {
-            "call_id": part.call_id,
-            "is_error": part.is_error,
-            "name": part.name,
-        }
-        return {"kind": part.kind, "meta": meta, **encode_payload(store, part.output, enc)}
-    if isinstance(part, File):
+    elif isinstance(part, File):
         _check_type(part, "data", bytes)
         _check_type(part, "mime_type", str)
         _check_type(part, "name", str)
-        meta = {"mime_type": part.mime_type, "name": part.name}
-        return {"kind": part.kind, "meta": meta, **encode_payload(store, part.data, "bytes")}
-    kinds = ", ".join(t.__name__ for t in PART_TYPES.values())
-    raise errors.InvalidInput(f"not a message part: {type(part).__name__} (parts are {kinds})")
+        head = {"kind": part.kind, "meta": {"mime_type": part.mime_type, "name": part.name}}
+        value = part.data
+        enc = "bytes"
+    else:
+        kinds = ", ".join(t.__name__ for t in PART_TYPES.values())
+        raise errors.InvalidInput(f"not a message part: {type(part).__name__} (parts are {kinds})")
+    return head, _raw(store, value), value, enc
+
+
+def encode_parts(store: Store, parts: Sequence[object]) -> list[dict[str, Any]]:
+    """The operation JSON of *parts*.  Every part is checked before any blob file
+    is written, so a rejected write leaves no file behind."""
+    prepared = [_prepare_part(store, p) for p in parts]
+    return [{**head, **_encoded(store, raw, value, enc)} for head, raw, value, enc in prepared]
+
+
+def encode_part(store: Store, part: object) -> dict[str, Any]:
+    """An operation's JSON for *part* (a ``Text``, ``ToolCall``...)."""
+    return encode_parts(store, [part])[0]
 
 
 def _check_type(part: object, name: str, kind: Any) -> None:
@@ -146,13 +177,38 @@ def decode_part(store: Store, row: Sequence[Any]) -> Part:
 
 
 def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The operation JSON of *usage*, checked (the operation checks it again)."""
     if usage is None:
         return None
     if isinstance(usage, Usage):
-        return {f: getattr(usage, f) for f in _USAGE_FIELDS}
-    if isinstance(usage, Mapping):
-        return dict(usage)
-    raise errors.InvalidInput(f"usage must be a Usage or a dict, not {type(usage).__name__}")
+        data = {f: getattr(usage, f) for f in _USAGE_FIELDS}
+    elif isinstance(usage, Mapping):
+        data = {k: v for k, v in usage.items() if v is not None}  # None counts as 0
+    else:
+        raise errors.InvalidInput(f"usage must be a Usage or a dict, not {type(usage).__name__}")
+    unknown = set(data) - set(_USAGE_FIELDS)
+    if unknown:
+        raise errors.InvalidInput(
+            f"usage has unknown fields: {', '.join(sorted(map(str, unknown)))}"
+        )
+    for name, value in data.items():
+        number = int | float if name == "cost" else int
+        if (
+            not isinstance(value, number)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise errors.InvalidInput(f"usage {name} must be a number >= 0, not {value!r}")
+    return data
+
+
+def _check_role(role: object) -> None:
+    if not isinstance(role, str) or not 0 < len(role) <= ROLES_MAX:
+        raise errors.InvalidInput(
+            f"role must be a non-empty string of at most {ROLES_MAX} characters, not {role!r}"
+        )
+    check_text(role, "role")
 
 
 def _check_id(value: object, what: str) -> str:
@@ -345,10 +401,13 @@ class Sessions:
         new = new_id() if id is None else _check_id(id, "id")
         at_seq = None
         if at_message_id is not None:
-            message = self._store.messages.get(at_message_id)
-            if message.session_id != session_id or message.seq is None:
+            # Only its seq: reading the whole message would read (and verify) its blobs.
+            self._store.check_visible(session_id)
+            q = self._store.queries
+            found = self._store.read(lambda tx: tx.execute(q["message_identity"], (at_message_id,)))
+            if not found or found[0][0] != session_id:
                 raise errors.NotFound(f"session {session_id!r} has no message {at_message_id!r}")
-            at_seq = message.seq
+            at_seq = found[0][1]
         args = {
             "id": new,
             "source_id": _check_id(session_id, "session_id"),
@@ -409,17 +468,23 @@ class Messages:
         Appending the same *id* again returns the stored message and writes nothing."""
         mid = new_id() if id is None else _check_id(id, "id")
         _check_id(session_id, "session_id")
+        _check_role(role)
+        meta = _metadata(metadata)
+        usage_dict = usage_args(usage)
+        if isinstance(parts, Mapping):
+            raise errors.InvalidInput("parts must be a sequence of parts, not a dict")
         part_list: tuple[Part, ...] = (Text(parts),) if isinstance(parts, str) else tuple(parts)
-        encoded = [encode_part(self._store, p) for p in part_list]
+        # Last: it writes the blob files, and everything else has been checked.
+        encoded = encode_parts(self._store, part_list)
         now = time.time()
         args: dict[str, Any] = {
             "id": mid,
             "session_id": session_id,
             "role": role,
             "model": model,
-            "metadata": _metadata(metadata),
+            "metadata": meta,
             "parts": encoded,
-            "usage": usage_args(usage),
+            "usage": usage_dict,
             "created_at": now,
         }
         result = self._store.submit(Operation("append_message", args, new_id()))
@@ -543,6 +608,7 @@ class Stream:
         self._store = store
         self.session_id = _check_id(session_id, "session_id")
         self.id = new_id() if id is None else _check_id(id, "id")
+        _check_role(role)
         self.role = role
         self.model = model
         self._metadata = _metadata(metadata)
@@ -551,6 +617,7 @@ class Stream:
         self._pending: list[dict[str, Any]] = []
         self._pending_bytes = 0
         self._pending_since = 0.0
+        self._sealed = 0  # leading pending chunks that a failed write may have stored
         self._part_seq = -1
         self._part_kind: str | None = None
         self._chunk_seq: dict[int, int] = {}
@@ -597,13 +664,14 @@ class Stream:
             raise errors.InvalidInput(f"a {kind} delta must be a str, not {type(delta).__name__}")
         if not delta:
             return
+        check_text(delta, f"a {kind} delta")  # here, not at a flush that would keep failing
         self._check_open()
         with self._lock:
             if self._part_kind != kind:
                 self._part_seq += 1
                 self._part_kind = kind
             part_seq = self._part_seq
-            last = self._pending[-1] if self._pending else None
+            last = self._pending[-1] if len(self._pending) > self._sealed else None
             if last is not None and last["part_seq"] == part_seq:
                 last["text"] += delta
             else:
@@ -631,10 +699,27 @@ class Stream:
         with self._flush_lock:
             with self._lock:
                 chunks, self._pending, self._pending_bytes = self._pending, [], 0
+                self._sealed = 0
             if chunks:
-                args = {"message_id": self.id, "session_id": self.session_id, "chunks": chunks}
-                self._store.submit(Operation("append_chunks", args, new_id()))
-                self.flushes += 1
+                self._write_chunks(chunks)
+
+    def _write_chunks(self, chunks: list[dict[str, Any]]) -> None:
+        args = {"message_id": self.id, "session_id": self.session_id, "chunks": chunks}
+        try:
+            self._store.submit(Operation("append_chunks", args, new_id()))
+        except BaseException:
+            # Keep them for the next flush rather than lose them.  Their keys are
+            # fixed and, if the failed write did commit, a rewrite inserts nothing:
+            # so they are sealed, never grown by later deltas.
+            # (tests/test_history.py: test_a_failed_flush_keeps_its_text)
+            with self._lock:
+                if not self._pending:
+                    self._pending_since = time.monotonic()
+                self._pending[:0] = chunks
+                self._sealed = len(chunks)
+                self._pending_bytes += sum(len(c["text"]) for c in chunks)
+            raise
+        self.flushes += 1
 
     def tool_call(
         self, name: str, arguments: Any = None, *, call_id: str | None = None
@@ -651,13 +736,12 @@ class Stream:
         with self._flush_lock:
             with self._lock:
                 chunks, self._pending, self._pending_bytes = self._pending, [], 0
+                self._sealed = 0
                 self._part_seq += 1
                 self._part_kind = None
                 seq = self._part_seq
             if chunks:
-                args = {"message_id": self.id, "session_id": self.session_id, "chunks": chunks}
-                self._store.submit(Operation("append_chunks", args, new_id()))
-                self.flushes += 1
+                self._write_chunks(chunks)
             part_args: dict[str, Any] = {
                 "message_id": self.id,
                 "session_id": self.session_id,
@@ -677,6 +761,11 @@ class Stream:
             return
         try:
             self.flush()
+        except BaseException as exc:
+            # Never mark it complete without its last text.
+            if error is None:
+                error = f"{type(exc).__name__}: {exc} (the text after the last flush was lost)"
+            raise
         finally:
             self._finished = True
             self._store.streams_closed(self)

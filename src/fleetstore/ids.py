@@ -18,6 +18,16 @@ _last_ms = 0
 _counter = 0
 
 
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held the lock at fork time: in the
+    # child it would never be released.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def new_id() -> str:
     """A new UUIDv7 as text, e.g. ``'0193a4b2-7c1e-7a3f-9c2d-4b5e6f708192'``."""
     global _last_ms, _counter

@@ -51,7 +51,7 @@ class Operation:
         if not isinstance(data, dict) or set(data) != {"op", "id", "args"}:
             raise errors.InvalidInput(f"not an operation record: {str(data)[:200]}")
         name, op_id, args = data["op"], data["id"], data["args"]
-        if name not in REGISTRY:
+        if not isinstance(name, str) or name not in REGISTRY:
             raise errors.InvalidInput(f"unknown operation {str(name)[:80]!r}")
         if not is_valid_id(op_id):
             raise errors.InvalidInput(f"operation {name}: bad id {str(op_id)[:80]!r}")
@@ -126,6 +126,18 @@ def _str(args: Args, key: str, optional: bool = True, limit: int = 4096) -> Any:
         return None
     if not isinstance(value, str) or len(value) > limit:
         raise errors.InvalidInput(f"{key} must be a string of at most {limit} characters")
+    return check_text(value, key)
+
+
+def check_text(value: str, what: str) -> str:
+    """*value*, or ``InvalidInput`` if it cannot be stored as UTF-8 (a lone surrogate,
+    which would otherwise fail deep in the driver with a bare UnicodeEncodeError)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise errors.InvalidInput(
+            f"{what} is not valid Unicode text (a lone surrogate at position {exc.start})"
+        ) from None
     return value
 
 
@@ -148,13 +160,16 @@ def _time(args: Args, key: str) -> float:
 def dump_json(value: object, what: str) -> str:
     """JSON text for *value*, or ``InvalidInput`` naming *what* could not be stored."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise errors.InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
+    return check_text(text, what)
 
 
 def _meta(args: Args, key: str = "metadata") -> str:
-    value = args.get(key) or {}
+    value = args.get(key)
+    if value is None:
+        value = {}
     if not isinstance(value, dict):
         raise errors.InvalidInput(
             f"{key} must be a JSON object (a dict), not {type(value).__name__}"
@@ -193,6 +208,7 @@ def encoded_body(
     body = item.get("body")
     if not isinstance(body, str) or len(body) > MAX_TEXT:
         raise errors.InvalidInput(f"{what}: body must be a string")
+    check_text(body, what)
     if enc == "bytes":
         try:
             raw = base64.b64decode(body, validate=True)
@@ -280,20 +296,26 @@ def _fork_session(tx: Tx, q: Queries, a: Args) -> Result:
     title = _str(a, "title")
     now = _time(a, "created_at")
     src = _session_row(tx, q, source)
-    if tx.execute(q["session_identity"], (sid,)):
-        raise errors.AlreadyExists(f"session {sid!r} already exists")
     last = tx.execute(q["message_last_seq"], (source,))[0][0]
     if at_seq is None:
         at_seq = last
     elif at_seq > last:
         raise errors.NotFound(f"session {source!r} has no message {at_seq} (it has {last})")
+    existing = tx.execute(q["session_fork_origin"], (sid,))
+    if existing:
+        if existing[0] == (source, at_seq):
+            return {"id": sid, "fork_seq": at_seq, "duplicate": True}  # the same fork, retried
+        raise errors.AlreadyExists(f"session {sid!r} already exists")
     src_parent, src_root, src_project, src_title, src_meta = src[5], src[1], src[6], src[3], src[4]
+    # A fork stays in its source's tree (same parent_id and root_id): the tree is
+    # the unit a sharded store keeps in one file, and a fork shares its blobs.
+    root = src_root
     tx.execute(
         q["session_insert"],
         (
             sid,
             src_parent,
-            src_root,
+            root,
             source,
             at_seq,
             src_project,
@@ -319,7 +341,9 @@ _STREAMED_KINDS = ("text", "reasoning")
 
 
 def _part_meta(part: Args, what: str) -> str:
-    meta = part.get("meta") or {}
+    meta = part.get("meta")
+    if meta is None:
+        meta = {}
     if not isinstance(meta, dict):
         raise errors.InvalidInput(f"{what}: meta must be an object")
     return dump_json(meta, f"{what} metadata")
@@ -384,7 +408,9 @@ def _append_message(tx: Tx, q: Queries, a: Args) -> Result:
         raise errors.InvalidInput(f"a new message is 'complete' or 'streaming', not {status!r}")
     model = _str(a, "model", limit=256)
     metadata = _meta(a)
-    parts = a.get("parts") or []
+    parts = a.get("parts")
+    if parts is None:
+        parts = []
     if not isinstance(parts, list):
         raise errors.InvalidInput("parts must be a list")
     now = _time(a, "created_at")
@@ -475,11 +501,14 @@ def _finish_message(tx: Tx, q: Queries, a: Args) -> Result:
 
 
 def _state_key(a: Args) -> tuple[str, str, str]:
-    return (
+    key = (
         _id(a, "session_id"),
         _str(a, "namespace", optional=False, limit=256),
         _str(a, "key", optional=False, limit=1024),
     )
+    if not key[1] or not key[2]:
+        raise errors.InvalidInput("a state namespace and key must not be empty")
+    return key
 
 
 def _check_version(current: int | None, expected: int | None, what: str) -> None:
@@ -516,6 +545,8 @@ def _delete_state(tx: Tx, q: Queries, a: Args) -> Result:
     sid, ns, key = _state_key(a)
     expected = _int(a, "expected_version", minimum=0)
     rows = tx.execute(q["state_version"], (sid, ns, key))
+    if not rows:
+        _session_row(tx, q, sid)  # an unknown session is NotFound, as for put_state
     current = rows[0][0] if rows else None
     _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")
     if current is not None:
@@ -523,4 +554,13 @@ def _delete_state(tx: Tx, q: Queries, a: Args) -> Result:
     return {"deleted": current is not None}
 
 
-__all__ = ["REGISTRY", "OpSpec", "Operation", "apply", "dump_json", "encoded_body", "register"]
+__all__ = [
+    "REGISTRY",
+    "OpSpec",
+    "Operation",
+    "apply",
+    "check_text",
+    "dump_json",
+    "encoded_body",
+    "register",
+]

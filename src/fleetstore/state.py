@@ -9,15 +9,17 @@ spooled, since their outcome must be known when the call returns.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
 from fleetstore.history import decode_value, encode_payload
-from fleetstore.ids import new_id
+from fleetstore.ids import is_valid_id, new_id
 from fleetstore.models import StateValue
-from fleetstore.operations import Operation, dump_json
+from fleetstore.operations import Operation, check_text, dump_json
 
 if TYPE_CHECKING:
+    from fleetstore.engine.base import Tx
     from fleetstore.store import Store
 
 
@@ -31,7 +33,9 @@ class State:
         """The value under *key*, or None."""
         self._store.check_visible(session_id)
         q = self._store.queries
-        rows = self._store.read(lambda tx: tx.execute(q["state_get"], (session_id, namespace, key)))
+        rows = self._store.read(
+            lambda tx: _in_session(tx, q, session_id, q["state_get"], (session_id, namespace, key))
+        )
         if not rows:
             return None
         version, enc, body, sha, size, updated = rows[0]
@@ -49,6 +53,7 @@ class State:
     ) -> StateValue:
         """Store *value* (JSON-serialisable, or bytes) under *key*; returns it with
         its new version (``None`` while the write waits in this process's spool)."""
+        _check_key(session_id, key, namespace)  # before a blob file is written
         if isinstance(value, bytes | bytearray | memoryview):
             encoded = encode_payload(self._store, bytes(value), "bytes")
         else:
@@ -85,6 +90,7 @@ class State:
         expected_version: int | None = None,
     ) -> bool:
         """Remove *key*; True if it existed (also True if the delete was spooled)."""
+        _check_key(session_id, key, namespace)
         args = {
             "session_id": session_id,
             "namespace": namespace,
@@ -100,8 +106,32 @@ class State:
         """The keys stored in *namespace* of the session, sorted."""
         self._store.check_visible(session_id)
         q = self._store.queries
-        rows = self._store.read(lambda tx: tx.execute(q["state_keys"], (session_id, namespace)))
+        rows = self._store.read(
+            lambda tx: _in_session(tx, q, session_id, q["state_keys"], (session_id, namespace))
+        )
         return [r[0] for r in rows]
+
+
+def _in_session(
+    tx: Tx, q: Mapping[str, str], session_id: str, sql: str, params: tuple[Any, ...]
+) -> list[tuple[Any, ...]]:
+    """*sql*'s rows; ``NotFound`` (not an empty answer) when the session does not exist."""
+    found = tx.execute(sql, params)
+    if not found and not tx.execute(q["session_exists"], (session_id,)):
+        raise errors.NotFound(f"no session {session_id!r}")
+    return found
+
+
+def _check_key(session_id: object, key: object, namespace: object) -> None:
+    if not is_valid_id(session_id):
+        raise errors.InvalidInput(f"session_id must be an id, not {session_id!r}")
+    for name, value, limit in (("key", key, 1024), ("namespace", namespace, 256)):
+        if not isinstance(value, str) or not 0 < len(value) <= limit:
+            raise errors.InvalidInput(
+                f"a state {name} is a non-empty string of at most {limit} characters, "
+                f"not {str(value)[:80]!r}"
+            )
+        check_text(value, f"a state {name}")
 
 
 __all__ = ["State"]

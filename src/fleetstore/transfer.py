@@ -357,8 +357,11 @@ def _parse_session(a: Args) -> _SessionIn:
     what = f"session {sid}"
     parent = _opt_id(a["parent_id"], f"{what}: parent_id")
     root = _id(a["root_id"], f"{what}: root_id")
-    if parent is None and root != sid:
-        raise errors.InvalidInput(f"{what} has no parent, so its root_id must be its own id")
+    if parent is None and root != sid and a["forked_from"] is None:
+        # (A fork of a top-level session has no parent but stays in its source's tree.)
+        raise errors.InvalidInput(
+            f"{what} has no parent and is no fork, so its root_id must be its own id"
+        )
     if parent == sid:
         raise errors.InvalidInput(f"{what} is its own parent")
     status = a["status"]

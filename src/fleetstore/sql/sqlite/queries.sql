@@ -7,8 +7,14 @@ INSERT INTO applied_ops (op_id, name, session_id, applied_at) VALUES (?, ?, ?, ?
 -- session_for_write: the columns writes need, by id
 SELECT id, root_id, version, title, metadata, parent_id, project FROM sessions WHERE id = ?
 
+-- session_exists: does this session exist?
+SELECT 1 FROM sessions WHERE id = ?
+
 -- session_identity: what a create compares to tell a retry from a clash
 SELECT parent_id, project, title, metadata FROM sessions WHERE id = ?
+
+-- session_fork_origin: where a session was forked from (NULLs if it is no fork)
+SELECT forked_from, fork_seq FROM sessions WHERE id = ?
 
 -- session_insert: a new session
 INSERT INTO sessions (id, parent_id, root_id, forked_from, fork_seq, project, title, metadata, created_at, updated_at)
