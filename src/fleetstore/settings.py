@@ -48,9 +48,9 @@ class Settings:
     #: The largest payload accepted (``PayloadTooLarge`` beyond it).
     max_payload_bytes: int = 256 * 1024 * 1024
     #: A streamed reply's pending text is written after this many seconds...
-    stream_flush_interval: float = 0.25
+    stream_flush_interval: float = 0.5
     #: ...or once this many bytes are pending, and when the stream ends.
-    stream_flush_bytes: int = 16 * 1024
+    stream_flush_bytes: int = 32 * 1024
 
     def __post_init__(self) -> None:
         budget = self.write_budget
