@@ -58,7 +58,7 @@ CREATE TABLE chunks (
     text        TEXT NOT NULL,
     PRIMARY KEY (message_id, part_seq, seq),
     FOREIGN KEY (message_id, part_seq) REFERENCES parts(message_id, seq) ON DELETE CASCADE
-) WITHOUT ROWID;
+);
 
 CREATE TABLE usage (
     message_id          TEXT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
