@@ -590,6 +590,10 @@ def test_a_damaged_blob_file_is_blob_corrupt_on_read(store: Store, damage: str) 
         store.messages.get(m.id)
     with pytest.raises(errors.BlobCorrupt):
         store.messages.list(s.id)
+    # Storing the same payload again (a retry, an import, a merge) repairs the file.
+    store.messages.append(s.id, "tool", [ToolResult("c2", output)])
+    assert store.messages.get(m.id).parts[0] == ToolResult("c", output)
+    assert store.blobs.verify(sha(output))
 
 
 def test_an_oversized_payload_is_refused_with_nothing_written(open_store: OpenStore) -> None:

@@ -41,6 +41,7 @@ import pytest
 import fleetstore
 from conftest import Barrier, Proc
 from fleetstore import Message, Reasoning, Text, ToolCall, ToolResult
+from fleetstore.spool import journals
 from history_agent import BIG, output_digest, value_sha
 
 AGENT = str(Path(__file__).with_name("history_agent.py"))
@@ -450,7 +451,7 @@ def test_history_fleet_kill9_keeps_every_acknowledged_operation(
             after = sum(t > last_kill for t in log.reply_ack_times)
             assert after > 0, f"agent {log.agent} finished no reply after the kills"
 
-    spooled = list(Path(path + ".spool").glob("*.jsonl"))
+    spooled = journals(path + ".spool")
     tally = check_store(path, parsed)
 
     assert tally.left_streaming >= 1, "no kill landed inside a streamed reply"
