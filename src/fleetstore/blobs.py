@@ -95,7 +95,7 @@ class BlobStore:
         os.close(fd)
         # Two processes storing the same payload both rename: either file is right.
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         return BlobRef(sha, len(data), len(packed))
 
     def get(self, sha256: str, size: int | None = None) -> bytes:
@@ -167,7 +167,8 @@ def _unpack(packed: bytes, limit: int, what: str) -> bytes:
         raise errors.BlobCorrupt(f"{what}: {exc}") from exc
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so a file created or renamed in it survives a power loss."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -175,4 +176,4 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["CODEC", "BlobRef", "BlobStore", "check_sha"]
+__all__ = ["CODEC", "BlobRef", "BlobStore", "check_sha", "fsync_dir"]

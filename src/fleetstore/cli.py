@@ -366,6 +366,14 @@ _STORE_HELP = (
     "The store: its file, a directory holding fleetstore.db, or sqlite:///absolute/path. "
     "Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db."
 )
+_store_option = click.option(
+    "--store",
+    metavar="PATH",
+    default=None,
+    envvar="FLEETSTORE_URL",
+    show_envvar=True,
+    help=_STORE_HELP,
+)
 
 
 def _size(n: int) -> str:
@@ -437,14 +445,7 @@ Exit codes:
     show_envvar=True,
     help="The file to write ('-': standard output).",
 )
-@click.option(
-    "--store",
-    metavar="PATH",
-    default=None,
-    envvar="FLEETSTORE_URL",
-    show_envvar=True,
-    help=_STORE_HELP,
-)
+@_store_option
 def export_command(sessions: tuple[str, ...], output: str, store: str | None) -> None:
     """Write sessions, with their messages, state and blobs, to one file.
 
@@ -494,14 +495,7 @@ Exit codes:
 @click.argument(
     "file", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=str)
 )
-@click.option(
-    "--store",
-    metavar="PATH",
-    default=None,
-    envvar="FLEETSTORE_URL",
-    show_envvar=True,
-    help=_STORE_HELP,
-)
+@_store_option
 def import_command(file: str, store: str | None) -> None:
     """Import a file written by `fleetstore export` into a store (created if missing).
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetstore import errors
+from fleetstore.blobs import fsync_dir
 from fleetstore.operations import Operation
 
 _SUFFIX = ".jsonl"
@@ -212,7 +213,7 @@ class Spool:
             # the appends that follow would go to a deleted file.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(new, path)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -445,17 +446,9 @@ def recover_journal(path: Path, apply: Callable[[Operation], object]) -> Recover
                 tuple(rejections),
             )
         path.unlink()
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         detail = f"ignored a torn last line of {read.trailing} bytes" if read.trailing else ""
         return Recovered(name, done, "replayed", detail, len(rejections), tuple(rejections))
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)
 
