@@ -424,6 +424,7 @@ def _agent(
 
         import fleetstore
         from fleetstore import Text, ToolCall, ToolResult
+        from fleetstore.blobs import COMPRESSION_LEVEL
 
         rng = random.Random(seed)
         pid = os.getpid()
@@ -480,7 +481,9 @@ def _agent(
                         # separates their CPU cost from the blob file's write and fsync.
                         raw = output.encode("utf-8")
                         hashlib.sha256(raw).hexdigest()
-                        zstandard.ZstdCompressor(level=3, write_content_size=True).compress(raw)
+                        zstandard.ZstdCompressor(
+                            level=COMPRESSION_LEVEL, write_content_size=True
+                        ).compress(raw)
                         is_large = False
                         output = filler[:small]
                 else:

@@ -28,7 +28,7 @@ _SHA = re.compile(r"[0-9a-f]{64}")
 # Level 1: a 6 MB tool output costs 11-13 ms at level 1 vs 54-61 ms at level 3, for
 # a file barely larger; on a 2-core machine that CPU, not the lock, raised other
 # agents' small-write p99 (benchmarks/bench_history.py, "cpu-only" variant).
-_LEVEL = 1
+COMPRESSION_LEVEL = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +75,9 @@ class BlobStore:
             # or merge of the same content (tests/test_history.py).
             if hashlib.sha256(_unpack(packed, len(data), "")).hexdigest() == sha:
                 return BlobRef(sha, len(data), len(packed))
-        packed = zstandard.ZstdCompressor(level=_LEVEL, write_content_size=True).compress(data)
+        packed = zstandard.ZstdCompressor(
+            level=COMPRESSION_LEVEL, write_content_size=True
+        ).compress(data)
         if not target.parent.is_dir():
             # mkdir(parents=True) would create the top directory with the umask's mode.
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -176,4 +178,4 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["CODEC", "BlobRef", "BlobStore", "check_sha", "fsync_dir"]
+__all__ = ["CODEC", "COMPRESSION_LEVEL", "BlobRef", "BlobStore", "check_sha", "fsync_dir"]
