@@ -409,7 +409,7 @@ def with_repeats(
 
 
 @settings(
-    max_examples=60,
+    max_examples=200,
     deadline=None,
     database=None,  # a failure prints its seed; no .hypothesis/ left in the tree
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
