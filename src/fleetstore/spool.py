@@ -12,7 +12,8 @@ between applying and forgetting it) changes nothing.
 
 A torn last line (a crash during the append, i.e. before the call returned)
 is ignored; a damaged line with more lines after it, or a whole line that is
-not an operation this version knows, stops the replay there and keeps the file.  An operation that can never apply goes, with the reason, to
+not an operation this version knows, stops the replay there and keeps the
+file.  An operation that can never apply goes, with the reason, to
 ``rejected.jsonl`` in the same folder.
 """
 
