@@ -274,7 +274,7 @@ NOT_COROUTINES = {
     ("Store", "metrics"),
 }
 # Store methods that are hooks between the Store and its own domain objects.
-STORE_INTERNALS = {"spooled_for", "check_visible", "streams_opened", "streams_closed"}
+STORE_INTERNALS = {"check_visible", "streams_opened", "streams_closed"}
 MIRRORS = [
     (Sessions, AsyncSessions),
     (Messages, AsyncMessages),

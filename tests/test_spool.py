@@ -354,6 +354,42 @@ def test_conditional_write_is_never_spooled(tmp_path: Path, spawn: Spawn) -> Non
         store.close()
 
 
+def test_update_fork_and_archive_are_never_spooled(tmp_path: Path, spawn: Spawn) -> None:
+    """They return the session they wrote; spooled, they could only raise afterwards, and
+    a caller's retry of a fork would then fork twice."""
+    path, (s1, s2) = new_store(tmp_path)
+    store = fleetstore.open(path, write_budget=BUDGET)
+    try:
+        lock, _ = start_lock(spawn, path, float(HOLD))
+        writes = [
+            lambda: store.sessions.update(s1, title="renamed"),
+            lambda: store.sessions.fork(s1, id="the-fork"),
+            lambda: store.sessions.archive(s1),
+        ]
+        for write in writes:
+            with pytest.raises(fleetstore.StoreBusy):
+                write()
+        assert store.metrics()["spooled"] == 0
+        # Behind a spooled write they raise SpoolPending, again with nothing written.
+        assert store.messages.append(s2, "user", "queued").seq is None
+        for write in writes:
+            with pytest.raises(fleetstore.SpoolPending):
+                write()
+        assert store.metrics()["spooled"] == 1
+        release(lock)
+        assert store.flush(60)
+        session = store.sessions.get(s1)
+        assert (session.title, session.status.value, session.version) == ("s0", "active", 1)
+        with pytest.raises(fleetstore.NotFound):
+            store.sessions.get("the-fork")
+        # Retried once the spool drained, each applies once.
+        assert store.sessions.fork(s1, id="the-fork").forked_from == s1
+        assert store.sessions.update(s1, title="renamed").version == 2
+        assert store.sessions.archive(s1).status.value == "archived"
+    finally:
+        store.close()
+
+
 def test_spooled_write_that_cannot_apply_is_rejected_not_dropped(
     tmp_path: Path, spawn: Spawn
 ) -> None:

@@ -375,7 +375,8 @@ class Sessions:
         expected_version: int | None = None,
     ) -> Session:
         """Change the title and/or metadata; with *expected_version*, only if
-        nobody changed the session since (``VersionConflict``)."""
+        nobody changed the session since (``VersionConflict``).  Never spooled
+        (see ``_unspooled``)."""
         args: dict[str, Any] = {"id": _check_id(session_id, "session_id")}
         if title is not None:
             args["title"] = title
@@ -383,10 +384,7 @@ class Sessions:
             args["metadata"] = _metadata(metadata)
         if expected_version is not None:
             args["expected_version"] = expected_version
-        self._store.submit(
-            Operation("update_session", args, new_id()), spool=expected_version is None
-        )
-        return self._get_or_spooled(session_id)
+        return self._unspooled(Operation("update_session", args, new_id()), session_id)
 
     def fork(
         self,
@@ -397,7 +395,7 @@ class Sessions:
         id: str | None = None,
     ) -> Session:
         """A new session holding a copy of *session_id*'s messages up to and
-        including *at_message_id* (all of them by default)."""
+        including *at_message_id* (all of them by default).  Never spooled."""
         new = new_id() if id is None else _check_id(id, "id")
         at_seq = None
         if at_message_id is not None:
@@ -415,14 +413,13 @@ class Sessions:
             "title": title,
             "created_at": time.time(),
         }
-        self._store.submit(Operation("fork_session", args, new_id()))
-        return self._get_or_spooled(new)
+        return self._unspooled(Operation("fork_session", args, new_id()), new)
 
     def archive(self, session_id: str, archived: bool = True) -> Session:
-        """Archive a session (``archived=False`` restores it); its history is kept."""
+        """Archive a session (``archived=False`` restores it); its history is kept.
+        Never spooled."""
         args = {"id": _check_id(session_id, "session_id"), "archived": archived}
-        self._store.submit(Operation("archive_session", args, new_id()))
-        return self._get_or_spooled(session_id)
+        return self._unspooled(Operation("archive_session", args, new_id()), session_id)
 
     def delete(self, session_id: str) -> None:
         """Delete a session with its subagent sessions, messages, parts, usage and state."""
@@ -437,13 +434,12 @@ class Sessions:
         )[0]
         return Usage(row[1], row[2], row[3], row[4], row[5], row[6])
 
-    def _get_or_spooled(self, session_id: str) -> Session:
-        if self._store.spooled_for(session_id):
-            raise errors.SpoolPending(
-                f"the write to session {session_id!r} waits in this process's spool "
-                "(the store stayed locked past the write budget); it will be applied "
-                "in order. store.flush() waits for it."
-            )
+    def _unspooled(self, op: Operation, session_id: str) -> Session:
+        """Apply *op* now and return the session as stored.  These writes return what
+        they made, so they are not spooled: past the budget ``StoreBusy``, behind
+        spooled writes ``SpoolPending``, both with nothing written.  Spooling them and
+        raising afterwards made a caller's retry apply them twice (a second fork)."""
+        self._store.submit(op, spool=False)
         return self.get(session_id)
 
 

@@ -195,9 +195,6 @@ class Store:
             log.debug("%s: %s queued in the spool behind earlier writes", self.path, op.name)
         self._wake()
 
-    def spooled_for(self, session_id: str) -> bool:
-        return bool(len(self.spool)) and self.spool.touches(session_id)
-
     def check_visible(self, session_id: str | None) -> None:
         """Raise ``SpoolPending`` if a read of *session_id* (None: of anything) would
         miss writes of this process still in its spool."""
