@@ -65,6 +65,8 @@ from typing import Any
 
 import apsw
 
+from benchlib import loadavg, no_nan, pct, proc_stat, sleep_until
+
 BENCH_DIR = Path(__file__).resolve().parent
 SMALL_BYTES = 200
 LARGE_BYTES = 4 * 1024 * 1024
@@ -360,14 +362,6 @@ class Cell:
     wall_s: float = 0.0
 
 
-def _pct(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list; NaN when empty."""
-    if not sorted_values:
-        return math.nan
-    rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
 def _prepare(strategy: str, path: Path, workload: str, n: int) -> None:
     """Create the schema in WAL mode (and turn's session rows) before the writers start
     (not measured)."""
@@ -389,31 +383,6 @@ def _prepare(strategy: str, path: Path, workload: str, n: int) -> None:
                 [(s,) for i in range(n) for s in _sessions(i)],
             )
         con.close()
-
-
-def _sleep_until(t: float) -> None:
-    delay = t - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-
-
-def _proc_stat() -> dict[str, int] | None:
-    """Busy and total CPU ticks (all CPUs) and context switches since boot."""
-    try:
-        text = Path("/proc/stat").read_text()
-    except OSError:
-        return None
-    out = {"busy": 0, "total": 0, "ctxt": 0}
-    for line in text.splitlines():
-        fields = line.split()
-        if fields and fields[0] == "cpu":
-            ticks = [int(x) for x in fields[1:]]
-            idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-            out["total"] = sum(ticks[:8])
-            out["busy"] = out["total"] - idle
-        elif fields and fields[0] == "ctxt":
-            out["ctxt"] = int(fields[1])
-    return out
 
 
 def _size_mb(path: Path) -> float:
@@ -518,10 +487,10 @@ def run_cell(
         for c in conns:
             c.send(start_at)
         # Machine figures over the measured window, from /proc (Linux only).
-        _sleep_until(start_at)
-        cpu0 = _proc_stat()
-        _sleep_until(start_at + seconds)
-        cpu1 = _proc_stat()
+        sleep_until(start_at)
+        cpu0 = proc_stat()
+        sleep_until(start_at + seconds)
+        cpu1 = proc_stat()
         cell.wal_mb_at_end = _size_mb(Path(f"{path}-wal"))
         if cpu0 and cpu1:
             total = cpu1["total"] - cpu0["total"]
@@ -589,11 +558,11 @@ def run_cell(
     cell.writes_per_s = cell.acked_in_window / seconds
     cell.failed = len(lat_fail)
     cell.attempts = cell.acked + cell.failed
-    cell.p50_ms = 1000 * _pct(lat_all, 50)
-    cell.p99_ms = 1000 * _pct(lat_all, 99)
+    cell.p50_ms = 1000 * pct(lat_all, 50)
+    cell.p99_ms = 1000 * pct(lat_all, 99)
     cell.max_ms = 1000 * lat_all[-1] if lat_all else math.nan
-    cell.p99_small_ms = 1000 * _pct(lat_small, 99)
-    cell.fail_p50_ms = 1000 * _pct(lat_fail, 50)
+    cell.p99_small_ms = 1000 * pct(lat_small, 99)
+    cell.fail_p50_ms = 1000 * pct(lat_fail, 50)
     cell.fail_max_ms = 1000 * lat_fail[-1] if lat_fail else math.nan
     cell.fair_min = min(per_proc) if per_proc else 0
     cell.fair_max = max(per_proc) if per_proc else 0
@@ -801,10 +770,10 @@ def markdown(cells: list[Cell], verdicts: list[dict[str, Any]], info: dict[str, 
         "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for c in cells:
-        pct = f" ({100 * c.failed / c.attempts:.0f} %)" if c.failed and c.attempts else ""
+        share = f" ({100 * c.failed / c.attempts:.0f} %)" if c.failed and c.attempts else ""
         lines.append(
             f"| {c.workload} | {c.mode} | {c.n} | {c.strategy} | {c.writes_per_s:.0f} "
-            f"| {c.failed}{pct} "
+            f"| {c.failed}{share} "
             f"| {_fmt(c.p50_ms, 2)} | {_fmt(c.p99_ms)} | {_fmt(c.max_ms)} | {_fmt(c.p99_small_ms)} "
             f"| {c.fair_min}/{c.fair_max} | {_fmt(c.cpu_busy_pct, 0)} | {_fmt(c.ctxt_per_write)} "
             f"| {_rows_ok(c)} |"
@@ -840,7 +809,7 @@ def machine_info(seconds: float) -> dict[str, Any]:
         "seconds": seconds,
         "git_head": _git_head(),
         "engine_sha256": _engine_fingerprint(),
-        "loadavg_at_start": _loadavg(),
+        "loadavg_at_start": loadavg(),
     }
 
 
@@ -862,13 +831,6 @@ def _engine_fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
 def _load1() -> float:
     try:
         return float(Path("/proc/loadavg").read_text().split()[0])
@@ -877,17 +839,6 @@ def _load1() -> float:
 
 
 # --------------------------------------------------------------------------- main
-
-
-def _no_nan(value: Any) -> Any:
-    """NaN (an empty sample) as JSON null."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_no_nan(v) for v in value]
-    return value
 
 
 def _csv(kind: type, text: str) -> list[Any]:
@@ -998,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
 
-    info["loadavg_at_end"] = _loadavg()
+    info["loadavg_at_end"] = loadavg()
     verdicts = targets(cells)
     if _engine_fingerprint() != info["engine_sha256"]:
         info["engine_sha256"] += f" (changed during the run: now {_engine_fingerprint()})"
@@ -1012,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {"info": info, "cells": [c.__dict__ for c in cells], "targets": verdicts}
-        args.json.write_text(json.dumps(_no_nan(doc), indent=2, default=str) + "\n")
+        args.json.write_text(json.dumps(no_nan(doc), indent=2, default=str) + "\n")
     return 0
 
 

@@ -82,6 +82,8 @@ from typing import Any
 
 import apsw
 
+from benchlib import loadavg, no_nan, pct, proc_stat, sleep_until
+
 BENCH_DIR = Path(__file__).resolve().parent
 
 # -- streaming
@@ -162,42 +164,6 @@ class _CheckpointMeter:
             self.calls += 1
 
 
-def _pct(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list; NaN when empty."""
-    if not sorted_values:
-        return math.nan
-    rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
-def _sleep_until(t: float) -> None:
-    delay = t - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-
-
-def _proc_stat() -> dict[str, int] | None:
-    """Busy and total CPU ticks (all CPUs) since boot."""
-    try:
-        text = Path("/proc/stat").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        fields = line.split()
-        if fields and fields[0] == "cpu":
-            ticks = [int(x) for x in fields[1:]]
-            total = sum(ticks[:8])
-            return {"busy": total - ticks[3] - ticks[4], "total": total}
-    return None
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
 def _dir_bytes(path: Path) -> int:
     if not path.exists():
         return 0
@@ -225,7 +191,7 @@ def _paced(deltas: list[str], pace: float) -> Any:
     start = time.monotonic()
     for i, d in enumerate(deltas):
         if pace:
-            _sleep_until(start + i * pace)
+            sleep_until(start + i * pace)
         yield d
 
 
@@ -437,7 +403,7 @@ def _agent(
         conn.send(("ready", pid))
         start_at = conn.recv()
         end_at = start_at + seconds
-        _sleep_until(start_at)
+        sleep_until(start_at)
         hold0 = _raw_hist(store, "lock_hold")
         wait0 = _raw_hist(store, "lock_wait")
         m0 = store.metrics()
@@ -580,7 +546,7 @@ def run_fleet(
     ctx = mp.get_context("spawn")
     procs: list[Any] = []
     conns: list[Connection] = []
-    load1 = _loadavg()
+    load1 = loadavg()
     wall0 = time.monotonic()
     try:
         for i in range(agents):
@@ -603,10 +569,10 @@ def run_fleet(
         ready_s = start_at - wall0
         for c in conns:
             c.send(start_at)
-        _sleep_until(start_at)
-        cpu0 = _proc_stat()
-        _sleep_until(start_at + seconds)
-        cpu1 = _proc_stat()
+        sleep_until(start_at)
+        cpu0 = proc_stat()
+        sleep_until(start_at + seconds)
+        cpu1 = proc_stat()
         wal_bytes = path.with_name(path.name + "-wal").stat().st_size
         results: list[dict[str, Any]] = []
         pending = set(conns)
@@ -658,10 +624,10 @@ def run_fleet(
         "small": len(small),
         "large": sum(r["large_count"] for r in results),
         "large_mb": sum(r["large_bytes"] for r in results) / 1e6,
-        "small_p50_ms": 1000 * _pct(small, 50),
-        "small_p99_ms": 1000 * _pct(small, 99),
+        "small_p50_ms": 1000 * pct(small, 50),
+        "small_p99_ms": 1000 * pct(small, 99),
         "small_max_ms": 1000 * small[-1] if small else math.nan,
-        "large_p50_ms": 1000 * _pct(large, 50),
+        "large_p50_ms": 1000 * pct(large, 50),
         "large_max_ms": 1000 * large[-1] if large else math.nan,
         "hold": hold,
         "wait": waited,
@@ -868,19 +834,9 @@ def machine_info() -> dict[str, Any]:
         ),
         "git_head": head[:12],
         "sources_sha256": digest.hexdigest()[:12],
-        "loadavg_at_start": _loadavg(),
+        "loadavg_at_start": loadavg(),
         "command": " ".join([".venv/bin/python", "benchmarks/bench_history.py", *sys.argv[1:]]),
     }
-
-
-def _no_nan(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_no_nan(v) for v in value]
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -967,14 +923,14 @@ def main(argv: list[str] | None = None) -> int:
             )
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
-    info["loadavg_at_end"] = _loadavg()
+    info["loadavg_at_end"] = loadavg()
     info["wall_s"] = round(time.monotonic() - t0, 1)
     doc["targets"] = targets(doc)
     md = markdown(doc)
     print(f"\n# done in {info['wall_s']:g} s\n\n{md}")
     out = args.json or BENCH_DIR / "results" / f"history-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_no_nan(doc), indent=2) + "\n")
+    out.write_text(json.dumps(no_nan(doc), indent=2) + "\n")
     print(f"# figures in {out}")
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
