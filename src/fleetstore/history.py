@@ -21,6 +21,7 @@ from fleetstore import errors
 from fleetstore.ids import is_valid_id, new_id
 from fleetstore.models import (
     PART_TYPES,
+    USAGE_FIELDS,
     File,
     Message,
     MessageStatus,
@@ -38,15 +39,6 @@ from fleetstore.operations import ROLES_MAX, Operation, check_text, dump_json
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
     from fleetstore.store import Store
-
-_USAGE_FIELDS = (
-    "input_tokens",
-    "output_tokens",
-    "cache_read_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-    "cost",
-)
 
 
 # -- payload encoding ------------------------------------------------------------------------
@@ -181,12 +173,12 @@ def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None
     if usage is None:
         return None
     if isinstance(usage, Usage):
-        data = {f: getattr(usage, f) for f in _USAGE_FIELDS}
+        data = {f: getattr(usage, f) for f in USAGE_FIELDS}
     elif isinstance(usage, Mapping):
         data = {k: v for k, v in usage.items() if v is not None}  # None counts as 0
     else:
         raise errors.InvalidInput(f"usage must be a Usage or a dict, not {type(usage).__name__}")
-    unknown = set(data) - set(_USAGE_FIELDS)
+    unknown = set(data) - set(USAGE_FIELDS)
     if unknown:
         raise errors.InvalidInput(
             f"usage has unknown fields: {', '.join(sorted(map(str, unknown)))}"

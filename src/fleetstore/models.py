@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from fleetstore.ids import new_id
@@ -95,6 +95,13 @@ class Usage:
     cost: float = 0.0
 
 
+#: Usage's fields in order (token counts, then ``cost``): the shape of usage in operations.
+USAGE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Usage))
+#: Every part kind, and those a stream appends to in chunks.
+PART_KINDS: tuple[str, ...] = tuple(PART_TYPES)
+STREAMED_KINDS: tuple[str, ...] = (Text.kind, Reasoning.kind)
+
+
 @dataclass(frozen=True, slots=True)
 class Session:
     """A conversation.  Sessions form trees: a subagent's session has the
@@ -157,7 +164,10 @@ class StateValue:
 
 
 __all__ = [
+    "PART_KINDS",
     "PART_TYPES",
+    "STREAMED_KINDS",
+    "USAGE_FIELDS",
     "File",
     "Message",
     "MessageStatus",

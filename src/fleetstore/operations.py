@@ -26,6 +26,7 @@ from fleetstore import errors
 from fleetstore.blobs import CODEC, check_sha
 from fleetstore.engine.base import Tx
 from fleetstore.ids import derived_id, is_valid_id
+from fleetstore.models import PART_KINDS, STREAMED_KINDS, USAGE_FIELDS
 
 Args = Mapping[str, Any]
 Result = dict[str, Any]
@@ -336,9 +337,6 @@ def _fork_session(tx: Tx, q: Queries, a: Args) -> Result:
 
 # -- messages --------------------------------------------------------------------------------
 
-_PART_KINDS = ("text", "reasoning", "tool_call", "tool_result", "file")
-_STREAMED_KINDS = ("text", "reasoning")
-
 
 def _part_meta(part: Args, what: str) -> str:
     meta = part.get("meta")
@@ -356,9 +354,9 @@ def _insert_part(
     if not isinstance(part, dict):
         raise errors.InvalidInput(f"{what}: must be an object")
     kind = part.get("kind")
-    if kind not in _PART_KINDS:
+    if kind not in PART_KINDS:
         raise errors.InvalidInput(
-            f"{what}: unknown part kind {kind!r}; known: {', '.join(_PART_KINDS)}"
+            f"{what}: unknown part kind {kind!r}; known: {', '.join(PART_KINDS)}"
         )
     enc, body, sha, size = encoded_body(tx, q, part, what, now)
     tx.execute(
@@ -374,17 +372,10 @@ def _usage(
         return
     if not isinstance(usage, dict):
         raise errors.InvalidInput("usage must be an object")
-    fields = (
-        "input_tokens",
-        "output_tokens",
-        "cache_read_tokens",
-        "cache_write_tokens",
-        "reasoning_tokens",
-    )
-    unknown = set(usage) - {*fields, "cost"}
+    unknown = set(usage) - set(USAGE_FIELDS)
     if unknown:
         raise errors.InvalidInput(f"usage has unknown fields: {', '.join(sorted(unknown))}")
-    counts = [_int(usage, f) or 0 for f in fields]
+    counts = [_int(usage, f) or 0 for f in USAGE_FIELDS if f != "cost"]
     cost = usage.get("cost", 0.0)
     if (
         not isinstance(cost, int | float)
@@ -456,9 +447,9 @@ def _append_chunks(tx: Tx, q: Queries, a: Args) -> Result:
         part_seq = _int(c, "part_seq", optional=False)
         seq = _int(c, "seq", optional=False)
         kind = c.get("kind")
-        if kind not in _STREAMED_KINDS:
+        if kind not in STREAMED_KINDS:
             raise errors.InvalidInput(
-                f"only {' and '.join(_STREAMED_KINDS)} parts stream, not {kind!r}"
+                f"only {' and '.join(STREAMED_KINDS)} parts stream, not {kind!r}"
             )
         text = _str(c, "text", optional=False, limit=MAX_TEXT)
         tx.execute(q["part_insert_streamed"], (mid, part_seq, sid, kind))

@@ -53,7 +53,7 @@ from fleetstore import errors
 from fleetstore.blobs import check_sha
 from fleetstore.engine.base import Tx
 from fleetstore.ids import is_valid_id, new_id
-from fleetstore.models import PART_TYPES
+from fleetstore.models import PART_KINDS, STREAMED_KINDS, USAGE_FIELDS
 from fleetstore.operations import (
     MAX_TEXT,
     Args,
@@ -85,16 +85,6 @@ _PAGE = 200  # messages read per read transaction
 _CHECK_BATCH = 256  # operations checked against the store per read transaction
 _WINDOW = 1 << 27  # largest zstd window accepted (128 MiB, zstd's own default)
 _INT_MAX = 2**63 - 1  # SQLite's integers
-_PART_KINDS = tuple(PART_TYPES)
-_STREAMED = ("text", "reasoning")
-_USAGE = (
-    "input_tokens",
-    "output_tokens",
-    "cache_read_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-    "cost",
-)
 
 INSERTED, UPDATED, UNCHANGED, NEWER = "inserted", "updated", "unchanged", "newer"
 _MISSING_PARENT = "missing parent"
@@ -403,13 +393,13 @@ def _parse_part(p: object, message_id: str) -> _PartIn:
     seq = _int(p.get("seq"), f"message {message_id}: part seq")
     what = f"part {seq} of message {message_id}"
     kind = p.get("kind")
-    if kind not in _PART_KINDS:
+    if kind not in PART_KINDS:
         raise errors.InvalidInput(f"{what}: unknown part kind {str(kind)[:40]!r}")
     meta = _object(p.get("meta"), f"{what}: meta")
     if p.get("enc") != "chunks":
         return _PartIn(seq, kind, meta, _payload(p, what, ("seq", "kind", "meta")), None)
     _fields(p, what, ("seq", "kind", "meta", "enc", "chunks"))
-    if kind not in _STREAMED:
+    if kind not in STREAMED_KINDS:
         raise errors.InvalidInput(f"{what}: only text and reasoning parts are streamed")
     raw = p["chunks"]
     if not isinstance(raw, list):
@@ -436,9 +426,9 @@ def _parse_parts(raw: object, message_id: str) -> tuple[_PartIn, ...]:
 def _parse_usage(raw: object, what: str) -> tuple[Any, ...] | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict) or set(raw) != set(_USAGE):
-        raise errors.InvalidInput(f"{what}: usage has exactly the fields {', '.join(_USAGE)}")
-    counts = [_int(raw[f], f"{what}: usage {f}") for f in _USAGE[:-1]]
+    if not isinstance(raw, dict) or set(raw) != set(USAGE_FIELDS):
+        raise errors.InvalidInput(f"{what}: usage has exactly the fields {', '.join(USAGE_FIELDS)}")
+    counts = [_int(raw[f], f"{what}: usage {f}") for f in USAGE_FIELDS[:-1]]
     cost = raw["cost"]
     if not isinstance(cost, int | float) or isinstance(cost, bool) or not math.isfinite(cost):
         raise errors.InvalidInput(f"{what}: usage cost must be a number")
@@ -1166,7 +1156,7 @@ class _Exporter:
     def message(self, m: _MessageRow) -> None:
         mid, sid, seq, role, status, model, meta, error, created, completed = m.row
         items = [item for p in m.parts for item in self.part_items(p, mid)]
-        usage = dict(zip(_USAGE, m.usage, strict=True)) if m.usage is not None else None
+        usage = dict(zip(USAGE_FIELDS, m.usage, strict=True)) if m.usage is not None else None
         args: dict[str, Any] = {
             "id": mid,
             "session_id": sid,
