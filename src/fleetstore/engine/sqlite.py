@@ -487,53 +487,56 @@ class Database:
         returns BUSY at once without calling any busy handler.  Returns inside the
         fork guard (the caller exits it); sleeps between attempts outside it."""
         attempts = 0
-        # SQLite's own busy handler naps up to 100 ms; only the gate holder waits
-        # here, so a fine-grained retry costs the fleet nothing.
-        with _guard.inside():
-            conn.setbusytimeout(0)
+        _guard.enter()
         try:
-            while True:
-                attempts += 1
-                _guard.enter()
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    return
-                except apsw.BusyError:
+            # SQLite's own busy handler naps up to 100 ms; only the gate holder waits
+            # here, so a fine-grained retry costs the fleet nothing.
+            conn.setbusytimeout(0)
+            try:
+                while True:
+                    attempts += 1
+                    try:
+                        conn.execute("BEGIN IMMEDIATE")
+                        return
+                    except apsw.BusyError:
+                        pass
+                    except apsw.Error as exc:
+                        if conn.in_transaction and attempts == 1:
+                            # Left behind by a failure we could not see ("cannot start
+                            # a transaction within a transaction"): roll it back and
+                            # try once more; a connection that cannot roll back is
+                            # discarded.
+                            self._rollback(conn)
+                            if self._writer is conn:
+                                continue
+                        raise _translate(exc, self.path) from exc
+                    self._metrics.count("begin_busy_retries")
+                    if time.monotonic() >= deadline:
+                        self._metrics.count("busy_timeouts")
+                        raise errors.StoreBusy(
+                            self.path,
+                            time.monotonic() - started,
+                            attempts,
+                            # We hold the gate ourselves; name the outside holder.
+                            [
+                                h
+                                for h in lock_holders(self.path, self.gate_path)
+                                if h.pid != os.getpid()
+                            ],
+                            stage="sqlite",
+                        )
+                    # A fork need not wait for an outside holder of the lock.
                     _guard.exit()
-                except apsw.Error as exc:
-                    if conn.in_transaction and attempts == 1:
-                        # Left behind by a failure we could not see ("cannot start a
-                        # transaction within a transaction"): roll it back and try
-                        # once more; a connection that cannot roll back is discarded.
-                        self._rollback(conn)
-                        _guard.exit()
-                        if self._writer is conn:
-                            continue
-                    else:
-                        _guard.exit()
-                    raise _translate(exc, self.path) from exc
-                except BaseException:
-                    _guard.exit()
-                    raise
-                self._metrics.count("begin_busy_retries")
-                if time.monotonic() >= deadline:
-                    self._metrics.count("busy_timeouts")
-                    raise errors.StoreBusy(
-                        self.path,
-                        time.monotonic() - started,
-                        attempts,
-                        # We hold the gate ourselves; name the outside holder.
-                        [
-                            h
-                            for h in lock_holders(self.path, self.gate_path)
-                            if h.pid != os.getpid()
-                        ],
-                        stage="sqlite",
-                    )
-                time.sleep(_BEGIN_RETRY_SLEEP)
-        finally:
-            with contextlib.suppress(apsw.Error), _guard.inside():
-                conn.setbusytimeout(self.settings.busy_timeout_ms)
+                    try:
+                        time.sleep(_BEGIN_RETRY_SLEEP)
+                    finally:
+                        _guard.enter()
+            finally:
+                with contextlib.suppress(apsw.Error):
+                    conn.setbusytimeout(self.settings.busy_timeout_ms)
+        except BaseException:
+            _guard.exit()
+            raise
 
     def _rollback(self, conn: apsw.Connection) -> None:
         """After any error: roll back; a connection that cannot is thrown away, so no
@@ -604,8 +607,11 @@ class Database:
         self._check_process()
         # Inside the fork guard from before the connection leaves the idle list until
         # it is back: at a fork every connection is in a list the child closes.
-        with _guard.inside():
+        _guard.enter()
+        try:
             return self._read(fn)
+        finally:
+            _guard.exit()
 
     def _read(self, fn: Callable[[ReadTx], T]) -> T:
         with self._lock:
