@@ -420,11 +420,16 @@ class Sessions:
 
     def usage(self, session_id: str) -> Usage:
         """Tokens and cost summed over the session's messages."""
-        self.get(session_id)
-        row = self._store.read(
-            lambda tx: tx.execute(self._store.queries["usage_total"], (session_id,))
-        )[0]
-        return Usage(row[1], row[2], row[3], row[4], row[5], row[6])
+        self._store.check_visible(session_id)
+        q = self._store.queries
+
+        def run(tx: Tx) -> Usage:
+            if not tx.execute(q["session_exists"], (session_id,)):
+                raise errors.NotFound(f"no session {session_id!r}")
+            row = tx.execute(q["usage_total"], (session_id,))[0]
+            return Usage(row[1], row[2], row[3], row[4], row[5], row[6])
+
+        return self._store.read(run)
 
     def _unspooled(self, op: Operation, session_id: str) -> Session:
         """Apply *op* now and return the session as stored.  These writes return what
