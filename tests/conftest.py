@@ -17,8 +17,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+import fleetstore
+from fleetstore import Store
 
 AGENT = str(Path(__file__).with_name("fleet_agent.py"))
 
@@ -206,3 +210,36 @@ def store_path(tmp_path: Path) -> str:
     db = Database.open(path, migrations=SCHEMA)
     db.close()
     return path
+
+
+# -- the store contract fixtures: every contract test opens stores through these, so the
+# suite can run unchanged on each engine (only SQLite today).
+
+OpenStore = Callable[..., Store]
+
+
+@pytest.fixture(params=["sqlite"])
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def open_store(tmp_path: Path, engine: str) -> Iterator[OpenStore]:
+    """``open_store(name="s.db", **settings)``: a store on a file under tmp_path,
+    closed when the test ends."""
+    opened: list[Store] = []
+
+    def _open(name: str = "s.db", **settings: Any) -> Store:
+        assert engine == "sqlite"
+        store = fleetstore.open(tmp_path / name, **settings)
+        opened.append(store)
+        return store
+
+    yield _open
+    for store in reversed(opened):
+        store.close()
+
+
+@pytest.fixture
+def store(open_store: OpenStore) -> Store:
+    return open_store()

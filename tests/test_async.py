@@ -24,12 +24,16 @@ import pytest
 import fleetstore
 from conftest import Proc, Spawn, start_lock
 from fleetstore import (
+    AsyncClaim,
+    AsyncEffects,
     AsyncMessages,
     AsyncSessions,
     AsyncState,
     AsyncStore,
     AsyncStream,
     AsyncToolCallHandle,
+    Claim,
+    Effects,
     InvalidInput,
     Messages,
     MessageStatus,
@@ -282,6 +286,8 @@ MIRRORS = [
     (Stream, AsyncStream),
     (ToolCallHandle, AsyncToolCallHandle),
     (Store, AsyncStore),
+    (Effects, AsyncEffects),
+    (Claim, AsyncClaim),
 ]
 
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,33 +44,6 @@ HISTORY_TABLES = ("sessions", "messages", "parts", "chunks", "usage", "state")
 KIB = 1024
 
 OpenStore = Callable[..., Store]
-
-
-@pytest.fixture(params=["sqlite"])
-def engine(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def open_store(tmp_path: Path, engine: str) -> Iterator[OpenStore]:
-    """``open_store(name="s.db", **settings)``: a store on a file under tmp_path,
-    closed when the test ends."""
-    opened: list[Store] = []
-
-    def _open(name: str = "s.db", **settings: Any) -> Store:
-        assert engine == "sqlite"
-        store = fleetstore.open(tmp_path / name, **settings)
-        opened.append(store)
-        return store
-
-    yield _open
-    for store in reversed(opened):
-        store.close()
-
-
-@pytest.fixture
-def store(open_store: OpenStore) -> Store:
-    return open_store()
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -1,14 +1,17 @@
 """fleetstore: storage a whole fleet of agent processes can write at once.
 
 ``fleetstore.open()`` gives a ``Store``: sessions, messages (streamed or whole),
-versioned state, blobs and the spool; ``await fleetstore.open_async()`` gives
-the same API as coroutines.  ``fleetstore.Database`` is the lower
+versioned state, blobs, the spool and the effect outbox (``store.effects``, run by
+``fleetstore.Worker``); ``await fleetstore.open_async()`` gives the same API as
+coroutines.  ``fleetstore.Database`` is the lower
 layer: a SQLite file that many processes write safely, with a cross-process
 writer gate, a bounded lock wait and strict connection hygiene.
 """
 
 from fleetstore import errors
 from fleetstore.aio import (
+    AsyncClaim,
+    AsyncEffects,
     AsyncMessages,
     AsyncSessions,
     AsyncState,
@@ -23,6 +26,7 @@ from fleetstore.errors import (
     ConfigError,
     FleetstoreError,
     InvalidInput,
+    LeaseLost,
     MigrationError,
     NotFound,
     PayloadTooLarge,
@@ -34,9 +38,13 @@ from fleetstore.errors import (
 )
 from fleetstore.history import Messages, Sessions, Stream, ToolCallHandle
 from fleetstore.models import (
+    Effect,
+    EffectError,
+    EffectState,
     File,
     Message,
     MessageStatus,
+    NewEffect,
     Part,
     Reasoning,
     Session,
@@ -48,30 +56,43 @@ from fleetstore.models import (
     Usage,
 )
 from fleetstore.operations import Operation
+from fleetstore.outbox import Claim, Effects, Swept
 from fleetstore.settings import Settings, default_data_dir
 from fleetstore.state import State
 from fleetstore.store import Store, open
+from fleetstore.worker import FailEffect, Handler, RetryEffect, Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AlreadyExists",
+    "AsyncClaim",
+    "AsyncEffects",
     "AsyncMessages",
     "AsyncSessions",
     "AsyncState",
     "AsyncStore",
     "AsyncStream",
     "AsyncToolCallHandle",
+    "Claim",
     "ConfigError",
     "Database",
+    "Effect",
+    "EffectError",
+    "EffectState",
+    "Effects",
+    "FailEffect",
     "File",
     "FleetstoreError",
+    "Handler",
     "InvalidInput",
+    "LeaseLost",
     "Message",
     "MessageStatus",
     "Messages",
     "Migration",
     "MigrationError",
+    "NewEffect",
     "NotFound",
     "Operation",
     "Part",
@@ -79,6 +100,7 @@ __all__ = [
     "PermanentError",
     "ReadTx",
     "Reasoning",
+    "RetryEffect",
     "Session",
     "SessionStatus",
     "Sessions",
@@ -89,6 +111,7 @@ __all__ = [
     "Store",
     "StoreBusy",
     "Stream",
+    "Swept",
     "Text",
     "ToolCall",
     "ToolCallHandle",
@@ -96,6 +119,7 @@ __all__ = [
     "TransientError",
     "Usage",
     "VersionConflict",
+    "Worker",
     "WriteTx",
     "__version__",
     "default_data_dir",

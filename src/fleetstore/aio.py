@@ -48,7 +48,7 @@ import builtins
 import concurrent.futures
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -57,8 +57,19 @@ from typing import Any, TypeVar
 from fleetstore import errors
 from fleetstore.engine.base import Tx
 from fleetstore.history import Messages, Sessions, Stream, ToolCallHandle
-from fleetstore.models import Message, Part, Session, StateValue, ToolCall, Usage
+from fleetstore.models import (
+    Effect,
+    EffectState,
+    Message,
+    NewEffect,
+    Part,
+    Session,
+    StateValue,
+    ToolCall,
+    Usage,
+)
 from fleetstore.operations import Operation
+from fleetstore.outbox import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, Claim, Effects, Swept
 from fleetstore.settings import Settings
 from fleetstore.spool import Recovered
 from fleetstore.state import State
@@ -116,6 +127,7 @@ class AsyncStore:
     sessions: AsyncSessions
     messages: AsyncMessages
     state: AsyncState
+    effects: AsyncEffects
 
     def __init__(self, store: Store, *, threads: int = DEFAULT_THREADS) -> None:
         """Wrap an open *store*; ``close()`` then closes it."""
@@ -131,6 +143,7 @@ class AsyncStore:
         self.sessions = AsyncSessions(self, store.sessions)
         self.messages = AsyncMessages(self, store.messages)
         self.state = AsyncState(self, store.state)
+        self.effects = AsyncEffects(self, store.effects)
 
     @property
     def path(self) -> Path:
@@ -176,9 +189,18 @@ class AsyncStore:
 
     # -- the Store's own calls -------------------------------------------------------------
 
-    async def submit(self, op: Operation, *, spool: bool = True) -> dict[str, Any] | None:
+    async def submit(
+        self,
+        op: Operation,
+        *,
+        spool: bool = True,
+        must_land: bool = False,
+        independent: bool = False,
+    ) -> dict[str, Any] | None:
         """``Store.submit``: apply *op* (None if it went to the spool)."""
-        return await self._run(lambda: self.sync.submit(op, spool=spool))
+        return await self._run(
+            lambda: self.sync.submit(op, spool=spool, must_land=must_land, independent=independent)
+        )
 
     async def apply(self, op: Operation) -> dict[str, Any]:
         """``Store.apply``: apply *op* now (``StoreBusy`` past the budget)."""
@@ -247,11 +269,17 @@ class AsyncSessions:
         parent_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         id: str | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> Session:
         """``Sessions.create``."""
         return await self._owner._run(
             lambda: self.sync.create(
-                title, project=project, parent_id=parent_id, metadata=metadata, id=id
+                title,
+                project=project,
+                parent_id=parent_id,
+                metadata=metadata,
+                id=id,
+                effects=effects,
             )
         )
 
@@ -292,11 +320,16 @@ class AsyncSessions:
         title: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         expected_version: int | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> Session:
         """``Sessions.update``."""
         return await self._owner._run(
             lambda: self.sync.update(
-                session_id, title=title, metadata=metadata, expected_version=expected_version
+                session_id,
+                title=title,
+                metadata=metadata,
+                expected_version=expected_version,
+                effects=effects,
             )
         )
 
@@ -343,11 +376,19 @@ class AsyncMessages:
         usage: Usage | Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
         id: str | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> Message:
         """``Messages.append`` (blob files are written in the worker thread too)."""
         return await self._owner._run(
             lambda: self.sync.append(
-                session_id, role, parts, model=model, usage=usage, metadata=metadata, id=id
+                session_id,
+                role,
+                parts,
+                model=model,
+                usage=usage,
+                metadata=metadata,
+                id=id,
+                effects=effects,
             )
         )
 
@@ -508,6 +549,10 @@ class AsyncStream:
         """``Stream.usage`` (kept until the message completes: not a coroutine)."""
         self.sync.usage(usage, **tokens)
 
+    async def enqueue(self, effect: NewEffect) -> None:
+        """``Stream.enqueue``: an effect committed with the message's completion."""
+        await self._chain(lambda: self.sync.enqueue(effect))
+
     async def finish(self, error: str | None = None) -> None:
         """``Stream.finish``: flush and mark the message complete (or error)."""
         await self._chain(lambda: self.sync.finish(error))
@@ -534,11 +579,17 @@ class AsyncState:
         *,
         namespace: str = "default",
         expected_version: int | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> StateValue:
         """``State.put``."""
         return await self._owner._run(
             lambda: self.sync.put(
-                session_id, key, value, namespace=namespace, expected_version=expected_version
+                session_id,
+                key,
+                value,
+                namespace=namespace,
+                expected_version=expected_version,
+                effects=effects,
             )
         )
 
@@ -549,17 +600,165 @@ class AsyncState:
         *,
         namespace: str = "default",
         expected_version: int | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> bool:
         """``State.delete``."""
         return await self._owner._run(
             lambda: self.sync.delete(
-                session_id, key, namespace=namespace, expected_version=expected_version
+                session_id,
+                key,
+                namespace=namespace,
+                expected_version=expected_version,
+                effects=effects,
             )
         )
 
     async def keys(self, session_id: str, *, namespace: str = "default") -> list[str]:
         """``State.keys``."""
         return await self._owner._run(lambda: self.sync.keys(session_id, namespace=namespace))
+
+
+class AsyncEffects:
+    """``store.effects`` as coroutines; see ``fleetstore.outbox.Effects``.  For a
+    worker loop see ``fleetstore.Worker``, which runs async handlers itself."""
+
+    def __init__(self, owner: AsyncStore, effects: Effects) -> None:
+        self._owner = owner
+        self.sync = effects
+
+    async def enqueue(
+        self,
+        thread_key: str,
+        kind: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        delay: float = 0.0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        replay_safe: bool | None = None,
+    ) -> str:
+        """``Effects.enqueue``."""
+        return await self._owner._run(
+            lambda: self.sync.enqueue(
+                thread_key,
+                kind,
+                payload,
+                idempotency_key=idempotency_key,
+                delay=delay,
+                max_attempts=max_attempts,
+                replay_safe=replay_safe,
+            )
+        )
+
+    async def get(self, effect_id: str) -> Effect:
+        """``Effects.get``."""
+        return await self._owner._run(lambda: self.sync.get(effect_id))
+
+    async def list(
+        self,
+        *,
+        thread_key: str | None = None,
+        state: EffectState | str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        after: Effect | None = None,
+    ) -> builtins.list[Effect]:
+        """``Effects.list``."""
+        return await self._owner._run(
+            lambda: self.sync.list(
+                thread_key=thread_key, state=state, kind=kind, limit=limit, after=after
+            )
+        )
+
+    async def counts(self) -> dict[str, int]:
+        """``Effects.counts``."""
+        return await self._owner._run(self.sync.counts)
+
+    async def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
+        """``Effects.next_ready``."""
+        return await self._owner._run(lambda: self.sync.next_ready(kinds))
+
+    async def claim(
+        self,
+        owner: str,
+        *,
+        limit: int = 1,
+        lease: float = DEFAULT_LEASE,
+        kinds: Iterable[str] | None = None,
+    ) -> builtins.list[AsyncClaim]:
+        """``Effects.claim``; the claims' settlements are coroutines too."""
+        claims = await self._owner._run(
+            lambda: self.sync.claim(owner, limit=limit, lease=lease, kinds=kinds)
+        )
+        return [AsyncClaim(self._owner, c) for c in claims]
+
+    async def sweep(self) -> builtins.list[Swept]:
+        """``Effects.sweep``."""
+        return await self._owner._run(self.sync.sweep)
+
+    async def retry(self, effect_id: str) -> Effect:
+        """``Effects.retry``."""
+        return await self._owner._run(lambda: self.sync.retry(effect_id))
+
+    async def cancel(self, effect_id: str) -> Effect:
+        """``Effects.cancel``."""
+        return await self._owner._run(lambda: self.sync.cancel(effect_id))
+
+    async def declare(self, kinds: Mapping[str, bool]) -> None:
+        """``Effects.declare``."""
+        await self._owner._run(lambda: self.sync.declare(kinds))
+
+    async def kinds(self) -> dict[str, bool]:
+        """``Effects.kinds``."""
+        return await self._owner._run(self.sync.kinds)
+
+
+class AsyncClaim:
+    """A ``Claim`` whose calls are coroutines.  A settlement handed to a thread
+    runs to its end even if the awaiting coroutine is cancelled."""
+
+    def __init__(self, owner: AsyncStore, claim: Claim) -> None:
+        self._owner = owner
+        self.sync = claim
+
+    @property
+    def effect(self) -> Effect:
+        return self.sync.effect
+
+    @property
+    def id(self) -> str:
+        return self.sync.id
+
+    @property
+    def fence(self) -> int:
+        return self.sync.fence
+
+    async def heartbeat(self, lease: float | None = None) -> float:
+        """``Claim.heartbeat``."""
+        return await self._owner._run(lambda: self.sync.heartbeat(lease))
+
+    async def succeed(self, result: Any = None) -> bool:
+        """``Claim.succeed``."""
+        return await self._owner._run(lambda: self.sync.succeed(result))
+
+    async def retry(self, delay: float = 0.0, error: str = "") -> bool:
+        """``Claim.retry``."""
+        return await self._owner._run(lambda: self.sync.retry(delay, error))
+
+    async def fail(self, error: str) -> bool:
+        """``Claim.fail``."""
+        return await self._owner._run(lambda: self.sync.fail(error))
+
+    async def cancel(self) -> bool:
+        """``Claim.cancel``."""
+        return await self._owner._run(self.sync.cancel)
+
+    async def release(self) -> bool:
+        """``Claim.release``."""
+        return await self._owner._run(self.sync.release)
+
+    def __repr__(self) -> str:
+        return f"<AsyncClaim {self.sync!r}>"
 
 
 def _abandon(executor: ThreadPoolExecutor, job: concurrent.futures.Future[Store]) -> None:
@@ -594,6 +793,8 @@ async def open_async(
 
 __all__ = [
     "DEFAULT_THREADS",
+    "AsyncClaim",
+    "AsyncEffects",
     "AsyncMessages",
     "AsyncSessions",
     "AsyncState",

@@ -141,6 +141,17 @@ class InvalidArchive(PermanentError, ValueError):
     """An export file is malformed, damaged or hostile; nothing was imported."""
 
 
+class LeaseLost(PermanentError):
+    """A claim's lease is no longer this worker's: it expired and was swept,
+    another worker holds the effect now, or an operator settled it.  Nothing
+    was changed; the effect's newer outcome stands."""
+
+    def __init__(self, message: str, effect_id: str = "", state: str | None = None) -> None:
+        self.effect_id = effect_id
+        self.state = state
+        super().__init__(message)
+
+
 __all__ = [
     "AlreadyExists",
     "BlobCorrupt",
@@ -151,6 +162,7 @@ __all__ = [
     "IntegrityError",
     "InvalidArchive",
     "InvalidInput",
+    "LeaseLost",
     "LockHolder",
     "MigrationError",
     "NotFound",

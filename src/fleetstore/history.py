@@ -25,6 +25,7 @@ from fleetstore.models import (
     File,
     Message,
     MessageStatus,
+    NewEffect,
     Part,
     Reasoning,
     Session,
@@ -195,6 +196,14 @@ def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None
     return data
 
 
+def effects_arg(store: Store, effects: Sequence[NewEffect]) -> list[dict[str, Any]] | None:
+    """The ``effects`` argument of an operation: the effects that commit with it."""
+    # outbox imports this module; importing it here, when first needed, breaks the cycle.
+    from fleetstore.outbox import effects_args
+
+    return effects_args(store, effects)
+
+
 def _check_role(role: object) -> None:
     if not isinstance(role, str) or not 0 < len(role) <= ROLES_MAX:
         raise errors.InvalidInput(
@@ -290,14 +299,16 @@ class Sessions:
         parent_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         id: str | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> Session:
-        """A new session; with *parent_id*, a subagent's session in its parent's tree."""
+        """A new session; with *parent_id*, a subagent's session in its parent's tree.
+        *effects* are enqueued in the same transaction (the transactional outbox)."""
         sid = new_id() if id is None else _check_id(id, "id")
         if parent_id is not None:
             _check_id(parent_id, "parent_id")
         meta = _metadata(metadata)
         now = time.time()
-        args = {
+        args: dict[str, Any] = {
             "id": sid,
             "parent_id": parent_id,
             "project": project,
@@ -305,6 +316,8 @@ class Sessions:
             "metadata": meta,
             "created_at": now,
         }
+        if effects:
+            args["effects"] = effects_arg(self._store, effects)
         if self._store.submit(Operation("create_session", args, new_id())) is None:
             return Session(
                 id=sid,
@@ -365,10 +378,11 @@ class Sessions:
         title: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         expected_version: int | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> Session:
         """Change the title and/or metadata; with *expected_version*, only if
-        nobody changed the session since (``VersionConflict``).  Never spooled
-        (see ``_unspooled``)."""
+        nobody changed the session since (``VersionConflict``).  *effects* are
+        enqueued in the same transaction.  Never spooled (see ``_unspooled``)."""
         args: dict[str, Any] = {"id": _check_id(session_id, "session_id")}
         if title is not None:
             args["title"] = title
@@ -376,6 +390,8 @@ class Sessions:
             args["metadata"] = _metadata(metadata)
         if expected_version is not None:
             args["expected_version"] = expected_version
+        if effects:
+            args["effects"] = effects_arg(self._store, effects)
         return self._unspooled(Operation("update_session", args, new_id()), session_id)
 
     def fork(
@@ -456,9 +472,11 @@ class Messages:
         usage: Usage | Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
         id: str | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> Message:
         """Append a whole message.  *parts* may be a string (one ``Text`` part).
-        Appending the same *id* again returns the stored message and writes nothing."""
+        Appending the same *id* again returns the stored message and writes nothing.
+        *effects* are enqueued in the same transaction (the transactional outbox)."""
         mid = new_id() if id is None else _check_id(id, "id")
         _check_id(session_id, "session_id")
         _check_role(role)
@@ -468,6 +486,7 @@ class Messages:
             raise errors.InvalidInput("parts must be a sequence of parts, not a dict")
         part_list: tuple[Part, ...] = (Text(parts),) if isinstance(parts, str) else tuple(parts)
         # Last: it writes the blob files, and everything else has been checked.
+        effect_list = effects_arg(self._store, effects)
         encoded = encode_parts(self._store, part_list)
         now = time.time()
         args: dict[str, Any] = {
@@ -480,6 +499,8 @@ class Messages:
             "usage": usage_dict,
             "created_at": now,
         }
+        if effect_list:
+            args["effects"] = effect_list
         result = self._store.submit(Operation("append_message", args, new_id()))
         if result is None or result.get("duplicate"):
             if result is not None:
@@ -615,6 +636,7 @@ class Stream:
         self._part_kind: str | None = None
         self._chunk_seq: dict[int, int] = {}
         self._usage: dict[str, Any] | None = None
+        self._effects: list[dict[str, Any]] = []
         self._open = False
         self._finished = False
         self.flushes = 0
@@ -748,6 +770,12 @@ class Stream:
         """The model call's usage, recorded when the message completes."""
         self._usage = usage_args(usage if usage is not None else tokens)
 
+    def enqueue(self, effect: NewEffect) -> None:
+        """Enqueue *effect* in the transaction that completes the message (not if
+        the message ends in ``error``): e.g. generate a title once the reply is whole."""
+        self._check_open()
+        self._effects.extend(effects_arg(self._store, [effect]) or ())
+
     def finish(self, error: str | None = None) -> None:
         """Flush and mark the message ``complete`` (or ``error``).  Idempotent."""
         if self._finished or not self._open:
@@ -762,7 +790,7 @@ class Stream:
         finally:
             self._finished = True
             self._store.streams_closed(self)
-            args = {
+            args: dict[str, Any] = {
                 "message_id": self.id,
                 "session_id": self.session_id,
                 "status": "error" if error is not None else "complete",
@@ -770,6 +798,8 @@ class Stream:
                 "usage": self._usage,
                 "now": time.time(),
             }
+            if error is None and self._effects:
+                args["effects"] = self._effects
             self._store.submit(Operation("finish_message", args, new_id()))
 
     def _check_open(self) -> None:

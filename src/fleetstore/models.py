@@ -163,14 +163,100 @@ class StateValue:
     updated_at: float = 0.0
 
 
+class EffectState(enum.StrEnum):
+    """Where an effect is in its life (docs/outbox.md has the diagram)."""
+
+    #: Waiting to run: when it is its thread's head and ``available_at`` has come.
+    pending = "pending"
+    #: Claimed by a worker, under a lease.
+    running = "running"
+    #: Done; its handler's result is kept.  Final.
+    succeeded = "succeeded"
+    #: Will not run again: failed for good, out of attempts, or lost while
+    #: running when its kind is not replay-safe (``dead_reason`` says which).
+    dead = "dead"
+    #: Cancelled before it succeeded.  Final.
+    cancelled = "cancelled"
+
+
+#: States an effect never leaves by itself (an operator's retry re-queues dead and cancelled).
+FINAL_EFFECT_STATES: tuple[EffectState, ...] = (
+    EffectState.succeeded,
+    EffectState.dead,
+    EffectState.cancelled,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewEffect:
+    """An effect to enqueue together with a history write (the transactional
+    outbox): ``store.messages.append(..., effects=[NewEffect(...)])``.
+    Same arguments as ``store.effects.enqueue``."""
+
+    thread_key: str
+    kind: str
+    payload: Any = None
+    idempotency_key: str | None = None
+    delay: float = 0.0
+    max_attempts: int = 5
+    replay_safe: bool | None = None
+    id: str = field(default_factory=new_id)
+
+
+@dataclass(frozen=True, slots=True)
+class EffectError:
+    """One failed attempt, as kept in ``Effect.errors``."""
+
+    attempt: int
+    error: str
+    at: float
+    owner: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """A side effect in the outbox.  Per ``thread_key`` effects run one at a
+    time in ``seq`` order.  ``attempt`` counts the claims so far (1 while the
+    first attempt runs); ``fence`` is the fencing token of the latest claim."""
+
+    id: str
+    thread_key: str
+    seq: int | None
+    kind: str
+    payload: Any
+    state: EffectState
+    attempt: int = 0
+    max_attempts: int = 5
+    replay_safe: bool | None = None
+    available_at: float = 0.0
+    fence: int = 0
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+    idempotency_key: str | None = None
+    result: Any = None
+    last_error: str | None = None
+    #: Why a dead effect is dead: ``failed``, ``attempts_exhausted``, ``not_replay_safe``.
+    dead_reason: str | None = None
+    errors: tuple[EffectError, ...] = ()
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
 __all__ = [
+    "FINAL_EFFECT_STATES",
     "PART_KINDS",
     "PART_TYPES",
     "STREAMED_KINDS",
     "USAGE_FIELDS",
+    "Effect",
+    "EffectError",
+    "EffectState",
     "File",
     "Message",
     "MessageStatus",
+    "NewEffect",
     "Part",
     "Reasoning",
     "Session",

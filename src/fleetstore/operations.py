@@ -101,7 +101,18 @@ def apply(tx: Tx, q: Queries, op: Operation, now: float) -> Result:
         return {"duplicate": True}
     args = dict(op.args)
     args.setdefault("now", now)
+    # The transactional outbox: effects named by a history operation commit
+    # (or roll back) with it, and a duplicate of the operation adds none.
+    effects = args.pop("effects", None)
     result = spec.fn(tx, q, args)
+    if effects is not None and not result.get("duplicate"):
+        enqueue = REGISTRY["enqueue_effect"].fn
+        if not spec.logged or not isinstance(effects, list):
+            raise errors.InvalidInput(f"{op.name}: effects must be a list, on a logged operation")
+        for effect in effects:
+            if not isinstance(effect, dict):
+                raise errors.InvalidInput(f"{op.name}: each effect must be an object")
+            enqueue(tx, q, {**effect, "now": args["now"]})
     if spec.logged:
         tx.execute(q["op_record"], (op.op_id, op.name, op.session_id, now))
     return result

@@ -357,7 +357,11 @@ def is_rejectable(exc: BaseException) -> bool:
     if isinstance(exc, errors.FleetstoreError):
         return isinstance(
             exc,
-            errors.InvalidInput | errors.NotFound | errors.AlreadyExists | errors.VersionConflict,
+            errors.InvalidInput
+            | errors.NotFound
+            | errors.AlreadyExists
+            | errors.VersionConflict
+            | errors.LeaseLost,
         )
     # Not a fleetstore error: a bug met by this operation's arguments, which
     # would meet it again on every replay and block the journal behind it.

@@ -9,13 +9,13 @@ spooled, since their outcome must be known when the call returns.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
-from fleetstore.history import decode_value, encode_payload
+from fleetstore.history import decode_value, effects_arg, encode_payload
 from fleetstore.ids import is_valid_id, new_id
-from fleetstore.models import StateValue
+from fleetstore.models import NewEffect, StateValue
 from fleetstore.operations import Operation, check_text, dump_json
 
 if TYPE_CHECKING:
@@ -50,16 +50,19 @@ class State:
         *,
         namespace: str = "default",
         expected_version: int | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> StateValue:
         """Store *value* (JSON-serialisable, or bytes) under *key*; returns it with
-        its new version (``None`` while the write waits in this process's spool)."""
+        its new version (``None`` while the write waits in this process's spool).
+        *effects* are enqueued in the same transaction (the transactional outbox)."""
         _check_key(session_id, key, namespace)  # before a blob file is written
+        effect_list = effects_arg(self._store, effects)
         if isinstance(value, bytes | bytearray | memoryview):
             encoded = encode_payload(self._store, bytes(value), "bytes")
         else:
             encoded = encode_payload(self._store, dump_json(value, f"state value {key!r}"), "json")
         now = time.time()
-        args = {
+        args: dict[str, Any] = {
             "session_id": session_id,
             "namespace": namespace,
             "key": key,
@@ -67,6 +70,8 @@ class State:
             "expected_version": expected_version,
             "now": now,
         }
+        if effect_list:
+            args["effects"] = effect_list
         result = self._store.submit(
             Operation("put_state", args, new_id()), spool=expected_version is None
         )
@@ -88,15 +93,20 @@ class State:
         *,
         namespace: str = "default",
         expected_version: int | None = None,
+        effects: Sequence[NewEffect] = (),
     ) -> bool:
-        """Remove *key*; True if it existed (also True if the delete was spooled)."""
+        """Remove *key*; True if it existed (also True if the delete was spooled).
+        *effects* are enqueued in the same transaction."""
         _check_key(session_id, key, namespace)
-        args = {
+        args: dict[str, Any] = {
             "session_id": session_id,
             "namespace": namespace,
             "key": key,
             "expected_version": expected_version,
         }
+        effect_list = effects_arg(self._store, effects)
+        if effect_list:
+            args["effects"] = effect_list
         result = self._store.submit(
             Operation("delete_state", args, new_id()), spool=expected_version is None
         )

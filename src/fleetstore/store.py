@@ -1,5 +1,5 @@
 """The Store: one object per open store, holding the engine, the blob files,
-the spool and the domain APIs (``sessions``, ``messages``, ``state``).
+the spool and the domain APIs (``sessions``, ``messages``, ``state``, ``effects``).
 
 Every write goes through ``Store.submit(operation)``: applied now within the
 write budget, or, past it, appended to this process's spool and applied later
@@ -28,6 +28,7 @@ from fleetstore.engine.base import Tx
 from fleetstore.engine.sqlite import Database, Migration
 from fleetstore.history import Messages, Sessions, Stream
 from fleetstore.operations import Operation
+from fleetstore.outbox import Effects
 from fleetstore.settings import Settings, default_data_dir
 from fleetstore.spool import (
     REJECTED,
@@ -113,6 +114,7 @@ class Store:
         self.sessions = Sessions(self)
         self.messages = Messages(self)
         self.state = State(self)
+        self.effects = Effects(self)
         self._closed = False
         self._init_process()
         _live.add(self)
@@ -139,19 +141,32 @@ class Store:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def submit(self, op: Operation, *, spool: bool = True) -> dict[str, Any] | None:
+    def submit(
+        self,
+        op: Operation,
+        *,
+        spool: bool = True,
+        must_land: bool = False,
+        independent: bool = False,
+    ) -> dict[str, Any] | None:
         """Apply *op*; returns its result, or None if it went to the spool.
 
         Past the write budget the operation is spooled (``on_busy="spool"`` and
         *spool*) or ``StoreBusy`` is raised.  Once anything is spooled, later
         operations queue behind it; one that must not be spooled (*spool* False:
         a conditional write, whose outcome the caller needs) raises
-        ``SpoolPending`` instead of overtaking them.  If the journal cannot be
-        written either (disk full), ``DatabaseError``: nothing was written."""
+        ``SpoolPending`` instead of overtaking them.  *must_land* (an effect's
+        settlement): spooled past the budget even with ``on_busy="raise"``.
+        *independent* (claims, heartbeats, sweeps): neither depends on this
+        process's spooled writes nor they on it: applied now even while the
+        spool holds writes, never spooled.  If the journal cannot be written
+        either (disk full), ``DatabaseError``: nothing was written."""
         self._check_open()
         with self._counts_lock:
             self._op_counts[op.name] += 1
-        may_spool = spool and self.settings.on_busy == "spool"
+        if independent:
+            return self.apply(op)
+        may_spool = must_land or (spool and self.settings.on_busy == "spool")
         if len(self.spool):
             if not may_spool:
                 raise errors.SpoolPending(

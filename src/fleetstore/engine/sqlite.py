@@ -749,6 +749,9 @@ class Database:
                     "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[sync],
                     "foreign_keys": bool(_pragma(conn, "foreign_keys")),
                     "wal_autocheckpoint": _pragma(conn, "wal_autocheckpoint"),
+                    # A connection left inside a transaction would hold the lock
+                    # (a writer) or pin the WAL (a reader) for ever.
+                    "in_transaction": bool(conn.in_transaction),
                 }
             )
         return report
