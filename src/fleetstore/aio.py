@@ -678,6 +678,10 @@ class AsyncEffects:
         """``Effects.next_ready``."""
         return await self._owner._run(lambda: self.sync.next_ready(kinds))
 
+    async def active(self, kinds: Iterable[str] | None = None) -> int:
+        """``Effects.active``."""
+        return await self._owner._run(lambda: self.sync.active(kinds))
+
     async def claim(
         self,
         owner: str,

@@ -583,6 +583,12 @@ class Effects:
         value = rows[0][0] if rows else None
         return None if value is None else float(value)
 
+    def active(self, kinds: Iterable[str] | None = None) -> int:
+        """How many effects (of *kinds*) are pending or running."""
+        q = self._store.queries
+        params = {"kinds": _kinds_json(kinds)}
+        return int(self._store.read(lambda tx: tx.execute(q["effect_active_count"], params))[0][0])
+
     def claim(
         self,
         owner: str,

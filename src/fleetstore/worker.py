@@ -265,8 +265,12 @@ class Worker:
                 await self._sleep(self.poll_interval)
                 continue
             if ready is None:
+                # Idle only when nothing of its kinds is left anywhere: a thread
+                # whose head runs in another worker still has work to come.
                 if self.until_idle and not self._jobs:
-                    return
+                    active = await self._call(self.store.effects.active, kinds)
+                    if not active:
+                        return
                 await self._sleep(self.poll_interval)
                 continue
             wait = ready - time.time()

@@ -43,6 +43,11 @@ SELECT min(available_at) FROM effects
 WHERE state = 'pending' AND is_head = 1
   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
 
+-- effect_active_count: pending or running effects (of these kinds)
+SELECT count(*) FROM effects
+WHERE state IN ('pending', 'running')
+  AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+
 -- effect_claim: take up to :limit ready heads, oldest first, in one statement
 UPDATE effects
 SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
