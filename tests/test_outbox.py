@@ -292,6 +292,45 @@ def test_a_stale_worker_gets_lease_lost_and_the_newer_outcome_stands(store: Stor
     assert store.effects.get(stale.id).result == {"by": "new"}
 
 
+def test_a_swept_owner_takes_its_effect_back_until_someone_else_claims_it(store: Store) -> None:
+    first = store.effects.enqueue("t", "k")
+    c = claim_one(store, owner="slow")
+    expire(store, c.id)
+    assert [s.state for s in store.effects.sweep()] == ["pending"]
+    c.heartbeat()  # the owner was alive after all: it is running again, its lease renewed
+    got = store.effects.get(first)
+    assert (got.state, got.lease_owner, got.attempt) == ("running", "slow", 1)
+    assert store.effects.claim("other") == []
+    assert c.succeed("done") is True
+    assert store.effects.get(first).result == "done"
+
+
+def test_a_late_success_lands_on_an_effect_the_sweep_buried(store: Store) -> None:
+    buried = store.effects.enqueue("t", "k", replay_safe=False)
+    nxt = store.effects.enqueue("t", "k")
+    c = claim_one(store)
+    expire(store, c.id)
+    store.effects.sweep()
+    with pytest.raises(errors.LeaseLost):
+        c.heartbeat()  # dead: not taken back (the thread has moved on)
+    running = claim_one(store, owner="next")
+    assert running.id == nxt
+    assert c.succeed({"ok": 1}) is True  # but what it did is recorded
+    got = store.effects.get(buried)
+    assert (got.state, got.result, got.dead_reason) == ("succeeded", {"ok": 1}, None)
+    assert store.effects.get(nxt).state == "running"  # the thread's head is untouched
+    running.succeed()
+
+
+def test_a_retry_or_release_ends_the_claim(store: Store) -> None:
+    store.effects.enqueue("t", "k")
+    c = claim_one(store)
+    c.retry(0, "again")
+    with pytest.raises(errors.LeaseLost):
+        c.heartbeat()  # pending under a new token: not this claim's any more
+    assert store.effects.get(c.id).state == "pending"
+
+
 def test_not_replay_safe_effects_lost_mid_run_go_dead_and_the_thread_continues(
     store: Store,
 ) -> None:
@@ -557,7 +596,7 @@ def test_worker_hard_stop_interrupts_by_replay_safety(store: Store) -> None:
     assert worker.code == fleetstore.worker.EXIT_HARD
     s, u = store.effects.get(safe), store.effects.get(unsafe)
     assert (s.state, s.attempt) == ("pending", 1)
-    assert (u.state, u.dead_reason) == ("dead", "failed")
+    assert (u.state, u.dead_reason) == ("dead", "interrupted")
     assert "stopped hard" in (u.last_error or "")
 
 

@@ -749,9 +749,9 @@ class AsyncClaim:
         """``Claim.retry``."""
         return await self._owner._run(lambda: self.sync.retry(delay, error))
 
-    async def fail(self, error: str) -> bool:
+    async def fail(self, error: str, *, interrupted: bool = False) -> bool:
         """``Claim.fail``."""
-        return await self._owner._run(lambda: self.sync.fail(error))
+        return await self._owner._run(lambda: self.sync.fail(error, interrupted=interrupted))
 
     async def cancel(self) -> bool:
         """``Claim.cancel``."""

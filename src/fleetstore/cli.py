@@ -1001,7 +1001,6 @@ def worker(
     retries with backoff, fleetstore.FailEffect fails for good.
     """
     import logging
-    import os
 
     table = _load_handlers(handlers)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -1029,9 +1028,4 @@ def worker(
         opened.close()
     stats = ", ".join(f"{n} {k}" for k, n in sorted(runner.stats.items())) or "nothing run"
     click.echo(f"fleetstore worker: {runner.owner}: {stats}", err=True)
-    if code == fleetstore.worker.EXIT_HARD:
-        # Handler threads that were interrupted may still run: do not wait for them.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
     sys.exit(code)

@@ -55,6 +55,38 @@ class Histogram:
                 return min(upper, self._max)
         return self._max
 
+    def export(self) -> dict[str, Any]:
+        """The raw histogram (non-empty buckets only), for ``from_buckets`` in another
+        process: histograms merge by adding bucket counts, percentiles do not."""
+        return {
+            "buckets": {str(i): c for i, c in enumerate(self._counts) if c},
+            "n": self._n,
+            "sum": self._sum,
+            "max": self._max,
+        }
+
+    @classmethod
+    def from_buckets(cls, data: Any) -> Histogram:
+        """A histogram from ``export()`` output; malformed input gives an empty one."""
+        hist = cls()
+        if isinstance(data, dict):
+            hist.merge_export(data)
+        return hist
+
+    def merge_export(self, data: dict[str, Any]) -> None:
+        """Add another histogram's ``export()`` to this one."""
+        try:
+            buckets = {int(i): int(c) for i, c in dict(data.get("buckets", {})).items()}
+            n, total, top = int(data.get("n", 0)), float(data.get("sum", 0.0)), float(data["max"])
+        except (TypeError, ValueError, KeyError):
+            return
+        for index, count in buckets.items():
+            if 0 <= index < _BUCKETS and count > 0:
+                self._counts[index] += count
+        self._n += n
+        self._sum += total
+        self._max = max(self._max, top)
+
     def snapshot(self) -> dict[str, float]:
         return {
             "count": self._n,
@@ -94,6 +126,11 @@ class WriteMetrics:
             self.counters["writes"] += 1
             self.lock_wait.add(wait)
             self.lock_hold.add(hold)
+
+    def export(self) -> dict[str, Any]:
+        """The raw histograms, for merging across processes (``Histogram.from_buckets``)."""
+        with self._lock:
+            return {"lock_wait": self.lock_wait.export(), "lock_hold": self.lock_hold.export()}
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

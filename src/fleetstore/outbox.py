@@ -213,9 +213,17 @@ def _heartbeat_effect(tx: Tx, q: Queries, a: Args) -> Result:
     eid = _effect_id(a)
     fence = _count(a, "fence", 0, 1, 2**62)
     lease = _number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE)
-    rows = tx.execute(
-        q["effect_heartbeat"], {"id": eid, "fence": fence, "lease": lease, "now": float(a["now"])}
-    )
+    params = {
+        "id": eid,
+        "fence": fence,
+        "lease": lease,
+        "owner": _text(a, "owner", 256),
+        "now": float(a["now"]),
+    }
+    # Pending with this claim's token can only mean a sweep took it from an owner
+    # that looked lost (settlements that leave an effect pending raise the token):
+    # the owner is back before anyone else claimed it, so it takes it back.
+    rows = tx.execute(q["effect_heartbeat"], params)
     if not rows:
         _lost(tx, q, eid, fence)
     return {"lease_expires_at": rows[0][0]}
@@ -226,7 +234,7 @@ def _lost(tx: Tx, q: Queries, eid: str, fence: int) -> NoReturn:
     rows = tx.execute(q["effect_for_settle"], (eid,))
     if not rows:
         raise errors.NotFound(f"no effect {eid!r}")
-    _thread, state, current, owner, attempt, _max, _errors = rows[0]
+    _thread, state, current, owner, attempt, _max, _errors, _reason = rows[0]
     if state == "running":
         detail = f"it was claimed again (attempt {attempt}, token {current}) by {owner}"
     else:
@@ -241,9 +249,23 @@ def _advance_head(tx: Tx, q: Queries, thread: str) -> None:
     tx.execute(q["effect_advance_head"], (thread,))
 
 
+#: Why a sweep buries an effect.  A claim's late settlement may still land on an
+#: effect buried so (see ``_settle_effect``).
+_SWEEP_REASONS = ("not_replay_safe", "attempts_exhausted")
+_DEAD_REASONS = ("failed", "interrupted")
+
+
 @register("settle_effect")
 def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    """A claim's outcome, applied only while the claim's token is current."""
+    """A claim's outcome, applied only while the claim's token is current.
+
+    A sweep does not raise the token: it takes an effect from an owner that
+    looked lost, not from one that is known to be.  So a settlement whose token
+    still matches lands even after a sweep, as long as nobody claimed the
+    effect since (claims, operator retries and cancels raise the token):
+    test_outbox_fleet.py::test_settlement_spooled_past_its_lease_is_not_lost_to_a_sweep
+    (a spooled success, delayed by an outside lock past its lease, used to be
+    rejected and a replay-safe effect ran twice)."""
     eid = _effect_id(a)
     fence = _count(a, "fence", 0, 1, 2**62)
     outcome = a.get("outcome")
@@ -255,10 +277,20 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
     if result is not None and (not isinstance(result, str) or len(result) > MAX_RESULT):
         raise errors.InvalidInput("result must be JSON text of at most 1 MiB")
     delay = _number(a, "delay", 0.0, 0.0, MAX_DELAY)
+    reason = a.get("dead_reason", "failed")
+    if reason not in _DEAD_REASONS:
+        raise errors.InvalidInput(f"dead_reason must be one of {', '.join(_DEAD_REASONS)}")
     rows = tx.execute(q["effect_for_settle"], (eid,))
-    if not rows or rows[0][1] != "running" or rows[0][2] != fence:
+    if not rows or rows[0][2] != fence:
         _lost(tx, q, eid, fence)
-    thread, _state, _fence, owner, attempt, max_attempts, errs = rows[0]
+    thread, current, _fence, owner, attempt, max_attempts, errs, buried = rows[0]
+    swept_dead = current == "dead" and buried in _SWEEP_REASONS
+    if current not in ("running", "pending") and not swept_dead:
+        _lost(tx, q, eid, fence)
+    if swept_dead and outcome in ("retry", "release"):
+        # It will not run again (its kind may not run twice, or it is out of
+        # attempts): the sweep's verdict stands, nothing to change.
+        return {"id": eid, "state": "dead"}
     kept = json.loads(errs)
     if error is not None:
         kept = [*kept, {"attempt": attempt, "error": error, "at": now, "owner": owner}]
@@ -269,7 +301,7 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
         if attempt >= max_attempts:
             state, dead_reason = "dead", "attempts_exhausted"
     elif outcome == "dead":
-        dead_reason = "failed"
+        dead_reason = reason
     elif outcome == "release":
         # Claimed but never started (a worker shutting down): back without
         # spending the attempt.
@@ -289,6 +321,9 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
             "attempt": attempt,
             "finished_at": None if head else now,
             "now": now,
+            # Pending again: a new token, so this claim's heartbeats cannot take it
+            # back (a pending effect with a current token is one a sweep took).
+            "bump": int(head),
         },
     )
     if not head:
@@ -336,7 +371,7 @@ def _cancel_effect(tx: Tx, q: Queries, a: Args) -> Result:
     rows = tx.execute(q["effect_for_settle"], (eid,))
     if not rows:
         raise errors.NotFound(f"no effect {eid!r}")
-    thread, state, _fence, _owner, attempt, _max, errs = rows[0]
+    thread, state, _fence, _owner, attempt, _max, errs, _reason = rows[0]
     if state == "cancelled":
         return {"id": eid, "state": state, "duplicate": True}
     if state not in ("pending", "running"):
@@ -355,6 +390,8 @@ def _cancel_effect(tx: Tx, q: Queries, a: Args) -> Result:
             "attempt": attempt,
             "finished_at": now,
             "now": now,
+            # A running claim's late settlement must not land on a cancelled effect.
+            "bump": 1,
         },
     )
     _advance_head(tx, q, thread)
@@ -671,7 +708,12 @@ class Claim:
     def heartbeat(self, lease: float | None = None) -> float:
         """Extend the lease by *lease* (default: the claim's) seconds from now;
         returns the new expiry.  ``LeaseLost`` if the claim is no longer current."""
-        args = {"id": self.id, "fence": self.fence, "lease": self.lease if lease is None else lease}
+        args = {
+            "id": self.id,
+            "fence": self.fence,
+            "owner": self.owner,
+            "lease": self.lease if lease is None else lease,
+        }
         result = self._store.submit(Operation("heartbeat_effect", args, new_id()), independent=True)
         assert result is not None
         self.lease_expires_at = float(result["lease_expires_at"])
@@ -690,9 +732,12 @@ class Claim:
         ``attempts_exhausted`` if this was the last attempt)."""
         return self._settle("retry", error=error or "retry requested", delay=delay)
 
-    def fail(self, error: str) -> bool:
-        """Failed for good: ``dead`` (``dead_reason`` ``failed``); the thread moves on."""
-        return self._settle("dead", error=error)
+    def fail(self, error: str, *, interrupted: bool = False) -> bool:
+        """Failed for good: ``dead`` (``dead_reason`` ``failed``, or ``interrupted``
+        for a run that was cut short, e.g. by a worker's hard stop); the thread moves on."""
+        return self._settle(
+            "dead", error=error, dead_reason="interrupted" if interrupted else "failed"
+        )
 
     def cancel(self) -> bool:
         """Not needed any more: ``cancelled``; the thread moves on."""

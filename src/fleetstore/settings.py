@@ -51,6 +51,9 @@ class Settings:
     stream_flush_interval: float = 0.5
     #: ...or once this many bytes are pending, and when the stream ends.
     stream_flush_bytes: int = 32 * 1024
+    #: Seconds between this process's published figures (``<db>.procs/<pid>.json``,
+    #: read by ``fleetstore top``); 0 publishes nothing.
+    publish_interval: float = 1.0
 
     def __post_init__(self) -> None:
         budget = self.write_budget
@@ -76,6 +79,14 @@ class Settings:
             or interval <= 0
         ):
             raise ConfigError(f"stream_flush_interval must be a number > 0, not {interval!r}")
+        publish = self.publish_interval
+        if (
+            not isinstance(publish, int | float)
+            or isinstance(publish, bool)
+            or not math.isfinite(publish)
+            or publish < 0
+        ):
+            raise ConfigError(f"publish_interval must be a number >= 0, not {publish!r}")
         for name in (
             "busy_timeout_ms",
             "checkpoint_bytes",

@@ -30,6 +30,7 @@ from fleetstore.engine.sqlite import Database, Migration
 from fleetstore.history import Messages, Sessions, Stream
 from fleetstore.operations import Operation
 from fleetstore.outbox import Effects
+from fleetstore.procstats import Publisher
 from fleetstore.settings import Settings, default_data_dir
 from fleetstore.spool import (
     REJECTED,
@@ -132,6 +133,9 @@ class Store:
         self._thread: threading.Thread | None = None
         self._running = False
         self._stop = self._closed
+        # Started by the first write or read, not here: this also runs in a child
+        # right after fork, where starting threads is best left to the child's own code.
+        self._publisher: Publisher | None = None
 
     def _after_fork(self) -> None:
         # Threads do not survive a fork: a child starts its own spool and
@@ -163,6 +167,8 @@ class Store:
         spool holds writes, never spooled.  If the journal cannot be written
         either (disk full), ``DatabaseError``: nothing was written."""
         self._check_open()
+        if self._publisher is None:
+            self._start_publisher()
         with self._counts_lock:
             self._op_counts[op.name] += 1
         if independent:
@@ -253,7 +259,20 @@ class Store:
 
     def read(self, fn: Callable[[Tx], T]) -> T:
         self._check_open()
+        if self._publisher is None:
+            self._start_publisher()
         return self.db.read(fn)
+
+    def _start_publisher(self) -> None:
+        """This process's figures, published for ``fleetstore top`` (a child after
+        fork publishes under its own PID: threads do not survive a fork)."""
+        with self._counts_lock:
+            if self._publisher is not None:
+                return
+            self._publisher = Publisher(
+                str(self.path), self.settings.publish_interval, self._published_figures
+            )
+        self._publisher.start()
 
     # -- background work: the spool drain and timed stream flushes -------------------------
 
@@ -427,6 +446,9 @@ class Store:
             "open_streams": len(self._streams),
         }
 
+    def _published_figures(self) -> dict[str, Any]:
+        return {"metrics": self.metrics(), "histograms": self.db.histograms()}
+
     def _check_open(self) -> None:
         if self._closed:
             raise errors.StoreClosed(f"{self.path}: the store was closed")
@@ -459,6 +481,8 @@ class Store:
                 if thread.is_alive():
                     log.error("%s: the background thread did not stop; closing anyway", self.path)
             self._closed = True
+            if self._publisher is not None:
+                self._publisher.stop()
             self.spool.close()
             self.db.close()
             _live.discard(self)

@@ -86,13 +86,48 @@ def default_owner() -> str:
 
 
 class _Job:
-    __slots__ = ("claim", "interrupted", "started", "task")
+    __slots__ = ("buried", "claim", "interrupted", "started", "task")
 
     def __init__(self, claim: Claim) -> None:
         self.claim = claim
         self.started = False
         self.interrupted = False
+        #: A sweep buried the effect while it ran (its lease ran out): no more
+        #: heartbeats, but its outcome may still land (``settle_effect``).
+        self.buried = False
         self.task: asyncio.Task[None] | None = None
+
+
+def _in_daemon_thread(
+    loop: asyncio.AbstractEventLoop, fn: Callable[[Effect], Any], effect: Effect
+) -> asyncio.Future[Any]:
+    """``fn(effect)`` in a thread of its own.  A daemon thread, not a pool's: after
+    a hard stop a handler that does not return must not keep the process from
+    exiting (a pool's threads are joined at exit), nor hold a slot a later
+    effect waits for.
+    test_outbox_fleet.py::test_sigterm_twice_interrupts_running_effects_and_exits_3"""
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(value)
+
+    def target() -> None:
+        value: Any = None
+        exc: BaseException | None = None
+        try:
+            value = fn(effect)
+        except BaseException as error:
+            exc = error
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            loop.call_soon_threadsafe(settle, value, exc)
+
+    threading.Thread(target=target, name="fleetstore-handler", daemon=True).start()
+    return future
 
 
 class Worker:
@@ -181,9 +216,6 @@ class Worker:
         self._store_pool = ThreadPoolExecutor(
             self.concurrency + self.prefetch + 2, thread_name_prefix="fleetstore-store"
         )
-        self._handler_pool = ThreadPoolExecutor(
-            self.concurrency, thread_name_prefix="fleetstore-handler"
-        )
         installed = self._install_signals(loop)
         try:
             if self._declared:
@@ -201,7 +233,6 @@ class Worker:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
-            self._handler_pool.shutdown(wait=False, cancel_futures=True)
             self._store_pool.shutdown(wait=True)
             self._loop = self._wake = None
 
@@ -331,7 +362,7 @@ class Worker:
             if inspect.iscoroutinefunction(handler.fn):
                 result = await handler.fn(claim.effect)
             else:
-                result = await loop.run_in_executor(self._handler_pool, handler.fn, claim.effect)
+                result = await _in_daemon_thread(loop, handler.fn, claim.effect)
                 if inspect.isawaitable(result):
                     result = await result
             outcome = ("succeed", result)
@@ -362,7 +393,8 @@ class Worker:
                 if how == "succeed":
                     try:
                         applied = await self._call(claim.succeed, value)
-                        self.stats["succeeded"] += 1
+                        if applied:
+                            self.stats["succeeded"] += 1
                     except errors.InvalidInput as exc:
                         applied = await self._call(claim.fail, f"result not storable: {exc}")
                         self.stats["failed"] += 1
@@ -381,7 +413,7 @@ class Worker:
                     applied = await self._call(claim.retry, 0.0, how)
                     self.stats["interrupted"] += 1
                 else:
-                    applied = await self._call(claim.fail, how)
+                    applied = await self._call(lambda: claim.fail(how, interrupted=True))
                     self.stats["interrupted"] += 1
             except errors.LeaseLost as exc:
                 self.stats["lost"] += 1
@@ -415,7 +447,8 @@ class Worker:
     async def _beat_once(self) -> None:
         if self._settling and not len(self.store.spool):
             self._settling.clear()  # every spooled settlement has been applied (or rejected)
-        claims = [j.claim for j in self._jobs.values()] + list(self._settling.values())
+        claims = [j.claim for j in self._jobs.values() if not j.buried]
+        claims += list(self._settling.values())
         results = await asyncio.gather(
             *(self._call(c.heartbeat) for c in claims), return_exceptions=True
         )
@@ -428,6 +461,14 @@ class Worker:
                 continue  # its spooled settlement landed
             job = self._jobs.get(claim.id)
             if job is None or claim.outcome is not None:
+                continue
+            if result.state == "dead":
+                # A sweep buried it while this worker could not reach the store;
+                # nobody else will run it, and its outcome may still land.
+                job.buried = True
+                log.warning(
+                    "%s %s: %s; its outcome is still recorded", claim.effect.kind, claim.id, result
+                )
                 continue
             self.stats["lost"] += 1
             log.warning("%s %s: %s", claim.effect.kind, claim.id, result)

@@ -726,6 +726,11 @@ class Database:
         """This process's write figures for this database (JSON-serialisable)."""
         return {"pid": os.getpid(), "path": self.path, **self._metrics.snapshot()}
 
+    def histograms(self) -> dict[str, Any]:
+        """The raw ``lock_wait`` and ``lock_hold`` histograms of ``metrics()``, to be
+        merged with other processes' (``fleetstore.metrics.Histogram.from_buckets``)."""
+        return self._metrics.export()
+
     def connection_report(self) -> list[dict[str, Any]]:
         """The settings each open connection of this process reports now."""
         self._check_process()

@@ -65,11 +65,13 @@ RETURNING id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attemp
           finished_at
 
 -- effect_for_settle: what a settlement checks before it writes
-SELECT thread_key, state, fence, lease_owner, attempt, max_attempts, errors FROM effects WHERE id = ?
+SELECT thread_key, state, fence, lease_owner, attempt, max_attempts, errors, dead_reason
+FROM effects WHERE id = ?
 
--- effect_heartbeat: extend a lease, only for the claim that holds it
-UPDATE effects SET lease_expires_at = :now + :lease, updated_at = :now
-WHERE id = :id AND fence = :fence AND state = 'running'
+-- effect_heartbeat: extend a lease, only for the claim that holds it; an effect a sweep put back to pending, and nobody claimed since, is taken back
+UPDATE effects
+SET state = 'running', lease_owner = :owner, lease_expires_at = :now + :lease, updated_at = :now
+WHERE id = :id AND fence = :fence AND state IN ('running', 'pending')
 RETURNING lease_expires_at
 
 -- effect_settle: a running (or pending) effect's new state; the caller checked the fence
@@ -77,17 +79,18 @@ UPDATE effects
 SET state = :state, is_head = :is_head, lease_owner = NULL, lease_expires_at = NULL,
     available_at = :available_at, result = :result, last_error = :error,
     dead_reason = :dead_reason, errors = :errors, attempt = :attempt,
-    finished_at = :finished_at, updated_at = :now
+    finished_at = :finished_at, updated_at = :now, fence = fence + :bump
 WHERE id = :id
 
 -- effect_requeue: an operator's retry: pending again at the end of its thread
 UPDATE effects
 SET state = 'pending', is_head = :is_head, seq = :seq, attempt = 0, available_at = :now,
-    dead_reason = NULL, finished_at = NULL, updated_at = :now
+    dead_reason = NULL, finished_at = NULL, updated_at = :now, fence = fence + 1
 WHERE id = :id
 
 -- effect_make_due: a pending effect may run now
-UPDATE effects SET available_at = min(available_at, ?), updated_at = ? WHERE id = ?
+UPDATE effects SET available_at = min(available_at, ?), updated_at = ?, fence = fence + 1
+WHERE id = ?
 
 -- effect_clear_head: the thread's head flag off (before another effect takes it)
 UPDATE effects SET is_head = 0 WHERE thread_key = ? AND is_head = 1
