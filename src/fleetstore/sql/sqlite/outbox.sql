@@ -38,8 +38,8 @@ INSERT INTO effects (id, thread_key, seq, kind, enc, payload, blob_sha, size, st
 VALUES (:id, :thread, :seq, :kind, :enc, :payload, :blob_sha, :size, 'pending', :is_head,
         0, :max_attempts, :replay_safe, :available_at, :key, :now, :now)
 
--- effect_next_ready: when the next claimable head becomes available (NULL: none)
-SELECT min(available_at) FROM effects
+-- effect_next_ready: when the next claimable head becomes available (NULL: none); INDEXED BY because without statistics the planner picks effects_by_state and reads every pending row (7 ms at 10,000 pending, inside the claim's transaction, against 10-20 us)
+SELECT min(available_at) FROM effects INDEXED BY effects_ready
 WHERE state = 'pending' AND is_head = 1
   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
 
@@ -53,7 +53,7 @@ UPDATE effects
 SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
     lease_expires_at = :now + :lease, started_at = :now, updated_at = :now
 WHERE id IN (
-    SELECT id FROM effects
+    SELECT id FROM effects INDEXED BY effects_ready
     WHERE state = 'pending' AND is_head = 1 AND available_at <= :now
       AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
     ORDER BY available_at, thread_key

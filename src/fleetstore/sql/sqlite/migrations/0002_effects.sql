@@ -40,8 +40,9 @@ CREATE TABLE effects (
 );
 CREATE UNIQUE INDEX effects_one_running ON effects(thread_key) WHERE state = 'running';
 CREATE UNIQUE INDEX effects_one_head ON effects(thread_key) WHERE is_head = 1;
--- Claims: ready heads in the order they became available.
-CREATE INDEX effects_ready ON effects(available_at) WHERE state = 'pending' AND is_head = 1;
+-- Claims: ready heads in the order they became available (the claim's ORDER BY).
+CREATE INDEX effects_ready ON effects(available_at, thread_key)
+    WHERE state = 'pending' AND is_head = 1;
 -- Sweeps: running rows by lease expiry.
 CREATE INDEX effects_leases ON effects(lease_expires_at) WHERE state = 'running';
 -- The next head of a thread once its head settles.
