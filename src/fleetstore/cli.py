@@ -499,7 +499,18 @@ Exit codes:
     "file", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=str)
 )
 @_store_option
-def import_command(file: str, store: str | None) -> None:
+@click.option(
+    "--from",
+    "source",
+    type=click.Choice(["fleetstore", "adk-sqlite"]),
+    default="fleetstore",
+    show_default=True,
+    envvar="FLEETSTORE_IMPORT_FROM",
+    show_envvar=True,
+    help="What FILE is: a `fleetstore export` file, or an ADK session database "
+    "(the SQLite file of ADK's DatabaseSessionService or SqliteSessionService).",
+)
+def import_command(file: str, store: str | None, source: str) -> None:
     """Import a file written by `fleetstore export` into a store (created if missing).
 
     The whole file is checked first: every record, every blob's hash and size,
@@ -509,6 +520,16 @@ def import_command(file: str, store: str | None) -> None:
     changes nothing; objects the store holds at an earlier stage (a lower version,
     a message still streaming) are brought forward. FILE '-' reads standard input.
     """
+    if source == "adk-sqlite":
+        from fleetstore.integrations.adk_import import run_cli
+
+        if file == "-":
+            raise click.UsageError("--from adk-sqlite reads a file, not standard input")
+        try:
+            code = run_cli(file, store)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+        sys.exit(code)
     import os
     import shutil
     import tempfile
