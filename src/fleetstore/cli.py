@@ -490,9 +490,11 @@ def export_command(sessions: tuple[str, ...], output: str, store: str | None) ->
     epilog="""\b
 Exit codes:
   0  the file was imported (importing it again changes nothing)
-  1  the file was rejected (malformed, damaged, truncated, hostile, a newer format)
-     or contradicts the store: nothing was imported; or the import stopped midway
-     (the store stayed locked past the write budget): importing again is safe
+  1  the file was rejected (malformed, damaged, truncated, hostile, a newer format;
+     with --from openai-agents-sqlite: not an SDK session database, a row that is not
+     a JSON object, a session the store holds with other items) or contradicts the
+     store: nothing was imported; or the import stopped midway (the store stayed
+     locked past the write budget): importing again is safe
   2  bad usage, or FILE does not exist""",
 )
 @click.argument(
@@ -502,13 +504,14 @@ Exit codes:
 @click.option(
     "--from",
     "source",
-    type=click.Choice(["fleetstore", "adk-sqlite"]),
+    type=click.Choice(["fleetstore", "adk-sqlite", "openai-agents-sqlite"]),
     default="fleetstore",
     show_default=True,
     envvar="FLEETSTORE_IMPORT_FROM",
     show_envvar=True,
-    help="What FILE is: a `fleetstore export` file, or an ADK session database "
-    "(the SQLite file of ADK's DatabaseSessionService or SqliteSessionService).",
+    help="What FILE is: a `fleetstore export` file, an ADK session database "
+    "(the SQLite file of ADK's DatabaseSessionService or SqliteSessionService), or an "
+    "OpenAI Agents SDK SQLiteSession database (tables agent_sessions, agent_messages).",
 )
 def import_command(file: str, store: str | None, source: str) -> None:
     """Import a file written by `fleetstore export` into a store (created if missing).
@@ -527,6 +530,16 @@ def import_command(file: str, store: str | None, source: str) -> None:
             raise click.UsageError("--from adk-sqlite reads a file, not standard input")
         try:
             code = run_cli(file, store)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+        sys.exit(code)
+    if source == "openai-agents-sqlite":
+        from fleetstore.integrations import openai_agents_import
+
+        if file == "-":
+            raise click.UsageError("--from openai-agents-sqlite reads a file, not standard input")
+        try:
+            code = openai_agents_import.run_cli(file, store)
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from None
         sys.exit(code)

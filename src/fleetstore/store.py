@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetstore import adk_ops as _adk_ops  # noqa: F401  registers the adk_* operations
+from fleetstore import agents_ops as _agents_ops  # noqa: F401  registers the agt_* operations
 from fleetstore import checkpoints as _checkpoints  # noqa: F401  registers the ckpt_* operations
 from fleetstore import errors, operations, sql
 from fleetstore import transfer as _transfer  # noqa: F401  registers the import operations
