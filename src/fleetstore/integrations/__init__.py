@@ -4,3 +4,37 @@ Each lives in its own module and imports its framework, which is an optional
 dependency (``pip install 'fleetstore[langgraph]'``): importing this package
 imports none of them.
 """
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fleetstore import errors
+from fleetstore.aio import AsyncStore
+from fleetstore.store import Store
+from fleetstore.store import open as open_store
+
+
+def adopt_store(
+    store: Store | AsyncStore | str | os.PathLike[str] | None, settings: dict[str, Any], what: str
+) -> tuple[Store, bool]:
+    """The ``Store`` an adapter works on, and whether the adapter owns it (opened it
+    from a path or URL, so closes it).  An open store (sync or async) is used as it
+    is: *settings* would be ignored, so they are refused."""
+    if isinstance(store, Store | AsyncStore):
+        if settings:
+            raise errors.ConfigError(
+                f"settings apply when the {what} opens the store; this one is open already"
+            )
+        return (store.sync if isinstance(store, AsyncStore) else store), False
+    return open_store(store, **settings), True
+
+
+def check_threads(threads: object) -> int:
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise errors.ConfigError(f"threads must be an integer >= 1, not {threads!r}")
+    return threads
+
+
+__all__ = ["adopt_store", "check_threads"]

@@ -72,9 +72,9 @@ from fleetstore.aio import AsyncStore, _bridge
 from fleetstore.engine.base import Tx
 from fleetstore.history import decode_value, encode_payload
 from fleetstore.ids import new_id
+from fleetstore.integrations import adopt_store, check_threads
 from fleetstore.operations import Operation, check_text, dump_json
 from fleetstore.store import Store
-from fleetstore.store import open as open_store
 
 T = TypeVar("T")
 log = logging.getLogger("fleetstore.adk")
@@ -215,18 +215,8 @@ class FleetstoreSessionService(BaseSessionService):
         threads: int = DEFAULT_THREADS,
         **settings: Any,
     ) -> None:
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-            raise errors.ConfigError(f"threads must be an integer >= 1, not {threads!r}")
-        if isinstance(store, Store | AsyncStore):
-            if settings:
-                raise errors.ConfigError(
-                    "settings apply when the service opens the store; this one is open already"
-                )
-            self.store = store.sync if isinstance(store, AsyncStore) else store
-            self._owns_store = False
-        else:
-            self.store = open_store(store, **settings)
-            self._owns_store = True
+        check_threads(threads)
+        self.store, self._owns_store = adopt_store(store, settings, "service")
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="fleetstore-adk")
         self._pending: list[_Pending] = []
         self._pending_lock = threading.Lock()

@@ -65,8 +65,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from fleetstore import errors
 from fleetstore.aio import AsyncStore, _bridge
 from fleetstore.checkpoints import ChannelValue, Checkpoints, StoredCheckpoint, version_key
+from fleetstore.integrations import adopt_store, check_threads
 from fleetstore.store import Store
-from fleetstore.store import open as open_store
 
 T = TypeVar("T")
 
@@ -95,18 +95,8 @@ class FleetstoreSaver(BaseCheckpointSaver[str]):
         **settings: Any,
     ) -> None:
         super().__init__(serde=serde)
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-            raise errors.ConfigError(f"threads must be an integer >= 1, not {threads!r}")
-        if isinstance(store, Store | AsyncStore):
-            if settings:
-                raise errors.ConfigError(
-                    "settings apply when the saver opens the store; this one is open already"
-                )
-            self.store = store.sync if isinstance(store, AsyncStore) else store
-            self._owns_store = False
-        else:
-            self.store = open_store(store, **settings)
-            self._owns_store = True
+        check_threads(threads)
+        self.store, self._owns_store = adopt_store(store, settings, "saver")
         try:
             self.checkpoints = Checkpoints(self.store, read_wait=read_wait)
         except BaseException:

@@ -53,8 +53,8 @@ from agents.memory.session_settings import SessionSettings
 from fleetstore import agents_ops, errors
 from fleetstore.agents_ops import AgentSession, SessionPage
 from fleetstore.aio import AsyncStore, _bridge
+from fleetstore.integrations import adopt_store
 from fleetstore.store import Store
-from fleetstore.store import open as open_store
 
 T = TypeVar("T")
 
@@ -145,20 +145,10 @@ class FleetstoreSession:
         self.read_wait = read_wait
         self._astore: AsyncStore | None = None
         self._own_executor: ThreadPoolExecutor | None = None
-        if isinstance(store, Store | AsyncStore):
-            if settings:
-                raise errors.ConfigError(
-                    "settings apply when the session opens the store; this one is open already"
-                )
-            if isinstance(store, AsyncStore):
-                self._astore = store
-                self.store = store.sync
-            else:
-                self.store = store
-            self._owns_store = False
-        else:
-            self.store = open_store(store, **settings)
-            self._owns_store = True
+        self.store, self._owns_store = adopt_store(store, settings, "session")
+        if isinstance(store, AsyncStore):
+            self._astore = store
+        elif self._owns_store:
             self._own_executor = ThreadPoolExecutor(1, thread_name_prefix="fleetstore-agents")
         self._lock = threading.Lock()
         self._last: concurrent.futures.Future[Any] | None = None
