@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,10 @@ _SHA = re.compile(r"[0-9a-f]{64}")
 # a file barely larger; on a 2-core machine that CPU, not the lock, raised other
 # agents' small-write p99 (benchmarks/bench_history.py, "cpu-only" variant).
 COMPRESSION_LEVEL = 1
+#: A reused blob file older than this (seconds) has its mtime set to now; a younger
+#: one is left as it is (importing a file twice changes nothing, not even mtimes).
+#: Blob garbage collection's grace must exceed the write budget plus this.
+TOUCH_AFTER = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,12 @@ class BlobStore:
             # file trusted by its name alone was never repaired by a later import
             # or merge of the same content (tests/test_history.py).
             if hashlib.sha256(_unpack(packed, len(data), "")).hexdigest() == sha:
+                # Made young before the caller's transaction refers to it: blob garbage
+                # collection deletes only files older than a grace beyond the write
+                # budget plus TOUCH_AFTER, and puts back a file touched while it looked
+                # (fleetstore/ops/maintain.py).  Gone meanwhile (collected): written anew.
+                if time.time() - target.stat().st_mtime >= TOUCH_AFTER:
+                    os.utime(target)
                 return BlobRef(sha, len(data), len(packed))
         packed = zstandard.ZstdCompressor(
             level=COMPRESSION_LEVEL, write_content_size=True

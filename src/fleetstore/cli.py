@@ -18,6 +18,8 @@ import fleetstore
 from fleetstore.errors import ConfigError, FleetstoreError
 from fleetstore.ops import lockdriver, stress
 from fleetstore.ops.doctor import doctor_command
+from fleetstore.ops.maintain_cli import maintain_command
+from fleetstore.ops.sessions_cli import sessions, stats_command
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -1123,3 +1125,6 @@ def top(path: str | None, interval: float, count: int | None, as_json: bool) -> 
 
 
 main.add_command(doctor_command, "doctor")
+main.add_command(maintain_command)
+main.add_command(sessions)
+main.add_command(stats_command)

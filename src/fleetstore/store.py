@@ -25,6 +25,7 @@ from fleetstore import adk_ops as _adk_ops  # noqa: F401  registers the adk_* op
 from fleetstore import agents_ops as _agents_ops  # noqa: F401  registers the agt_* operations
 from fleetstore import checkpoints as _checkpoints  # noqa: F401  registers the ckpt_* operations
 from fleetstore import errors, operations, sql
+from fleetstore import maintenance as _maintenance  # noqa: F401  registers the mnt_* operations
 from fleetstore import transfer as _transfer  # noqa: F401  registers the import operations
 from fleetstore.blobs import BlobStore
 from fleetstore.engine.base import Tx
