@@ -557,11 +557,11 @@ class Database:
             self._checkpoint_due = False
             self.checkpoint()
 
-    def checkpoint(self) -> tuple[int, int]:
+    def checkpoint(self, *, truncate: bool = False) -> tuple[int, int]:
         """Passive checkpoint, outside the gate; then, if the WAL is past
-        ``truncate_bytes`` and no reader holds frames back, one non-waiting try to
-        truncate it.  Returns (frames in the WAL, frames checkpointed); (-1, -1) if
-        another checkpoint was already running."""
+        ``truncate_bytes`` (or *truncate*: whatever its size) and no reader holds
+        frames back, one non-waiting try to truncate it.  Returns (frames in the
+        WAL, frames checkpointed); (-1, -1) if another checkpoint was already running."""
         self._check_process()
         if not self._checkpoint_lock.acquire(blocking=False):
             return (-1, -1)
@@ -581,7 +581,8 @@ class Database:
                 # TRUNCATE holds SQLite's write lock through a full backfill and an
                 # fsync (22-28 ms stalls of the gate holder, measured): only for a WAL
                 # file grown large, e.g. while a reader pinned it, and fully copied.
-                if done == log and self._wal_file_bytes() >= self.settings.truncate_bytes:
+                limit = 1 if truncate else self.settings.truncate_bytes
+                if done == log and self._wal_file_bytes() >= limit:
                     conn.setbusytimeout(0)
                     try:
                         log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)

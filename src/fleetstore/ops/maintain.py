@@ -428,16 +428,11 @@ def _checkpoint(db: Database, step: Step, dry_run: bool) -> None:
         step.status = "dry-run"
         step.summary = f"would checkpoint a {_size(wal)} WAL (truncated if no reader blocks it)"
         return
-    # The engine truncates only past truncate_bytes; maintenance asks for it whatever
-    # the size, still only when every frame was copied, i.e. no reader blocks it.
-    settings = db.settings
-    db.settings = settings.replace(truncate_bytes=1)
-    try:
-        started = time.monotonic()
-        log, done = db.checkpoint()
-        step.detail["checkpoint_seconds"] = time.monotonic() - started
-    finally:
-        db.settings = settings
+    # Truncated whatever its size, but still only when every frame was copied,
+    # i.e. no reader blocks it.
+    started = time.monotonic()
+    log, done = db.checkpoint(truncate=True)
+    step.detail["checkpoint_seconds"] = time.monotonic() - started
     after = _file_size(db.path + "-wal")
     step.detail.update(wal_frames=log, checkpointed=done, wal_bytes_after=after)
     if log < 0:
