@@ -302,7 +302,7 @@ class Worker:
                     active = await self._call(self.store.effects.active, kinds)
                     if not active:
                         return
-                await self._sleep(self.poll_interval)
+                await self._sleep(self._idle_wait())
                 continue
             wait = ready - time.time()
             if wait > 0:
@@ -327,6 +327,15 @@ class Worker:
             if not claims:
                 # Another worker took it first: look again soon, not in a tight loop.
                 await self._sleep(random.uniform(0.002, 0.01))
+
+    def _idle_wait(self) -> float:
+        """A poll interval with jitter.  Without it, idle workers fall into step with
+        the effects they ran (each looks again right after its last one), so with
+        steady arrivals every worker looks just after an arrival and the next effect
+        waits most of an interval: bench_outbox measured p50 38 ms at 8 workers and
+        20 effects/s with a fixed 100 ms interval, 8-10 ms with jitter.  Between half
+        and all of it, so that ``poll_interval`` stays the longest an idle worker waits."""
+        return self.poll_interval * random.uniform(0.5, 1.0)
 
     def _claim(self, limit: int, kinds: list[str]) -> list[Claim]:
         return self.store.effects.claim(self.owner, limit=limit, lease=self.lease, kinds=kinds)
