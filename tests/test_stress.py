@@ -67,9 +67,11 @@ def test_budget_shorter_than_an_outside_lock_fails_the_verdict(tmp_path: Path) -
     code, report, stderr = stress(
         tmp_path,
         "--agents", "3",
-        "--duration", "2.5",
+        # The lock outlasts the run's end by a margin: on a loaded machine its process
+        # may take seconds to start, and a run that ended first would see no failure.
+        "--duration", "5",
         "--write-budget", "0.5",
-        "--external-lock", "3@0.5",
+        "--external-lock", "6@0.5",
         "--path", str(tmp_path / "busy.db"),
     )  # fmt: skip
     assert code == 1, stderr
