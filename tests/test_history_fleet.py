@@ -441,7 +441,10 @@ def test_history_fleet_kill9_keeps_every_acknowledged_operation(
 
     parsed = [read_log(logs[i], i, i in VICTIMS) for i in range(FLEET)]
     for log in parsed:
-        assert log.reply_ack_times, f"agent {log.agent} acknowledged no reply"
+        # A victim may die in its first reply (a big output can come at any reply).
+        assert log.reply_ack_times or (log.killed and log.ack_counts["open"]), (
+            f"agent {log.agent} acknowledged no reply"
+        )
         if not log.killed:
             # The survivor's own count matches its log: the log is what it did.
             counts = summaries[log.agent]

@@ -84,7 +84,7 @@ def test_budget_shorter_than_an_outside_lock_fails_the_verdict(tmp_path: Path) -
     assert report["lost"] == report["duplicated"] == report["failed_but_present"] == 0
     assert report["integrity"] == "ok"
     (lock,) = report["external_locks"]
-    assert lock["spec"] == "3@0.5"
+    assert lock["spec"] == "6@0.5"
     assert lock["locked_at"] is not None and lock["locked_at"] >= 0.5
     assert lock["exit_code"] == 0
 
