@@ -235,7 +235,8 @@ class Effect:
     idempotency_key: str | None = None
     result: Any = None
     last_error: str | None = None
-    #: Why a dead effect is dead: ``failed``, ``attempts_exhausted``, ``not_replay_safe``.
+    #: Why a dead effect is dead: ``failed``, ``interrupted``, ``attempts_exhausted``,
+    #: ``not_replay_safe``.
     dead_reason: str | None = None
     errors: tuple[EffectError, ...] = ()
     created_at: float = 0.0

@@ -7,8 +7,9 @@ the whole previous snapshot or the whole new one, never half.  The file is
 removed when the store closes; one left by a process that died is recognised by
 its PID (and the process start time, against PID reuse) and ignored.
 
-Cost (measured in benchmarks/bench_top.py): about 0.1 ms of one thread per
-second per process; nothing on the write path.
+Cost, measured on the development machine: about 0.4 ms of one thread per
+second per process (a ~1 KB JSON file written and renamed); nothing on the write
+path (3,000 appends: 175 us each without the publisher, 167 us with, noise).
 """
 
 from __future__ import annotations
