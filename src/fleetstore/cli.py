@@ -506,14 +506,15 @@ Exit codes:
 @click.option(
     "--from",
     "source",
-    type=click.Choice(["fleetstore", "adk-sqlite", "openai-agents-sqlite"]),
+    type=click.Choice(["fleetstore", "adk-sqlite", "openai-agents-sqlite", "langgraph-sqlite"]),
     default="fleetstore",
     show_default=True,
     envvar="FLEETSTORE_IMPORT_FROM",
     show_envvar=True,
     help="What FILE is: a `fleetstore export` file, an ADK session database "
     "(the SQLite file of ADK's DatabaseSessionService or SqliteSessionService), or an "
-    "OpenAI Agents SDK SQLiteSession database (tables agent_sessions, agent_messages).",
+    "OpenAI Agents SDK SQLiteSession database (tables agent_sessions, agent_messages), "
+    "or a LangGraph SqliteSaver checkpoint file (tables checkpoints, writes).",
 )
 def import_command(file: str, store: str | None, source: str) -> None:
     """Import a file written by `fleetstore export` into a store (created if missing).
@@ -542,6 +543,16 @@ def import_command(file: str, store: str | None, source: str) -> None:
             raise click.UsageError("--from openai-agents-sqlite reads a file, not standard input")
         try:
             code = openai_agents_import.run_cli(file, store)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+        sys.exit(code)
+    if source == "langgraph-sqlite":
+        from fleetstore.integrations import langgraph_import
+
+        if file == "-":
+            raise click.UsageError("--from langgraph-sqlite reads a file, not standard input")
+        try:
+            code = langgraph_import.run_cli(file, store)
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from None
         sys.exit(code)
