@@ -23,9 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("google.adk")
-
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions

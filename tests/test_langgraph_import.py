@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
-
-pytest.importorskip("langgraph.checkpoint.sqlite")
-
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
