@@ -487,6 +487,14 @@ def export_command(sessions: tuple[str, ...], output: str, store: str | None) ->
     )
 
 
+#: ``fleetstore import --from X``: the module of fleetstore.integrations whose run_cli reads X.
+_FOREIGN_IMPORTERS = {
+    "adk-sqlite": "adk_import",
+    "openai-agents-sqlite": "openai_agents_import",
+    "langgraph-sqlite": "langgraph_import",
+}
+
+
 @main.command(
     name="import",
     epilog="""\b
@@ -506,7 +514,7 @@ Exit codes:
 @click.option(
     "--from",
     "source",
-    type=click.Choice(["fleetstore", "adk-sqlite", "openai-agents-sqlite", "langgraph-sqlite"]),
+    type=click.Choice(["fleetstore", *_FOREIGN_IMPORTERS]),
     default="fleetstore",
     show_default=True,
     envvar="FLEETSTORE_IMPORT_FROM",
@@ -526,33 +534,14 @@ def import_command(file: str, store: str | None, source: str) -> None:
     changes nothing; objects the store holds at an earlier stage (a lower version,
     a message still streaming) are brought forward. FILE '-' reads standard input.
     """
-    if source == "adk-sqlite":
-        from fleetstore.integrations.adk_import import run_cli
+    if source in _FOREIGN_IMPORTERS:
+        import importlib
 
         if file == "-":
-            raise click.UsageError("--from adk-sqlite reads a file, not standard input")
+            raise click.UsageError(f"--from {source} reads a file, not standard input")
+        importer = importlib.import_module(f"fleetstore.integrations.{_FOREIGN_IMPORTERS[source]}")
         try:
-            code = run_cli(file, store)
-        except ConfigError as exc:
-            raise click.UsageError(str(exc)) from None
-        sys.exit(code)
-    if source == "openai-agents-sqlite":
-        from fleetstore.integrations import openai_agents_import
-
-        if file == "-":
-            raise click.UsageError("--from openai-agents-sqlite reads a file, not standard input")
-        try:
-            code = openai_agents_import.run_cli(file, store)
-        except ConfigError as exc:
-            raise click.UsageError(str(exc)) from None
-        sys.exit(code)
-    if source == "langgraph-sqlite":
-        from fleetstore.integrations import langgraph_import
-
-        if file == "-":
-            raise click.UsageError("--from langgraph-sqlite reads a file, not standard input")
-        try:
-            code = langgraph_import.run_cli(file, store)
+            code = importer.run_cli(file, store)
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from None
         sys.exit(code)
@@ -1021,7 +1010,8 @@ Exit codes:
     type=click.FloatRange(min=0.001),
     default=0.1,
     show_default=True,
-    help="Seconds between looks for ready effects when idle.",
+    help="The longest an idle worker waits between looks for ready effects "
+    "(a random half to whole of it).",
     **_env("worker", "poll-interval"),
 )
 @click.option(

@@ -8,7 +8,9 @@ imports none of them.
 from __future__ import annotations
 
 import os
-from typing import Any
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fleetstore import errors
 from fleetstore.aio import AsyncStore
@@ -31,10 +33,43 @@ def adopt_store(
     return open_store(store, **settings), True
 
 
+T = TypeVar("T")
+
+
+def run_import(
+    store: str | None,
+    do_import: Callable[[Store], T],
+    describe: Callable[[T], str],
+    stopped: str = "the import stopped midway",
+) -> int:
+    """The body of ``fleetstore import --from <framework> FILE``: opens *store*,
+    runs *do_import* on it, prints ``describe(summary)`` (stdout) or the reason
+    (stderr), and returns the exit code (0 imported and verified; 1 rejected with
+    nothing written, stopped midway, or not verified).  ``ConfigError`` (a bad
+    ``--store``) is raised for the command to report as bad usage."""
+    try:
+        with open_store(store) as opened:
+            summary = do_import(opened)
+    except errors.ConfigError:
+        raise
+    except errors.StoreBusy as exc:
+        print(
+            f"fleetstore import: {exc}; {stopped} (what was imported stays; "
+            "importing the file again is safe)",
+            file=sys.stderr,
+        )
+        return 1
+    except (errors.FleetstoreError, OSError) as exc:
+        print(f"fleetstore import: {exc}", file=sys.stderr)
+        return 1
+    print(describe(summary))
+    return 0
+
+
 def check_threads(threads: object) -> int:
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise errors.ConfigError(f"threads must be an integer >= 1, not {threads!r}")
     return threads
 
 
-__all__ = ["adopt_store", "check_threads"]
+__all__ = ["adopt_store", "check_threads", "run_import"]

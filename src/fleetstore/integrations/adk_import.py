@@ -446,30 +446,10 @@ def summary_line(summary: AdkImportSummary) -> str:
 
 
 def run_cli(file: str, store: str | None) -> int:
-    """The body of ``fleetstore import --from adk-sqlite FILE``: prints the summary
-    (stdout) or the reason (stderr); returns the exit code (0 imported and verified,
-    1 rejected with nothing written, stopped midway, or not verified)."""
-    import sys
+    """The body of ``fleetstore import --from adk-sqlite FILE`` (see ``run_import``)."""
+    from fleetstore.integrations import run_import
 
-    from fleetstore.store import open as open_store
-
-    try:
-        with open_store(store) as opened:
-            summary = import_adk_sqlite(opened, file)
-    except errors.ConfigError:
-        raise  # bad usage: the command's to report
-    except errors.StoreBusy as exc:
-        print(
-            f"fleetstore import: {exc}; the import stopped midway (what was imported stays; "
-            "importing the file again is safe)",
-            file=sys.stderr,
-        )
-        return 1
-    except (errors.FleetstoreError, OSError) as exc:
-        print(f"fleetstore import: {exc}", file=sys.stderr)
-        return 1
-    print(summary_line(summary))
-    return 0
+    return run_import(store, lambda opened: import_adk_sqlite(opened, file), summary_line)
 
 
 __all__ = ["AdkImportSummary", "import_adk_sqlite", "run_cli", "summary_line"]

@@ -360,31 +360,16 @@ def _verify(store: Store, plans: Sequence[_Plan]) -> int:
 
 
 def run_cli(file: str, store: str | None, *, skip_invalid: bool = False) -> int:
-    """The body of ``fleetstore import --from openai-agents-sqlite FILE``: prints the
-    summary (stdout) or the reason (stderr); returns the exit code (0 imported and
-    verified; 1 rejected with nothing written, stopped midway, or not verified).
-    ``ConfigError`` (a bad ``--store``) is raised for the command to report."""
-    import sys
+    """The body of ``fleetstore import --from openai-agents-sqlite FILE`` (see
+    ``run_import``); it stops, if the store stays locked, between two batches."""
+    from fleetstore.integrations import run_import
 
-    from fleetstore.store import open as open_store
-
-    try:
-        with open_store(store) as opened:
-            summary = import_sqlite(opened, file, skip_invalid=skip_invalid)
-    except errors.ConfigError:
-        raise
-    except errors.StoreBusy as exc:
-        print(
-            f"fleetstore import: {exc}; the import stopped between two batches (what was "
-            "imported stays; importing the file again is safe)",
-            file=sys.stderr,
-        )
-        return 1
-    except (errors.FleetstoreError, OSError) as exc:
-        print(f"fleetstore import: {exc}", file=sys.stderr)
-        return 1
-    print(f"fleetstore import: {summary.describe()}")
-    return 0
+    return run_import(
+        store,
+        lambda opened: import_sqlite(opened, file, skip_invalid=skip_invalid),
+        lambda summary: f"fleetstore import: {summary.describe()}",
+        stopped="the import stopped between two batches",
+    )
 
 
 __all__ = [
