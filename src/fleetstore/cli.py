@@ -17,6 +17,11 @@ import click
 import fleetstore
 from fleetstore.errors import ConfigError, FleetstoreError
 from fleetstore.ops import lockdriver, stress
+from fleetstore.ops.cliutil import ProgressBars as _ProgressBars
+from fleetstore.ops.cliutil import env as _env
+from fleetstore.ops.cliutil import existing_store as _existing_store
+from fleetstore.ops.cliutil import size as _size
+from fleetstore.ops.cliutil import store_option as _store_option
 from fleetstore.ops.doctor import doctor_command
 from fleetstore.ops.maintain_cli import maintain_command
 from fleetstore.ops.sessions_cli import sessions, stats_command
@@ -367,69 +372,6 @@ def recover(path: str | None, write_budget: float | None, as_json: bool) -> None
 
 # -- export / import / merge (fleetstore.transfer) -------------------------------------------
 
-_STORE_HELP = (
-    "The store: its file, a directory holding fleetstore.db, or sqlite:///absolute/path. "
-    "Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db."
-)
-_store_option = click.option(
-    "--store",
-    metavar="PATH",
-    default=None,
-    envvar="FLEETSTORE_URL",
-    show_envvar=True,
-    help=_STORE_HELP,
-)
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{n} B"
-
-
-class _ProgressBars:
-    """A click progress bar per stage, on stderr, only when stderr is a terminal."""
-
-    def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
-        self._bar: click._termui_impl.ProgressBar[int] | None = None
-        self._stage = ""
-        self._pos = 0
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if stage != self._stage:
-            self.close()
-            self._bar = click.progressbar(length=max(total, 1), label=stage, file=sys.stderr)
-            self._stage, self._pos = stage, 0
-        assert self._bar is not None
-        self._bar.update(max(done - self._pos, 0))
-        self._pos = max(done, self._pos)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.render_finish()
-            self._bar = None
-            self._stage = ""
-
-
-def _existing_store(command: str, store: str | None) -> str:
-    """The store's path; exit 2 if there is none (export and merge never create a source)."""
-    from fleetstore.store import resolve_target
-
-    try:
-        path = resolve_target(store)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    if not path.is_file():
-        click.echo(f"fleetstore {command}: no store at {path} (nothing was created)", err=True)
-        sys.exit(2)
-    return str(path)
-
 
 @main.command(
     name="export",
@@ -676,12 +618,6 @@ _EFFECT_STATES = [s.value for s in fleetstore.EffectState]
 
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _env(command: str, option: str) -> dict[str, Any]:
-    """``envvar``/``show_envvar`` for an option: FLEETSTORE_<COMMAND>_<OPTION>."""
-    name = f"FLEETSTORE_{command}_{option}".upper().replace("-", "_").replace(" ", "_")
-    return {"envvar": name, "show_envvar": True}
 
 
 def _json_flag(command: str) -> Callable[[F], F]:

@@ -77,6 +77,7 @@ from fleetstore.blobs import TOUCH_AFTER
 from fleetstore.engine.base import Tx
 from fleetstore.engine.sqlite import Database, WriteTx
 from fleetstore.operations import Operation
+from fleetstore.ops.cliutil import size as _size
 from fleetstore.settings import Settings
 
 T = TypeVar("T")
@@ -450,15 +451,6 @@ def _file_size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
-
-
-def _size(n: float) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{n} B"
 
 
 # -- the store steps -----------------------------------------------------------------------------

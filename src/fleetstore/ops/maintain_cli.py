@@ -9,12 +9,7 @@ import click
 
 from fleetstore import errors
 from fleetstore.ops import maintain as _maintain
-
-
-def env(command: str, option: str) -> dict[str, Any]:
-    """``envvar``/``show_envvar`` for an option: FLEETSTORE_<COMMAND>_<OPTION>."""
-    name = f"FLEETSTORE_{command}_{option}".upper().replace("-", "_").replace(" ", "_")
-    return {"envvar": name, "show_envvar": True}
+from fleetstore.ops.cliutil import ProgressBars, env
 
 
 class Age(click.ParamType):  # type: ignore[type-arg]
@@ -40,32 +35,6 @@ class OptionalAge(Age):
         if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
             return None
         return super().convert(value, param, ctx)
-
-
-class ProgressBars:
-    """A click progress bar per stage, on stderr, only when stderr is a terminal."""
-
-    def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
-        self._bar: Any = None
-        self._stage = ""
-        self._pos = 0
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if stage != self._stage:
-            self.close()
-            self._bar = click.progressbar(length=max(total, 1), label=stage, file=sys.stderr)
-            self._stage, self._pos = stage, 0
-        self._bar.update(max(done - self._pos, 0))
-        self._pos = max(done, self._pos)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.render_finish()
-            self._bar = None
-            self._stage = ""
 
 
 _EXIT = """\b
@@ -191,4 +160,4 @@ def maintain_command(
     sys.exit(0 if report.ok else 1)
 
 
-__all__ = ["Age", "OptionalAge", "ProgressBars", "env", "maintain_command"]
+__all__ = ["Age", "OptionalAge", "maintain_command"]

@@ -18,38 +18,15 @@ import fleetstore
 from fleetstore import errors
 from fleetstore.engine.base import Tx
 from fleetstore.ops import maintain as _maintain
-from fleetstore.ops.maintain_cli import ProgressBars, env
-
-_STORE_HELP = (
-    "The store: its file, a directory holding fleetstore.db, or sqlite:///absolute/path. "
-    "Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db."
-)
-
-
-def _store_option(fn: Any) -> Any:
-    option = click.option(
-        "--store",
-        metavar="PATH",
-        default=None,
-        envvar="FLEETSTORE_URL",
-        show_envvar=True,
-        help=_STORE_HELP,
-    )
-    return option(fn)
+from fleetstore.ops.cliutil import ProgressBars, env, existing_store
+from fleetstore.ops.cliutil import size as _size
+from fleetstore.ops.cliutil import store_option as _store_option
 
 
 @contextmanager
 def _opened(command: str, store: str | None) -> Iterator[fleetstore.Store]:
     """The existing store (exit 2 if there is none: nothing is created)."""
-    from fleetstore.store import resolve_target
-
-    try:
-        path = resolve_target(store)
-    except errors.ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    if not path.is_file():
-        click.echo(f"fleetstore {command}: no store at {path} (nothing was created)", err=True)
-        sys.exit(2)
+    path = existing_store(command, store)
     try:
         opened = fleetstore.open(path)
     except (errors.FleetstoreError, OSError) as exc:
@@ -68,10 +45,6 @@ def _when(t: float | None) -> str:
     if t is None:
         return "-"
     return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M")
-
-
-def _size(n: float) -> str:
-    return _maintain._size(n)
 
 
 def _since(text: str | None) -> float | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from fleetstore.metrics import Histogram
+from fleetstore.ops.cliutil import size as _size
 from fleetstore.procstats import Published, read_published
 
 
@@ -170,15 +171,6 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
         result.writes_per_s = total_rate
         result.wait_p99 = merged.quantile(0.99) if merged.export()["n"] else None
     return result
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{n} B"
 
 
 def _ms(seconds: float | None) -> str:
