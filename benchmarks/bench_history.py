@@ -82,7 +82,7 @@ from typing import Any
 
 import apsw
 
-from benchlib import loadavg, no_nan, pct, proc_stat, sleep_until
+from benchlib import loadavg, pct, print_report, proc_stat, save_results, sleep_until
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -869,10 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, help="run nothing: print the tables of a --json file")
     args = ap.parse_args(argv)
     if args.report:
-        md = markdown(json.loads(args.report.read_text()))
-        print(md)
-        if args.markdown:
-            args.markdown.write_text(md)
+        print_report(args.report, markdown, args.markdown)
         return 0
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -927,14 +924,8 @@ def main(argv: list[str] | None = None) -> int:
     info["wall_s"] = round(time.monotonic() - t0, 1)
     doc["targets"] = targets(doc)
     md = markdown(doc)
-    print(f"\n# done in {info['wall_s']:g} s\n\n{md}")
     out = args.json or BENCH_DIR / "results" / f"history-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(no_nan(doc), indent=2) + "\n")
-    print(f"# figures in {out}")
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(md)
+    save_results(doc, md, info["wall_s"], out, args.markdown)
     return 0
 
 

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_history import machine_info
-from benchlib import loadavg, no_nan, pct, proc_stat, sleep_until
+from benchlib import loadavg, pct, print_report, proc_stat, save_results, sleep_until
 
 BENCH_DIR = Path(__file__).resolve().parent
 AGENT = str(BENCH_DIR / "integrations_agent.py")
@@ -462,10 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, help="run nothing: print the tables of a --json file")
     args = ap.parse_args(argv)
     if args.report:
-        md = markdown(json.loads(args.report.read_text()))
-        print(md)
-        if args.markdown:
-            args.markdown.write_text(md)
+        print_report(args.report, markdown, args.markdown)
         return 0
     frameworks = [f for f in args.frameworks.split(",") if f]
     for f in frameworks:
@@ -509,14 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     info["loadavg_at_end"] = loadavg()
     info["wall_s"] = round(time.monotonic() - t0, 1)
     md = markdown(doc)
-    print(f"\n# done in {info['wall_s']:g} s\n\n{md}")
     out = args.json or BENCH_DIR / "results" / f"integrations-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(no_nan(doc), indent=2) + "\n")
-    print(f"# figures in {out}")
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(md)
+    save_results(doc, md, info["wall_s"], out, args.markdown)
     bad = [
         r
         for r in doc["rows"]

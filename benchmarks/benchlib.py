@@ -1,9 +1,11 @@
-"""Pieces both fleet benchmarks use: percentiles, pacing, machine figures, JSON."""
+"""Pieces the fleet benchmarks share: percentiles, pacing, machine figures, results files."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +59,24 @@ def no_nan(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [no_nan(v) for v in value]
     return value
+
+
+def print_report(path: Path, markdown: Callable[[dict[str, Any]], str], out: Path | None) -> None:
+    """``--report``: the tables of a results file, printed (and written to *out*)."""
+    md = markdown(json.loads(path.read_text()))
+    print(md)
+    if out:
+        out.write_text(md)
+
+
+def save_results(
+    doc: dict[str, Any], md: str, wall_s: float, json_path: Path, md_path: Path | None
+) -> None:
+    """Print the tables, write the figures to *json_path* (and the tables to *md_path*)."""
+    print(f"\n# done in {wall_s:g} s\n\n{md}")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(no_nan(doc), indent=2) + "\n")
+    print(f"# figures in {json_path}")
+    if md_path:
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(md)
