@@ -351,6 +351,16 @@ def test_not_replay_safe_effects_lost_mid_run_go_dead_and_the_thread_continues(
     assert claim_one(store).id == after  # the documented rule: the thread moves on
 
 
+def test_sweeps_keep_the_last_20_errors_like_settlements(store: Store) -> None:
+    eid = store.effects.enqueue("t", "k", max_attempts=30)
+    for _ in range(25):
+        expire(store, claim_one(store).id)
+        store.effects.sweep()
+    got = store.effects.get(eid)
+    assert (got.state, got.attempt) == ("pending", 25)
+    assert [e.attempt for e in got.errors] == list(range(6, 26))
+
+
 def test_a_declared_replay_safe_kind_can_be_overridden_per_effect(store: Store) -> None:
     store.effects.declare({"k": True})
     e = store.effects.enqueue("t", "k", replay_safe=False)

@@ -333,7 +333,7 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
 
 @register("sweep_effects", logged=False)
 def _sweep_effects(tx: Tx, q: Queries, a: Args) -> Result:
-    swept = tx.execute(q["effect_sweep"], {"now": float(a["now"])})
+    swept = tx.execute(q["effect_sweep"], {"now": float(a["now"]), "kept": ERRORS_KEPT})
     for thread in sorted({thread for _id, thread, state in swept if state == "dead"}):
         _advance_head(tx, q, thread)
     return {"swept": [(eid, state) for eid, _thread, state in swept]}

@@ -112,8 +112,12 @@ SET state = v.verdict,
     available_at = :now,
     last_error = v.message,
     dead_reason = v.dead_reason,
-    errors = json_insert(effects.errors, '$[#]', json_object(
-        'attempt', effects.attempt, 'error', v.message, 'at', :now, 'owner', effects.lease_owner)),
+    errors = json_insert(
+        CASE WHEN json_array_length(effects.errors) >= :kept
+             THEN json_remove(effects.errors, '$[0]') ELSE effects.errors END,
+        '$[#]',
+        json_object('attempt', effects.attempt, 'error', v.message, 'at', :now,
+                    'owner', effects.lease_owner)),
     finished_at = CASE WHEN v.verdict = 'dead' THEN :now END,
     updated_at = :now
 FROM (
