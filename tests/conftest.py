@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 
 import fleetstore
+import pgserver
 from fleetstore import Store
+from pgserver import PgServer
 
 AGENT = str(Path(__file__).with_name("fleet_agent.py"))
 
@@ -213,31 +215,59 @@ def store_path(tmp_path: Path) -> str:
 
 
 # -- the store contract fixtures: every contract test opens stores through these, so the
-# suite can run unchanged on each engine (only SQLite today).
+# suite runs unchanged on each engine.
 
 OpenStore = Callable[..., Store]
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """A throwaway PostgreSQL server (tests/pgserver.py), one per test process, or the
+    one FLEETSTORE_TEST_PG_URL names.  Never skipped: a machine without PostgreSQL
+    fails these tests (.ci/run installs it)."""
+    with pgserver.server() as srv:
+        yield srv
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> Iterator[str]:
+    """A fresh, empty database on the test server; dropped after the test."""
+    url = pg_server.create_database()
+    yield url
+    pg_server.drop_database(url.rsplit("/", 1)[1])
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
 def engine(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
-def open_store(tmp_path: Path, engine: str) -> Iterator[OpenStore]:
-    """``open_store(name="s.db", **settings)``: a store on a file under tmp_path,
-    closed when the test ends."""
+def open_store(tmp_path: Path, engine: str, request: pytest.FixtureRequest) -> Iterator[OpenStore]:
+    """``open_store(name="s.db", **settings)``: a store (a file under tmp_path, or a
+    database of its own on the test server, one per name), closed when the test ends."""
     opened: list[Store] = []
+    databases: dict[str, str] = {}
 
     def _open(name: str = "s.db", **settings: Any) -> Store:
-        assert engine == "sqlite"
-        store = fleetstore.open(tmp_path / name, **settings)
+        if engine == "sqlite":
+            store = fleetstore.open(tmp_path / name, **settings)
+        else:
+            server: PgServer = request.getfixturevalue("pg_server")
+            if name not in databases:
+                databases[name] = server.create_database()
+            settings.setdefault("local_dir", str(tmp_path / f"{name}.local"))
+            store = fleetstore.open(databases[name], **settings)
         opened.append(store)
         return store
 
     yield _open
     for store in reversed(opened):
         store.close()
+    if databases:
+        server = request.getfixturevalue("pg_server")
+        for url in databases.values():
+            server.drop_database(url.rsplit("/", 1)[1])
 
 
 @pytest.fixture

@@ -1240,7 +1240,7 @@ def test_open_paths_urls_and_directories(tmp_path: Path, clean_env: pytest.Monke
 
 @pytest.mark.parametrize(
     "target",
-    ["postgres://localhost/db", "mysql:///x", "sqlite://relative/path.db", "sqlite://", ""],
+    ["redis://localhost/db", "mysql:///x", "sqlite://relative/path.db", "sqlite://", ""],
 )
 def test_open_refuses_what_it_cannot_open(
     tmp_path: Path, clean_env: pytest.MonkeyPatch, target: str

@@ -674,6 +674,10 @@ class AsyncEffects:
         """``Effects.counts``."""
         return await self._owner._run(self.sync.counts)
 
+    async def wait_for_work(self, timeout: float) -> bool:
+        """``Effects.wait_for_work``."""
+        return await self._owner._run(lambda: self.sync.wait_for_work(timeout))
+
     async def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
         """``Effects.next_ready``."""
         return await self._owner._run(lambda: self.sync.next_ready(kinds))

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -153,6 +154,13 @@ class BlobStore:
             return False
         return True
 
+    def exists(self, sha256: str) -> bool:
+        return self.path(sha256).exists()
+
+    def describe(self, sha256: str) -> str:
+        """Where the blob lives, for messages."""
+        return str(self.path(sha256))
+
     def __iter__(self) -> Iterator[str]:
         """The hashes of every blob file present."""
         if not self.directory.is_dir():
@@ -162,6 +170,113 @@ class BlobStore:
                 for f in sorted(sub.iterdir()):
                     if _SHA.fullmatch(f.name):
                         yield f.name
+
+
+#: Blob bytes in the database are cut in chunks of this size: one row never holds a
+#: 256 MB value, and a read streams row by row.
+CHUNK_BYTES = 1024 * 1024
+
+
+class DbBlobStore:
+    """The blobs of a store on a database server (PostgreSQL): the compressed bytes in
+    ``blob_chunks`` rows, so every host sees them.  Same interface, limits, codec
+    and hashes as the files of a SQLite store; written in a transaction of their own
+    before the one that refers to them, as the files are."""
+
+    def __init__(self, store: Any, max_bytes: int) -> None:
+        self._store = store
+        self.max_bytes = max_bytes
+
+    def _q(self, name: str) -> str:
+        return str(self._store.queries[name])
+
+    def put(self, data: bytes) -> BlobRef:
+        if len(data) > self.max_bytes:
+            raise errors.PayloadTooLarge(
+                f"payload of {len(data):,} bytes is over max_payload_bytes ({self.max_bytes:,})"
+            )
+        sha = hashlib.sha256(data).hexdigest()
+        stored = self._stored_size(sha)
+        if stored:
+            return BlobRef(sha, len(data), stored)
+        packed = zstandard.ZstdCompressor(
+            level=COMPRESSION_LEVEL, write_content_size=True
+        ).compress(data)
+        self._write(sha, packed)
+        return BlobRef(sha, len(data), len(packed))
+
+    def _stored_size(self, sha: str) -> int:
+        rows = self._store.db.read(lambda tx: tx.execute(self._q("blobdata_exists"), (sha,)))
+        return int(rows[0][1]) if rows and rows[0][0] else 0
+
+    def _write(self, sha: str, packed: bytes) -> None:
+        chunks = [
+            (sha, i, packed[at : at + CHUNK_BYTES])
+            for i, at in enumerate(range(0, max(len(packed), 1), CHUNK_BYTES))
+        ]
+        sql = self._q("blobdata_put_chunk")
+
+        def write(tx: Any) -> None:
+            for chunk in chunks:  # all chunks or none: one transaction
+                tx.execute(sql, chunk)
+
+        self._store.db.run_write(write)
+
+    def read_stored(self, sha256: str) -> bytes:
+        check_sha(sha256)
+        rows = self._store.db.read(lambda tx: tx.execute(self._q("blobdata_get"), (sha256,)))
+        if not rows:
+            raise errors.BlobCorrupt(f"blob {sha256}: no data in blob_chunks")
+        return b"".join(bytes(r[0]) for r in rows)
+
+    def get(self, sha256: str, size: int | None = None) -> bytes:
+        packed = self.read_stored(sha256)
+        limit = self.max_bytes if size is None else size
+        data = _unpack(packed, limit, f"blob {sha256}: its chunks are damaged")
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise errors.BlobCorrupt(f"blob {sha256}: its chunks do not match its hash")
+        return data
+
+    def put_stored(self, sha256: str, packed: bytes, size: int) -> BlobRef:
+        check_sha(sha256)
+        if size > self.max_bytes:
+            raise errors.PayloadTooLarge(
+                f"blob {sha256} of {size:,} bytes is over max_payload_bytes"
+            )
+        data = _unpack(packed, size, f"blob {sha256}: not valid zstd data")
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+            raise errors.BlobCorrupt(f"blob {sha256}: bytes do not match the hash or size")
+        stored = self._stored_size(sha256)
+        if not stored:
+            self._write(sha256, packed)
+            stored = len(packed)
+        return BlobRef(sha256, size, stored)
+
+    def verify(self, sha256: str) -> bool:
+        try:
+            self.get(sha256)
+        except errors.BlobCorrupt:
+            return False
+        return True
+
+    def exists(self, sha256: str) -> bool:
+        return self._stored_size(check_sha(sha256)) > 0
+
+    def describe(self, sha256: str) -> str:
+        return f"blob_chunks rows of {sha256}"
+
+    def __iter__(self) -> Iterator[str]:
+        """The hashes of every blob with data in the database."""
+        after, page = "", 1000
+        while True:
+            rows = self._store.db.read(
+                lambda tx, a=after: tx.execute(self._q("blobdata_list_after"), (a, page))
+            )
+            for (sha,) in rows:
+                yield str(sha)
+            if len(rows) < page:
+                return
+            after = str(rows[-1][0])
 
 
 def _unpack(packed: bytes, limit: int, what: str) -> bytes:
@@ -189,4 +304,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["CODEC", "COMPRESSION_LEVEL", "BlobRef", "BlobStore", "check_sha", "fsync_dir"]
+__all__ = [
+    "CODEC",
+    "COMPRESSION_LEVEL",
+    "BlobRef",
+    "BlobStore",
+    "DbBlobStore",
+    "check_sha",
+    "fsync_dir",
+]

@@ -109,6 +109,12 @@ class WriteMetrics:
         "gate_contended",  # the gate was not free at the first try
         "checkpoints",  # checkpoints run after commit
         "discarded_connections",  # connections thrown away after a failed rollback
+        # PostgreSQL: a write transaction started over (always 0 on SQLite)
+        "serialization_retries",  # SQLSTATE 40001
+        "deadlock_retries",  # 40P01
+        "connection_retries",  # the connection was lost (server restart, terminated backend)
+        "ambiguous_commits",  # lost during COMMIT: run again, the operation's idempotency decides
+        "unique_retries",  # a unique violation met under concurrency, run again to read the row
     )
 
     def __init__(self) -> None:

@@ -194,10 +194,20 @@ def _enqueue_effect(tx: Tx, q: Queries, a: Args) -> Result:
 @register("claim_effects", logged=False)
 def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
     """Not logged and never spooled: a claim whose outcome is unknown (a crash)
-    is recovered by its lease expiring."""
+    is recovered by its lease expiring.  A claim run again after a COMMIT whose
+    outcome was lost (PostgreSQL: ``tx.uncertain``) first looks for the effects
+    it had claimed, by its ``claim_op``, so they reach the caller, not the sweep."""
+    claim_op = a.get("claim_op")
+    if claim_op is not None and not is_valid_id(claim_op):
+        raise errors.InvalidInput(f"claim_op must be an id, not {claim_op!r}")
+    if claim_op is not None and getattr(tx, "uncertain", False):
+        rows = tx.execute(q["effect_claimed_by"], (claim_op,))
+        if rows:
+            return {"rows": rows}
     rows = tx.execute(
         q["effect_claim"],
         {
+            "claim_op": claim_op,
             "owner": _text(a, "owner", 256),
             "limit": _count(a, "limit", 1, 1, MAX_CLAIM),
             "lease": _number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE),
@@ -611,6 +621,11 @@ class Effects:
 
         return self._store.read(run)
 
+    def wait_for_work(self, timeout: float) -> bool:
+        """Wait up to *timeout* seconds for an effect to become ready (PostgreSQL:
+        a NOTIFY from the effects trigger; SQLite: just the wait).  True if woken."""
+        return bool(self._store.db.notify_wait("fleetstore_effects", timeout))
+
     def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
         """When the next claimable effect (of *kinds*) becomes available: a time
         (maybe past: claim now), or None if no thread has a pending head."""
@@ -637,10 +652,17 @@ class Effects:
         """Claim up to *limit* ready effects (thread heads whose time has come),
         oldest first, for *owner*, each under a lease of *lease* seconds.
         Never spooled: past the write budget ``StoreBusy``."""
+        op_id = new_id()
         op = Operation(
             "claim_effects",
-            {"owner": owner, "limit": limit, "lease": lease, "kinds": _kinds_json(kinds)},
-            new_id(),
+            {
+                "owner": owner,
+                "limit": limit,
+                "lease": lease,
+                "kinds": _kinds_json(kinds),
+                "claim_op": op_id,
+            },
+            op_id,
         )
         result = self._store.submit(op, independent=True)
         assert result is not None  # independent operations are never spooled

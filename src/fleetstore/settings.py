@@ -54,6 +54,13 @@ class Settings:
     #: Seconds between this process's published figures (``<db>.procs/<pid>.json``,
     #: read by ``fleetstore top``); 0 publishes nothing.
     publish_interval: float = 1.0
+    #: PostgreSQL: connections this process's pool may open (opened on demand,
+    #: closed after 5 idle minutes).  processes x pool_size must stay under the
+    #: server's max_connections.
+    pool_size: int = 4
+    #: PostgreSQL: where this host keeps the spool journals and published figures of
+    #: the store (default ``<data dir>/postgres/<host>_<port>_<database>``).
+    local_dir: str = ""
 
     def __post_init__(self) -> None:
         budget = self.write_budget
@@ -94,10 +101,13 @@ class Settings:
             "blob_threshold",
             "max_payload_bytes",
             "stream_flush_bytes",
+            "pool_size",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+        if not isinstance(self.local_dir, str):
+            raise ConfigError(f"local_dir must be a directory path, not {self.local_dir!r}")
         if not isinstance(self.gate, bool):
             raise ConfigError(f"gate must be true or false, not {self.gate!r}")
 

@@ -14,12 +14,14 @@ import collections
 import dataclasses
 import logging
 import os
+import re
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from fleetstore import adk_ops as _adk_ops  # noqa: F401  registers the adk_* operations
 from fleetstore import agents_ops as _agents_ops  # noqa: F401  registers the agt_* operations
@@ -27,8 +29,8 @@ from fleetstore import checkpoints as _checkpoints  # noqa: F401  registers the 
 from fleetstore import errors, operations, sql
 from fleetstore import maintenance as _maintenance  # noqa: F401  registers the mnt_* operations
 from fleetstore import transfer as _transfer  # noqa: F401  registers the import operations
-from fleetstore.blobs import BlobStore
-from fleetstore.engine.base import Tx
+from fleetstore.blobs import BlobStore, DbBlobStore
+from fleetstore.engine.base import Engine, Tx, redact
 from fleetstore.engine.sqlite import Database, Migration
 from fleetstore.history import Messages, Sessions, Stream
 from fleetstore.operations import Operation
@@ -53,20 +55,38 @@ log = logging.getLogger("fleetstore")
 DEFAULT_FILENAME = "fleetstore.db"
 
 
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
 def resolve_target(url_or_path: str | os.PathLike[str] | None) -> Path:
     """The SQLite file a URL or path names.  ``None``: ``$FLEETSTORE_URL``, else
-    ``<data dir>/fleetstore.db``.  A directory means ``<dir>/fleetstore.db``."""
+    ``<data dir>/fleetstore.db``.  A directory means ``<dir>/fleetstore.db``.
+    A PostgreSQL URL raises ``ConfigError`` (this is for file-level commands)."""
+    kind, target = parse_target(url_or_path)
+    if kind != "sqlite":
+        raise errors.ConfigError(
+            f"{target}: a PostgreSQL store; this works on SQLite store files only"
+        )
+    assert isinstance(target, Path)
+    return target
+
+
+def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path | str]:
+    """``("sqlite", Path)`` or ``("postgresql", url)`` for a path or store URL
+    (``None``: ``$FLEETSTORE_URL``, else ``<data dir>/fleetstore.db``)."""
     if url_or_path is None:
         url_or_path = os.environ.get("FLEETSTORE_URL") or None
     if url_or_path is None:
-        return default_data_dir() / DEFAULT_FILENAME
+        return "sqlite", default_data_dir() / DEFAULT_FILENAME
     text = os.fspath(url_or_path)
     if "://" in text:
         scheme, _, rest = text.partition("://")
+        if scheme in POSTGRES_SCHEMES:
+            return "postgresql", text
         if scheme != "sqlite":
             raise errors.ConfigError(
-                f"unsupported store URL scheme {scheme!r} in {text!r}: this version opens "
-                "SQLite stores (a path, or sqlite:///absolute/path)"
+                f"unsupported store URL scheme {scheme!r} in {redact(text)!r}: use a path, "
+                "sqlite:///absolute/path or postgresql://user@host:port/database"
             )
         if not rest.startswith("/"):
             raise errors.ConfigError(f"{text!r}: write sqlite:///absolute/path (three slashes)")
@@ -76,7 +96,19 @@ def resolve_target(url_or_path: str | os.PathLike[str] | None) -> Path:
     path = Path(text).expanduser()
     if path.is_dir():
         path = path / DEFAULT_FILENAME
-    return path
+    return "sqlite", path
+
+
+def local_base(url: str, settings: Settings) -> Path:
+    """Where this host keeps a PostgreSQL store's spool and figures: the base path
+    (``<base>.spool/``, ``<base>.procs/``)."""
+    if settings.local_dir:
+        return Path(settings.local_dir).expanduser() / "store"
+    parts = urlsplit(url)
+    dbname = parts.path.lstrip("/") or (parts.username or "postgres")
+    name = f"{parts.hostname or 'local'}_{parts.port or 5432}_{dbname}"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return default_data_dir() / "postgres" / name
 
 
 def migrations(dialect: str = "sqlite") -> list[Migration]:
@@ -108,12 +140,21 @@ def _due(stream: Stream, now: float) -> bool:
 class Store:
     """An open fleetstore store.  Use ``fleetstore.open()``; thread-safe."""
 
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Engine, settings: Settings, local: Path | None = None) -> None:
         self.db = db
         self.settings = settings
-        self.path = Path(db.path)
-        self.queries = sql.queries("sqlite")
-        self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
+        #: "sqlite" or "postgresql"; only the engine and the SQL files differ.
+        self.dialect: str = db.dialect
+        #: The store file (SQLite) or this host's base path for a server store.
+        self.path = Path(db.path) if local is None else local
+        #: What messages name: the file, or the URL without its password.
+        self.url: str = str(db.path)
+        self.queries = sql.queries(self.dialect)
+        self.blobs: BlobStore | DbBlobStore
+        if self.dialect == "sqlite":
+            self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
+        else:
+            self.blobs = DbBlobStore(self, settings.max_payload_bytes)
         self.spool_dir = Path(str(self.path) + ".spool")
         self.spool = Spool(self.spool_dir)
         self.sessions = Sessions(self)
@@ -196,8 +237,10 @@ class Store:
 
     def apply(self, op: Operation) -> dict[str, Any]:
         """Apply *op* now, in its own write transaction (``StoreBusy`` past the budget)."""
-        with self.db.write() as tx:
-            return operations.apply(tx, self.queries, op, time.time())
+        # On PostgreSQL the function may run again (serialization failure, lost
+        # connection); operations are idempotent by op_id, so a rerun is safe.
+        q = self.queries
+        return self.db.run_write(lambda tx: operations.apply(tx, q, op, tx.now))
 
     def _spool(self, op: Operation, busy: errors.StoreBusy | None) -> None:
         try:
@@ -500,7 +543,24 @@ class Store:
         return f"<fleetstore.Store {str(self.path)!r}{' closed' if self._closed else ''}>"
 
 
-def _open_store(path: Path, config: Settings) -> Store:
+def _open_store(path: Path | str, config: Settings) -> Store:
+    if isinstance(path, str):  # a PostgreSQL URL
+        try:
+            from fleetstore.engine.postgres import PgDatabase
+        except ImportError as exc:
+            raise errors.ConfigError(
+                f"{redact(path)}: PostgreSQL stores need psycopg: "
+                f"pip install 'fleetstore[postgres]' ({exc})"
+            ) from exc
+
+        pg = PgDatabase.open(path, migrations("postgresql"), **dataclasses.asdict(config))
+        try:
+            local = local_base(path, config)
+            local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return Store(pg, config, local)
+        except BaseException:
+            pg.close()
+            raise
     db = Database.open(path, migrations(), **dataclasses.asdict(config))
     try:
         return Store(db, config)
@@ -515,8 +575,9 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     ``<data dir>/fleetstore.db``.  *settings* are ``Settings`` fields (each also
     ``FLEETSTORE_<NAME>``).  Journals left by processes that died are replayed."""
     config = Settings.load(**settings)
-    path = resolve_target(url_or_path)
-    store = _open_store(path, config)
+    _, target = parse_target(url_or_path)
+    path = redact(target) if isinstance(target, str) else target
+    store = _open_store(target, config)
     try:
         if journals(store.spool_dir):
             for result in store.recover():
@@ -545,14 +606,18 @@ def recover_journals(
     store's path and what happened to each journal.  ``NotFound`` if there is no
     store there (nothing is created); the store is opened only if a journal exists."""
     config = Settings.load(**settings)
-    path = resolve_target(url_or_path)
-    if not path.is_file():
-        raise errors.NotFound(f"no store at {path}")
+    _, target = parse_target(url_or_path)
+    if isinstance(target, str):
+        path = local_base(target, config)
+    else:
+        path = target
+        if not path.is_file():
+            raise errors.NotFound(f"no store at {path}")
     spool_dir = Path(str(path) + ".spool")
     if not journals(spool_dir):
         remove_stale_new_files(spool_dir)
         return path, []
-    store = _open_store(path, config)
+    store = _open_store(target, config)
     try:
         return path, store.recover()
     finally:

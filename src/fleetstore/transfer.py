@@ -1103,7 +1103,7 @@ class _Exporter:
             problem = _check_packed(io.BytesIO(packed), sha, size)
             if problem:
                 raise errors.BlobCorrupt(
-                    f"blob {sha} of {owner}: {problem} ({self.store.blobs.path(sha)}); not exported"
+                    f"blob {sha} of {owner}: {problem} ({self.store.blobs.describe(sha)}); not exported"
                 )
             self.w.blob(sha, size, packed)
         return {"sha256": sha, "size": size, "stored_size": self.w.stored[sha]}
@@ -1685,7 +1685,7 @@ def import_file(
         for item in write.items():
             line = item.line
             if isinstance(item, _BlobItem):
-                fresh = not store.blobs.path(item.sha256).exists()
+                fresh = not store.blobs.exists(item.sha256)
                 store.blobs.put_stored(item.sha256, item.data.read(), item.size)
                 blobs += 1
                 new_blobs += fresh
@@ -1766,7 +1766,7 @@ def _verify(source: Store, dest: Store, exported: ExportSummary, name: str) -> l
     for sha in sorted(exported.blob_shas):
         if not dest.blobs.verify(sha):
             problems.append(
-                f"blob {sha} does not verify in the destination ({dest.blobs.path(sha)})"
+                f"blob {sha} does not verify in the destination ({dest.blobs.describe(sha)})"
             )
     return problems
 

@@ -302,7 +302,7 @@ class Worker:
                     active = await self._call(self.store.effects.active, kinds)
                     if not active:
                         return
-                await self._sleep(self._idle_wait())
+                await self._idle()
                 continue
             wait = ready - time.time()
             if wait > 0:
@@ -327,6 +327,23 @@ class Worker:
             if not claims:
                 # Another worker took it first: look again soon, not in a tight loop.
                 await self._sleep(random.uniform(0.002, 0.01))
+
+    async def _idle(self) -> None:
+        """Wait for work: on a store that notifies (PostgreSQL LISTEN/NOTIFY) until
+        an effect is enqueued or freed, else a jittered poll interval; a stop
+        request wakes it either way."""
+        if self.store.dialect == "sqlite":
+            await self._sleep(self._idle_wait())
+            return
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        notified: asyncio.Future[Any] = loop.run_in_executor(
+            self._store_pool, self.store.effects.wait_for_work, self._idle_wait()
+        )
+        woken: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
+        await asyncio.wait([notified, woken], return_when=asyncio.FIRST_COMPLETED)
+        woken.cancel()
+        self._wake.clear()
 
     def _idle_wait(self) -> float:
         """A poll interval with jitter.  Without it, idle workers fall into step with

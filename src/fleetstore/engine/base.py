@@ -1,4 +1,4 @@
-"""The engine interface every backend implements (SQLite now; PostgreSQL later).
+"""The engine interface every backend implements (engine/sqlite.py, engine/postgres.py).
 
 Atomicity: everything done through one ``write()`` transaction commits or
 rolls back as a whole; ``read(fn)`` sees one consistent snapshot.
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
 
@@ -28,21 +29,58 @@ class Tx(Protocol):
 
 
 class Engine(Protocol):
+    #: "sqlite" or "postgresql": which folder of sql/ its queries come from.
+    dialect: str
+    #: The file, or the URL without its password: what messages name.
+    path: str
+
     def write(self) -> AbstractContextManager[Any]:
         """A write transaction taken within the write budget; its body runs once."""
+        ...
+
+    def run_write(self, fn: Callable[[Any], T]) -> T:
+        """``fn(tx)`` in a write transaction, committed, within the write budget.  *fn*
+        may run more than once (PostgreSQL starts over on a serialization failure or
+        a lost connection), so it must do nothing but database work."""
         ...
 
     def read(self, fn: Callable[[Any], T]) -> T:
         """``fn(tx)`` in a read transaction; never waits on writers."""
         ...
 
+    def notify_wait(self, channel: str, timeout: float) -> bool:
+        """Wait up to *timeout* s for a notification on *channel* (False: none came)."""
+        ...
+
+    def checkpoint(self, *, truncate: bool = False) -> tuple[int, int]: ...
+
+    @property
+    def schema_version(self) -> int: ...
+
     def metrics(self) -> dict[str, Any]:
         """This process's figures (JSON-serialisable)."""
         ...
+
+    def histograms(self) -> dict[str, Any]: ...
+
+    def connection_report(self) -> list[dict[str, Any]]: ...
 
     def close(self) -> None:
         """Release every connection.  Idempotent."""
         ...
 
 
-__all__ = ["Engine", "Tx"]
+def redact(url: str) -> str:
+    """A store URL without its password, for messages and reports.
+
+    >>> redact("postgresql://app:secret@db:5432/agents")
+    'postgresql://app:***@db:5432/agents'
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+__all__ = ["Engine", "Tx", "redact"]

@@ -69,12 +69,18 @@ def _pragma(conn: apsw.Connection, name: str) -> int:
 
 
 class _Tx:
-    __slots__ = ("_conn", "_open", "_path")
+    __slots__ = ("_conn", "_open", "_path", "now", "uncertain")
 
     def __init__(self, conn: apsw.Connection, path: str) -> None:
         self._conn = conn
         self._path = path
         self._open = True
+        #: This host's clock when the transaction began (the engines agree on the name;
+        #: PostgreSQL gives the database's clock).
+        self.now = time.time()
+        #: Never set here: SQLite's COMMIT either returns or raises, never leaves the
+        #: outcome unknown (see engine/postgres.py).
+        self.uncertain = False
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
         """Run *sql* and return every row it produces, read to the end.
@@ -218,6 +224,7 @@ class Database:
     >>> db.close()
     """
 
+    dialect = "sqlite"
     # Tests point this at a statement that fails, to drive the discard path.
     _rollback_sql = "ROLLBACK"
 
@@ -466,6 +473,17 @@ class Database:
             gate.release()
         self._metrics.record_write(acquired - started, committed - acquired)
         self._maybe_checkpoint()
+
+    def run_write(self, fn: Callable[[WriteTx], T]) -> T:
+        """``fn(tx)`` in one write transaction (``write()``), committed; the engines'
+        common way to write (on PostgreSQL *fn* may run more than once)."""
+        with self.write() as tx:
+            return fn(tx)
+
+    def notify_wait(self, channel: str, timeout: float) -> bool:
+        """SQLite has no notifications: waits *timeout* seconds, returns False."""
+        time.sleep(max(timeout, 0.0))
+        return False
 
     def _acquire_gate(self, started: float, deadline: float) -> None:
         try:

@@ -74,7 +74,7 @@ from typing import Any, TypeVar
 import fleetstore.maintenance  # noqa: F401  registers the mnt_* operations
 from fleetstore import errors, operations, sql
 from fleetstore.blobs import TOUCH_AFTER
-from fleetstore.engine.base import Tx
+from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.sqlite import Database, WriteTx
 from fleetstore.operations import Operation
 from fleetstore.ops.cliutil import size as _size
@@ -229,21 +229,25 @@ class Writer:
     """Runs write transactions through ``db.write()``, timing each: the wait (entering
     ``write()`` to the start of the block) and the hold (the block and its commit)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Engine) -> None:
         self.db = db
-        self.queries = sql.queries("sqlite")
+        self.queries = sql.queries(db.dialect)
 
-    def run(self, step: Step, fn: Callable[[WriteTx], T]) -> T:
+    def run(self, step: Step, fn: Callable[[Any], T]) -> T:
         entered = time.monotonic()
-        with self.db.write() as tx:
-            began = time.monotonic()
-            result = fn(tx)
-        step.record(began - entered, time.monotonic() - began)
+        began = [entered]
+
+        def timed(tx: Any) -> T:
+            began[0] = time.monotonic()  # the last run's start, when PostgreSQL reruns it
+            return fn(tx)
+
+        result = self.db.run_write(timed)
+        step.record(began[0] - entered, time.monotonic() - began[0])
         return result
 
     def apply(self, step: Step, name: str, args: dict[str, Any]) -> dict[str, Any]:
         op = Operation(name, args, "maintenance")
-        return self.run(step, lambda tx: operations.apply(tx, self.queries, op, time.time()))
+        return self.run(step, lambda tx: operations.apply(tx, self.queries, op, tx.now))
 
 
 class Batch:
@@ -337,6 +341,7 @@ def maintain(config: Config, progress: Progress | None = None) -> Report:
         store = open_store(path, **config.settings)
     try:
         _store_steps(store, config, report, progress)
+        assert isinstance(store.db, Database)  # maintain opens SQLite files only
         _generic_steps(store.db, config, report, progress)
     finally:
         store.close(timeout=0)
@@ -385,8 +390,10 @@ def _pages(db: Database) -> tuple[int, int, int]:
 
 def _vacuum(writer: Writer, step: Step, dry_run: bool, progress: Progress | None) -> None:
     q = writer.queries
-    mode = int(writer.db.read(lambda tx: tx.execute(q["mnt_auto_vacuum"])[0][0]))
-    page_size, count, free = _pages(writer.db)
+    db = writer.db
+    assert isinstance(db, Database)  # a SQLite file's pages
+    mode = int(db.read(lambda tx: tx.execute(q["mnt_auto_vacuum"])[0][0]))
+    page_size, count, free = _pages(db)
     step.detail.update(page_size=page_size, pages=count, free_pages=free, auto_vacuum=mode)
     if mode != 2:
         step.status = "skipped"
@@ -408,7 +415,7 @@ def _vacuum(writer: Writer, step: Step, dry_run: bool, progress: Progress | None
     while left > 0:
         writer.run(step, _incremental_vacuum(batch.size))
         before = left
-        left = _pages(writer.db)[2]
+        left = _pages(db)[2]
         batch.update(before - left, step.last_hold)
         if progress is not None:
             progress("vacuum", free - left, free)

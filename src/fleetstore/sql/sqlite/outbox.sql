@@ -51,7 +51,7 @@ WHERE state IN ('pending', 'running')
 -- effect_claim: take up to :limit ready heads, oldest first, in one statement
 UPDATE effects
 SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
-    lease_expires_at = :now + :lease, started_at = :now, updated_at = :now
+    lease_expires_at = :now + :lease, started_at = :now, updated_at = :now, claim_op = :claim_op
 WHERE id IN (
     SELECT id FROM effects INDEXED BY effects_ready
     WHERE state = 'pending' AND is_head = 1 AND available_at <= :now
@@ -63,6 +63,14 @@ RETURNING id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attemp
           replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
           result, last_error, dead_reason, errors, created_at, updated_at, started_at,
           finished_at
+
+-- effect_claimed_by: what one claim took (a claim run again after a lost COMMIT)
+SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
+       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
+       result, last_error, dead_reason, errors, created_at, updated_at, started_at,
+       finished_at
+FROM effects WHERE state = 'running' AND claim_op = ?
+ORDER BY available_at, thread_key
 
 -- effect_for_settle: what a settlement checks before it writes
 SELECT thread_key, state, fence, lease_owner, attempt, max_attempts, errors, dead_reason

@@ -1,0 +1,691 @@
+"""The PostgreSQL engine: a pool of psycopg 3 connections, serializable write
+transactions retried by SQLSTATE within the write budget, snapshot reads,
+migrations under an advisory lock, LISTEN/NOTIFY wake-ups.
+
+The write path::
+
+    pool.getconn(budget)                 a connection of this process's pool
+    BEGIN ISOLATION LEVEL SERIALIZABLE;  lock_timeout = what is left of the budget
+    body(tx)                             may run again: see run_write
+    COMMIT
+    retried on 40001 / 40P01 (serialization failure, deadlock), on a lost connection
+    (class 08, 57P01-57P03: the server restarted, the backend was terminated) and on a
+    unique violation met under concurrency, until the budget ends: StoreBusy.
+
+SQLite's ``write()`` runs its body once; a serializable PostgreSQL transaction may
+be told to start over, so writers hand a function to ``run_write``.  A COMMIT whose
+connection is lost has an unknown outcome: the body is run again with
+``tx.uncertain`` set, and the operation's own idempotency (the ``applied_ops``
+row, primary keys, a claim's ``claim_op``) makes a second run of a committed
+operation change nothing.  The engine never guesses.
+
+Parameters are written ``?`` and ``:name`` in the SQL files of both dialects; they
+are rewritten here for psycopg, which binds them client-side (ClientCursor): values
+become literals, so untyped ``? IS NULL`` needs no cast and no statement is prepared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import lru_cache
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+
+from fleetstore import errors
+from fleetstore.engine.base import redact
+from fleetstore.metrics import WriteMetrics
+from fleetstore.settings import Settings
+
+T = TypeVar("T")
+Row = tuple[Any, ...]
+Params = Sequence[Any] | dict[str, Any]
+
+_MIGRATIONS_TABLE = "fleetstore_migrations"
+#: Taken (transaction-scoped) by every migrating process: the first applies, the
+#: others wait, then find the version current.  The number is "fleetsto" in ASCII.
+_MIGRATION_LOCK = 0x666C65657473746F
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+_RETRY_BASE = 0.002
+_RECONNECT_PAUSE = 0.05
+#: Unique violations are retried this many times: under concurrency, a serializable
+#: transaction that checked for a row and then met another's insert of it sees a
+#: unique violation where a serial order would have seen the row (a retry reads it).
+_UNIQUE_RETRIES = 2
+
+_LOST = ("08", "57P01", "57P02", "57P03")
+
+
+@lru_cache(maxsize=4096)
+def to_psycopg(sql: str) -> str:
+    """``?`` and ``:name`` placeholders as psycopg's ``%s`` and ``%(name)s``.
+
+    >>> to_psycopg("SELECT ?, :a::text, '100%'")
+    "SELECT %s, %(a)s::text, '100%%'"
+    """
+    sql = sql.replace("%", "%%")
+    sql = _NAMED.sub(r"%(\1)s", sql)
+    return sql.replace("?", "%s")
+
+
+def _sqlstate(exc: BaseException) -> str:
+    return getattr(exc, "sqlstate", None) or ""
+
+
+def _connection_lost(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool:
+    if conn is not None and (conn.closed or conn.broken):
+        return True
+    state = _sqlstate(exc)
+    if state.startswith(_LOST) or (state[:2] == "08"):
+        return True
+    # No SQLSTATE: the connection could not be made or broke on the client side.
+    return isinstance(exc, psycopg.OperationalError) and not state
+
+
+def _translate(exc: psycopg.Error, where: str) -> errors.FleetstoreError:
+    message = f"{where}: {exc}".strip()
+    state = _sqlstate(exc)
+    if state.startswith("23"):
+        return errors.IntegrityError(message)
+    if state == "25006":  # read_only_sql_transaction
+        return errors.ReadOnlyError(message)
+    if state.startswith(("XX", "58")):
+        return errors.CorruptStore(message) if state == "XX001" else errors.DatabaseError(message)
+    return errors.DatabaseError(message)
+
+
+def _connect_timeout(settings: Settings) -> int:
+    return max(2, min(int(settings.write_budget), 10))
+
+
+class _Retry(Exception):
+    """Internal: start the write over (the reason is counted, not raised)."""
+
+    def __init__(self, reason: str, pause: float) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.pause = pause
+
+
+class _Tx:
+    __slots__ = ("_conn", "_open", "_where", "now", "uncertain")
+
+    def __init__(self, conn: psycopg.Connection[Any], where: str, now: float) -> None:
+        self._conn = conn
+        self._where = where
+        self._open = True
+        #: The database's clock (epoch seconds) at the start of the transaction.
+        self.now = now
+        #: Set when an earlier run of this body may have committed (its COMMIT lost
+        #: the connection): the body must find its own earlier work.
+        self.uncertain = False
+
+    def execute(self, sql: str, params: Params = ()) -> list[Row]:
+        """Run *sql*; every row it produces, read whole."""
+        cur = self._cursor()
+        try:
+            cur.execute(to_psycopg(sql), params or None)
+            return list(cur.fetchall()) if cur.description is not None else []
+        except psycopg.Error as exc:
+            raise _translate(exc, self._where) from exc
+        finally:
+            cur.close()
+
+    def executemany(self, sql: str, seq_of_params: Iterable[Params]) -> None:
+        cur = self._cursor()
+        try:
+            cur.executemany(to_psycopg(sql), list(seq_of_params))
+        except psycopg.Error as exc:
+            raise _translate(exc, self._where) from exc
+        finally:
+            cur.close()
+
+    def _cursor(self) -> psycopg.ClientCursor[Any]:
+        if not self._open:
+            raise errors.StoreClosed(
+                "this transaction has ended; use a new db.write() or db.read()"
+            )
+        return psycopg.ClientCursor(self._conn)
+
+
+class WriteTx(_Tx):
+    __slots__ = ()
+
+
+class ReadTx(_Tx):
+    __slots__ = ()
+
+
+_live: list[PgDatabase] = []
+#: Pools inherited through fork: never used nor closed by the child (closing would
+#: end the parent's sessions on the shared sockets), kept referenced so no finaliser runs.
+_inherited: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    for db in list(_live):
+        db._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class PgDatabase:
+    """A PostgreSQL database that many processes on many hosts write at once."""
+
+    dialect = "postgresql"
+    # Tests point this at "COMMIT; SELECT pg_terminate_backend(pg_backend_pid())" to
+    # lose the connection right after a commit took effect (an ambiguous COMMIT).
+    _commit_sql = "COMMIT"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        self.url = url
+        self.path = redact(url)  # what messages name
+        self.settings = settings
+        self._closed = False
+        self._lock = threading.Lock()
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = None
+        self._listener: psycopg.Connection[Any] | None = None
+        self._listen_lock = threading.Lock()
+        self._metrics = WriteMetrics()
+        self._pid = os.getpid()
+        self._write_owner: set[int] = set()
+        _live.append(self)
+
+    # -- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str, migrations: Sequence[Any] = (), **settings: Any) -> PgDatabase:
+        config = Settings.load(**settings)
+        db = cls(url, config)
+        try:
+            db._check_server()
+            if migrations:
+                db.migrate(migrations)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _check_server(self) -> None:
+        """Connect once before anything else: a server that is starting or restarting
+        is waited for (within the write budget), a wrong URL, user, password or
+        database fails at once, with the server's own words."""
+        started = time.monotonic()
+        deadline = started + self.settings.write_budget
+        while True:
+            try:
+                with psycopg.connect(
+                    self.url, autocommit=True, connect_timeout=_connect_timeout(self.settings)
+                ) as conn:
+                    version = conn.info.server_version
+                break
+            except psycopg.Error as exc:
+                state = _sqlstate(exc)
+                text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                transient = state in ("57P03", "53300") or (
+                    not state and ("refused" in text or "timeout" in text or "closed" in text)
+                )
+                if not transient or time.monotonic() + _RECONNECT_PAUSE >= deadline:
+                    raise errors.DatabaseError(f"{self.path}: cannot connect: {text}") from exc
+                time.sleep(_RECONNECT_PAUSE * 4)
+        if version < 120000:
+            raise errors.ConfigError(
+                f"{self.path}: PostgreSQL {version // 10000} is too old; 12 or newer is needed"
+            )
+
+    def _pool_for_use(self) -> psycopg_pool.ConnectionPool[Any]:
+        if self._closed:
+            raise errors.StoreClosed(f"{self.path}: the database was closed")
+        pool = self._pool
+        if pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = psycopg_pool.ConnectionPool(
+                        self.url,
+                        kwargs={
+                            "autocommit": True,
+                            "cursor_factory": psycopg.ClientCursor,
+                            "connect_timeout": _connect_timeout(self.settings),
+                            "application_name": f"fleetstore pid {os.getpid()}",
+                        },
+                        min_size=0,
+                        max_size=self.settings.pool_size,
+                        open=True,
+                        timeout=self.settings.write_budget,
+                        max_idle=300.0,
+                        name=f"fleetstore-{os.getpid()}",
+                    )
+                pool = self._pool
+        return pool
+
+    def _after_fork(self) -> None:
+        if self._pool is not None:
+            _inherited.append(self._pool)
+        if self._listener is not None:
+            _inherited.append(self._listener)
+        self._pool = None
+        self._listener = None
+        self._lock = threading.Lock()
+        self._listen_lock = threading.Lock()
+        self._metrics = WriteMetrics()
+        self._pid = os.getpid()
+        self._write_owner = set()
+
+    def _getconn(self, deadline: float, started: float) -> psycopg.Connection[Any]:
+        pool = self._pool_for_use()
+        try:
+            conn: psycopg.Connection[Any] = pool.getconn(
+                timeout=max(deadline - time.monotonic(), 0.001)
+            )
+            return conn
+        except psycopg_pool.PoolTimeout:
+            self._metrics.count("busy_timeouts")
+            raise errors.StoreBusy(self.path, time.monotonic() - started, 1, stage="pool") from None
+
+    def _putconn(self, conn: psycopg.Connection[Any], discard: bool = False) -> None:
+        pool = self._pool
+        if discard and not conn.closed:
+            with contextlib.suppress(Exception):
+                conn.close()
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                pool.putconn(conn)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def run_write(self, fn: Callable[[WriteTx], T]) -> T:
+        """``fn(tx)`` in a serializable write transaction, committed; run again from
+        the start while PostgreSQL asks for it (see the module docstring), within
+        ``write_budget`` seconds, then ``StoreBusy`` (nothing written)."""
+        me = threading.get_ident()
+        if me in self._write_owner:
+            raise errors.DatabaseError(
+                f"{self.path}: db.write() inside a db.write() block of the same thread; "
+                "do all the work in one block"
+            )
+        started = time.monotonic()
+        deadline = started + self.settings.write_budget
+        attempts = 0
+        uncertain = False
+        unique_retries = 0
+        self._write_owner.add(me)
+        try:
+            while True:
+                attempts += 1
+                try:
+                    return self._attempt(fn, started, deadline, uncertain)
+                except _Retry as retry:
+                    if retry.reason == "ambiguous_commits":
+                        uncertain = True
+                    if retry.reason == "unique_retries":
+                        unique_retries += 1
+                    self._metrics.count(retry.reason)
+                    if time.monotonic() + retry.pause >= deadline:
+                        self._metrics.count("busy_timeouts")
+                        raise errors.StoreBusy(
+                            self.path,
+                            time.monotonic() - started,
+                            attempts,
+                            stage="connection" if "connection" in retry.reason else "statement",
+                        ) from retry.__cause__
+                    time.sleep(retry.pause * (0.5 + random.random()))
+                except _UniqueViolation as exc:
+                    if unique_retries >= _UNIQUE_RETRIES:
+                        raise exc.error from exc.__cause__
+                    unique_retries += 1
+                    self._metrics.count("unique_retries")
+        finally:
+            self._write_owner.discard(me)
+
+    def _attempt(
+        self, fn: Callable[[WriteTx], T], started: float, deadline: float, uncertain: bool
+    ) -> T:
+        try:
+            conn = self._getconn(deadline, started)
+        except errors.StoreBusy:
+            raise
+        except psycopg.Error as exc:
+            raise _Retry("connection_retries", _RECONNECT_PAUSE) from exc
+        discard = False
+        stage = "begin"
+        try:
+            now = self._begin(conn, deadline)
+            acquired = time.monotonic()
+            tx = WriteTx(conn, self.path, now)
+            tx.uncertain = uncertain
+            stage = "body"
+            try:
+                result = fn(tx)
+                stage = "commit"
+                conn.execute(self._commit_sql)
+            finally:
+                tx._open = False
+            committed = time.monotonic()
+            self._metrics.record_write(acquired - started, committed - acquired)
+            return result
+        except BaseException as exc:
+            cause = exc.__cause__ if isinstance(exc, errors.FleetstoreError) else exc
+            lost = isinstance(cause, psycopg.Error) and _connection_lost(cause, conn)
+            discard = self._end_failed(conn, cause)
+            if not isinstance(exc, Exception):
+                raise
+            self._metrics.count("write_errors")
+            if lost:
+                if stage == "commit":
+                    raise _Retry("ambiguous_commits", _RETRY_BASE) from cause
+                raise _Retry("connection_retries", _RECONNECT_PAUSE) from cause
+            state = _sqlstate(cause) if cause is not None else ""
+            if state in ("40001", "40P01"):
+                raise _Retry(
+                    "serialization_retries" if state == "40001" else "deadlock_retries",
+                    _RETRY_BASE,
+                ) from cause
+            if state == "55P03":  # lock_timeout: the budget is spent
+                self._metrics.count("busy_timeouts")
+                raise errors.StoreBusy(
+                    self.path, time.monotonic() - started, 1, self._holders(), stage="statement"
+                ) from cause
+            if state == "23505" and isinstance(exc, errors.IntegrityError):
+                raise _UniqueViolation(exc) from cause
+            if isinstance(exc, psycopg.Error):
+                raise _translate(exc, self.path) from exc
+            raise
+        finally:
+            self._putconn(conn, discard)
+
+    def _holders(self) -> list[errors.LockHolder]:
+        """Sessions of other clients inside a transaction, oldest first (best effort):
+        the likely holders of the lock this write waited for."""
+        try:
+            rows = self.read(
+                lambda tx: tx.execute(
+                    "SELECT pid, coalesce(application_name, ''), coalesce(host(client_addr), "
+                    "'local'), left(query, 80) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND xact_start IS NOT NULL ORDER BY xact_start LIMIT 3"
+                )
+            )
+        except errors.FleetstoreError:
+            return []
+        return [
+            errors.LockHolder(
+                int(pid), "postgresql", f"backend of {app or 'a client'} at {host}: {q}"
+            )
+            for pid, app, host, q in rows
+        ]
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[WriteTx]:
+        """A write transaction whose body runs once.  Unlike ``run_write`` nothing is
+        retried: a serialization failure, deadlock or lost connection raises
+        ``StoreBusy`` (a transient error).  For code that cannot be run again."""
+        started = time.monotonic()
+        deadline = started + self.settings.write_budget
+        conn = self._getconn(deadline, started)
+        discard = False
+        try:
+            now = self._begin(conn, deadline)
+            acquired = time.monotonic()
+            tx = WriteTx(conn, self.path, now)
+            try:
+                yield tx
+                conn.execute(self._commit_sql)
+            finally:
+                tx._open = False
+            self._metrics.record_write(acquired - started, time.monotonic() - acquired)
+        except BaseException as exc:
+            cause = exc.__cause__ if isinstance(exc, errors.FleetstoreError) else exc
+            discard = self._end_failed(conn, cause)
+            self._metrics.count("write_errors")
+            state = _sqlstate(cause) if cause is not None else ""
+            if discard or state in ("40001", "40P01", "55P03"):
+                raise errors.StoreBusy(
+                    self.path, time.monotonic() - started, 1, stage="statement"
+                ) from cause
+            if isinstance(exc, psycopg.Error):
+                raise _translate(exc, self.path) from exc
+            raise
+        finally:
+            self._putconn(conn, discard)
+
+    def _begin(self, conn: psycopg.Connection[Any], deadline: float) -> float:
+        """BEGIN, the lock wait bounded by what is left of the budget, and the
+        database clock, in one round trip."""
+        left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+        try:
+            cur = psycopg.ClientCursor(conn)
+            cur.execute(
+                "BEGIN ISOLATION LEVEL SERIALIZABLE; "
+                f"SET LOCAL lock_timeout = {left_ms}; "
+                "SELECT extract(epoch FROM transaction_timestamp())::float8"
+            )
+            while cur.nextset():  # the clock is the last statement's row
+                pass
+            row = cur.fetchone()
+            cur.close()
+        except psycopg.Error as exc:
+            raise _translate(exc, self.path) from exc
+        assert row is not None
+        return float(row[0])
+
+    def _end_failed(self, conn: psycopg.Connection[Any], cause: BaseException | None) -> bool:
+        """Roll back after a failure; True if the connection must be thrown away."""
+        if isinstance(cause, psycopg.Error) and _connection_lost(cause, conn):
+            return True
+        if conn.closed or conn.broken:
+            return True
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("ROLLBACK")
+        return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(self, fn: Callable[[ReadTx], T]) -> T:
+        """``fn(tx)`` in a REPEATABLE READ, READ ONLY transaction (one snapshot).  A
+        connection lost before *fn* returned is replaced and *fn* run again."""
+        started = time.monotonic()
+        deadline = started + self.settings.write_budget
+        while True:
+            conn = self._getconn(deadline, started)
+            discard = False
+            try:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                tx = ReadTx(conn, self.path, 0.0)
+                try:
+                    return fn(tx)
+                finally:
+                    tx._open = False
+                    if not conn.closed and not conn.broken:
+                        with contextlib.suppress(psycopg.Error):
+                            conn.execute("ROLLBACK")
+            except Exception as exc:
+                cause = exc.__cause__ if isinstance(exc, errors.FleetstoreError) else exc
+                if isinstance(cause, psycopg.Error) and _connection_lost(cause, conn):
+                    discard = True
+                    self._metrics.count("connection_retries")
+                    if time.monotonic() + _RECONNECT_PAUSE < deadline:
+                        continue
+                    raise errors.StoreBusy(
+                        self.path, time.monotonic() - started, 1, stage="connection"
+                    ) from cause
+                if isinstance(exc, psycopg.Error):
+                    raise _translate(exc, self.path) from exc
+                raise
+            finally:
+                if conn.closed or conn.broken:
+                    discard = True
+                self._putconn(conn, discard)
+
+    # -- notifications -----------------------------------------------------------------------
+
+    def notify_wait(self, channel: str, timeout: float) -> bool:
+        """Wait up to *timeout* seconds for a NOTIFY on *channel* (True if one came).
+        One listening connection per process, outside the pool."""
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", channel):
+            raise errors.ConfigError(f"not a channel name: {channel!r}")
+        with self._listen_lock:
+            try:
+                conn = self._listener
+                if conn is None or conn.closed or conn.broken:
+                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+                    conn.execute(f"LISTEN {channel}")
+                    self._listener = conn
+                for _ in conn.notifies(timeout=max(timeout, 0.0), stop_after=1):
+                    return True
+                return False
+            except psycopg.Error:
+                if self._listener is not None:
+                    with contextlib.suppress(Exception):
+                        self._listener.close()
+                self._listener = None
+                time.sleep(min(timeout, _RECONNECT_PAUSE))
+                return False
+
+    # -- migrations --------------------------------------------------------------------------
+
+    def migrate(self, migrations: Sequence[Any]) -> list[int]:
+        """Apply the migrations newer than the store's version, in one transaction
+        under an advisory lock: processes starting at once apply each exactly once."""
+        steps = sorted(migrations, key=lambda m: m.version)
+        versions = [m.version for m in steps]
+        if len(set(versions)) != len(versions) or any(v <= 0 for v in versions):
+            raise errors.ConfigError(f"migration versions must be unique and positive: {versions}")
+        if not steps:
+            return []
+        current = self.schema_version
+        if current >= steps[-1].version:
+            self._check_not_newer(current, steps)
+            return []
+
+        def apply(tx: WriteTx) -> list[int]:
+            tx.execute(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+            tx.execute(
+                f"CREATE TABLE IF NOT EXISTS {_MIGRATIONS_TABLE}("
+                "version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            version = self._version_in(tx)
+            self._check_not_newer(version, steps)
+            applied = []
+            for step in steps:
+                if step.version <= version:
+                    continue
+                try:
+                    if callable(step.sql):
+                        step.sql(tx)
+                    else:
+                        tx.execute(step.sql)
+                except errors.FleetstoreError as exc:
+                    raise errors.MigrationError(
+                        f"{self.path}: migration {step.version} ({step.name}) failed: {exc}"
+                    ) from exc
+                tx.execute(
+                    f"INSERT INTO {_MIGRATIONS_TABLE}(version, name, applied_at) VALUES "
+                    "(?, ?, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'))",
+                    (step.version, step.name),
+                )
+                applied.append(step.version)
+            return applied
+
+        # The advisory lock makes the others wait, not fail; DDL under SERIALIZABLE
+        # can still meet a serialization failure, which run_write retries.
+        return self.run_write(apply)
+
+    def _check_not_newer(self, current: int, steps: Sequence[Any]) -> None:
+        if steps and current > steps[-1].version:
+            raise errors.MigrationError(
+                f"{self.path}: the store is at schema version {current}, newer than the "
+                f"newest migration this program knows ({steps[-1].version}); upgrade it"
+            )
+
+    @staticmethod
+    def _version_in(tx: _Tx) -> int:
+        if not tx.execute("SELECT to_regclass(?)", (_MIGRATIONS_TABLE,))[0][0]:
+            return 0
+        return int(tx.execute(f"SELECT coalesce(max(version), 0) FROM {_MIGRATIONS_TABLE}")[0][0])
+
+    @property
+    def schema_version(self) -> int:
+        return self.read(self._version_in)
+
+    # -- observing ---------------------------------------------------------------------------
+
+    def checkpoint(self, *, truncate: bool = False) -> tuple[int, int]:
+        """Nothing to do: the server checkpoints its own WAL."""
+        return (0, 0)
+
+    def metrics(self) -> dict[str, Any]:
+        pool = self._pool
+        stats = pool.get_stats() if pool is not None else {}
+        return {
+            "pid": os.getpid(),
+            "path": self.path,
+            **self._metrics.snapshot(),
+            "pool": {
+                "max": self.settings.pool_size,
+                "size": int(stats.get("pool_size", 0)),
+                "idle": int(stats.get("pool_available", 0)),
+                "waiting": int(stats.get("requests_waiting", 0)),
+            },
+        }
+
+    def histograms(self) -> dict[str, Any]:
+        return self._metrics.export()
+
+    def connection_report(self) -> list[dict[str, Any]]:
+        """One row per connection of this process's pool that is idle now."""
+        if self._closed:
+            raise errors.StoreClosed(f"{self.path}: the database was closed")
+        report: list[dict[str, Any]] = []
+        pool = self._pool
+        if pool is None:
+            return report
+        stats = pool.get_stats()
+        for _ in range(int(stats.get("pool_available", 0))):
+            report.append({"role": "pooled", "in_transaction": False})
+        return report
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ValueError):
+            _live.remove(self)
+        if os.getpid() != self._pid:
+            self._after_fork()
+            return
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                pool.close(timeout=5)
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                listener.close()
+
+    def __enter__(self) -> PgDatabase:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<fleetstore.PgDatabase {self.path!r}{' closed' if self._closed else ''}>"
+
+
+class _UniqueViolation(Exception):
+    def __init__(self, error: errors.FleetstoreError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+__all__ = ["PgDatabase", "ReadTx", "WriteTx", "to_psycopg"]
