@@ -486,7 +486,7 @@ def test_a_settlement_past_the_budget_is_spooled_even_with_on_busy_raise_and_lan
     store.effects.enqueue("t", "k")
     nxt = store.effects.enqueue("t", "k")
     c = claim_one(store, lease=60)
-    lock, _ = start_lock(spawn, str(store.path), 2.0)
+    lock, _ = start_lock(spawn, store.url, 2.0)
     assert c.succeed({"ok": 1}) is False  # spooled, not dropped, not raised
     with pytest.raises(errors.TransientError):
         store.effects.enqueue("t", "k")  # an ordinary write still honours on_busy="raise"

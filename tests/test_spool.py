@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import fleetstore
-from conftest import Proc, Spawn, start_lock
+from conftest import OpenStore, Proc, Spawn, start_lock
 from fleetstore import spool
 from fleetstore.ids import new_id
 from fleetstore.operations import Operation
@@ -171,14 +171,17 @@ def kill9(proc: Proc) -> None:
     assert proc.popen.returncode == -signal.SIGKILL
 
 
-def recover_cli(path: str, *args: str) -> tuple[int, dict[str, Any]]:
+def recover_cli(path: str, *args: str, local_dir: str = "") -> tuple[int, dict[str, Any]]:
     """``fleetstore recover PATH --json`` as a CLI subprocess: (exit code, its report)."""
+    env = clean_env()
+    if local_dir:
+        env["FLEETSTORE_LOCAL_DIR"] = local_dir
     done = subprocess.run(
         [sys.executable, "-m", "fleetstore", "recover", path, "--json", *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env=clean_env(),
+        env=env,
     )
     assert done.stdout, done.stderr
     return done.returncode, json.loads(done.stdout)
@@ -202,11 +205,27 @@ def journal_files(path: str) -> list[Path]:
 
 
 def applied(store: fleetstore.Store) -> list[tuple[str, str, int, dict[str, Any]]]:
-    """Every message as (id, session, seq, metadata), in the order the rows were inserted."""
+    """Every message as (id, session, seq, metadata), in the order the rows were inserted
+    (PostgreSQL: the order of the inserting transactions' ids, which a spool's one
+    replaying thread starts one after another)."""
+    order = "rowid" if store.dialect == "sqlite" else "xmin::text::bigint"
     rows = store.read(
-        lambda tx: tx.execute("SELECT id, session_id, seq, metadata FROM messages ORDER BY rowid")
+        lambda tx: tx.execute(
+            f"SELECT id, session_id, seq, metadata FROM messages ORDER BY {order}"
+        )
     )
     return [(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
+
+
+def contract_store(
+    open_store: OpenStore, sessions: int = 2, **settings: Any
+) -> tuple[fleetstore.Store, list[str]]:
+    """A store on either engine (conftest's open_store) with *sessions* sessions made by an
+    earlier open; the store returned has *settings*."""
+    first = open_store("spool.db")
+    ids = [first.sessions.create(title=f"s{n}").id for n in range(sessions)]
+    first.close()
+    return open_store("spool.db", **settings), ids
 
 
 def new_store(tmp_path: Path, sessions: int = 2) -> tuple[str, list[str]]:
@@ -252,12 +271,12 @@ def assert_acked_present_once_in_order(
 
 
 def test_outside_lock_past_the_budget_spools_then_drains_in_order(
-    tmp_path: Path, spawn: Spawn
+    open_store: OpenStore, spawn: Spawn
 ) -> None:
-    path, (s1, s2, other) = new_store(tmp_path, 3)
-    store = fleetstore.open(path, write_budget=BUDGET)
+    store, (s1, s2, other) = contract_store(open_store, 3, write_budget=BUDGET)
+    path = str(store.path)
     try:
-        lock, _ = start_lock(spawn, path, float(HOLD))
+        lock, _ = start_lock(spawn, store.url, float(HOLD))
         calls: list[tuple[str, str]] = []
         for i in range(8):
             sid = (s1, s2)[i % 2]
@@ -279,7 +298,7 @@ def test_outside_lock_past_the_budget_spools_then_drains_in_order(
         assert len(spool.read_journal(journal).ops) == 9
 
         # A separate `fleetstore recover` leaves this live process's journal alone.
-        rc, report = recover_cli(path)
+        rc, report = recover_cli(store.url, local_dir=store.settings.local_dir)
         assert rc == 0, report
         assert [(j["journal"], j["status"], j["replayed"]) for j in report["journals"]] == [
             (str(journal), "busy", 0)
@@ -312,11 +331,13 @@ def test_outside_lock_past_the_budget_spools_then_drains_in_order(
         store.close()
 
 
-def test_on_busy_raise_raises_store_busy_and_writes_nothing(tmp_path: Path, spawn: Spawn) -> None:
-    path, (s1, _) = new_store(tmp_path)
-    store = fleetstore.open(path, write_budget=BUDGET, on_busy="raise")
+def test_on_busy_raise_raises_store_busy_and_writes_nothing(
+    open_store: OpenStore, spawn: Spawn
+) -> None:
+    store, (s1, _) = contract_store(open_store, write_budget=BUDGET, on_busy="raise")
+    path = str(store.path)
     try:
-        lock, _ = start_lock(spawn, path, float(HOLD))
+        lock, _ = start_lock(spawn, store.url, float(HOLD))
         with pytest.raises(fleetstore.StoreBusy) as busy:
             store.messages.append(s1, "user", "not now")
         assert busy.value.waited >= BUDGET
@@ -331,11 +352,11 @@ def test_on_busy_raise_raises_store_busy_and_writes_nothing(tmp_path: Path, spaw
         store.close()
 
 
-def test_conditional_write_is_never_spooled(tmp_path: Path, spawn: Spawn) -> None:
-    path, (s1, _) = new_store(tmp_path)
-    store = fleetstore.open(path, write_budget=BUDGET)
+def test_conditional_write_is_never_spooled(open_store: OpenStore, spawn: Spawn) -> None:
+    store, (s1, _) = contract_store(open_store, write_budget=BUDGET)
+    path = str(store.path)
     try:
-        lock, _ = start_lock(spawn, path, float(HOLD))
+        lock, _ = start_lock(spawn, store.url, float(HOLD))
         with pytest.raises(fleetstore.StoreBusy):
             store.state.put(s1, "k", {"v": 1}, expected_version=0)
         assert store.metrics()["spooled"] == 0
@@ -354,13 +375,12 @@ def test_conditional_write_is_never_spooled(tmp_path: Path, spawn: Spawn) -> Non
         store.close()
 
 
-def test_update_fork_and_archive_are_never_spooled(tmp_path: Path, spawn: Spawn) -> None:
+def test_update_fork_and_archive_are_never_spooled(open_store: OpenStore, spawn: Spawn) -> None:
     """They return the session they wrote; spooled, they could only raise afterwards, and
     a caller's retry of a fork would then fork twice."""
-    path, (s1, s2) = new_store(tmp_path)
-    store = fleetstore.open(path, write_budget=BUDGET)
+    store, (s1, s2) = contract_store(open_store, write_budget=BUDGET)
     try:
-        lock, _ = start_lock(spawn, path, float(HOLD))
+        lock, _ = start_lock(spawn, store.url, float(HOLD))
         writes = [
             lambda: store.sessions.update(s1, title="renamed"),
             lambda: store.sessions.fork(s1, id="the-fork"),
@@ -391,12 +411,12 @@ def test_update_fork_and_archive_are_never_spooled(tmp_path: Path, spawn: Spawn)
 
 
 def test_spooled_write_that_cannot_apply_is_rejected_not_dropped(
-    tmp_path: Path, spawn: Spawn
+    open_store: OpenStore, spawn: Spawn
 ) -> None:
-    path, (s1, _) = new_store(tmp_path)
-    store = fleetstore.open(path, write_budget=BUDGET)
+    store, (s1, _) = contract_store(open_store, write_budget=BUDGET)
+    path = str(store.path)
     try:
-        lock, _ = start_lock(spawn, path, float(HOLD))
+        lock, _ = start_lock(spawn, store.url, float(HOLD))
         store.messages.append(s1, "user", "first")
         store.messages.append("no-such-session", "user", "lost cause")  # checked on replay
         store.messages.append(s1, "user", "last")

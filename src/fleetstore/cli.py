@@ -87,6 +87,10 @@ def lock(path: str, hold: float, exclusive: bool, wait: float) -> None:
     IMMEDIATE, prints `locked PATH pid=PID`, holds the lock for --hold seconds,
     rolls back and prints `released PATH after X.XXs`. SIGTERM and SIGINT release
     the lock early. Use it to test how any program copes with a busy database.
+
+    PATH may be a postgresql:// URL: every table of the database is then locked
+    IN EXCLUSIVE MODE (ACCESS EXCLUSIVE with --exclusive) from a connection of
+    its own: reads go on, every write waits.
     """
     sys.exit(lockdriver.hold_lock(path, hold, exclusive=exclusive, wait=wait))
 

@@ -142,10 +142,14 @@ def decode_value(store: Store, enc: str, body: Any, blob_sha: str | None, size: 
         if enc == "bytes":
             return raw
         body = raw.decode("utf-8")
-    if enc == "json":
-        return json.loads(body)
     if enc == "bytes":
         return bytes(body) if body is not None else b""
+    if isinstance(body, bytes | memoryview):
+        # A column that holds text and bytes alike is BYTEA on PostgreSQL: text
+        # bodies come back as their UTF-8 bytes (SQLite gives back the str stored).
+        body = bytes(body).decode("utf-8")
+    if enc == "json":
+        return json.loads(body)
     return body if body is not None else ""
 
 

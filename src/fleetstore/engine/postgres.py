@@ -301,7 +301,7 @@ class PgDatabase:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def run_write(self, fn: Callable[[WriteTx], T]) -> T:
+    def run_write(self, fn: Callable[[WriteTx], T], *, isolation: str = "SERIALIZABLE") -> T:
         """``fn(tx)`` in a serializable write transaction, committed; run again from
         the start while PostgreSQL asks for it (see the module docstring), within
         ``write_budget`` seconds, then ``StoreBusy`` (nothing written)."""
@@ -321,7 +321,7 @@ class PgDatabase:
             while True:
                 attempts += 1
                 try:
-                    return self._attempt(fn, started, deadline, uncertain)
+                    return self._attempt(fn, started, deadline, uncertain, isolation)
                 except _Retry as retry:
                     if retry.reason == "ambiguous_commits":
                         uncertain = True
@@ -346,7 +346,12 @@ class PgDatabase:
             self._write_owner.discard(me)
 
     def _attempt(
-        self, fn: Callable[[WriteTx], T], started: float, deadline: float, uncertain: bool
+        self,
+        fn: Callable[[WriteTx], T],
+        started: float,
+        deadline: float,
+        uncertain: bool,
+        isolation: str,
     ) -> T:
         try:
             conn = self._getconn(deadline, started)
@@ -357,7 +362,7 @@ class PgDatabase:
         discard = False
         stage = "begin"
         try:
-            now = self._begin(conn, deadline)
+            now = self._begin(conn, deadline, isolation)
             acquired = time.monotonic()
             tx = WriteTx(conn, self.path, now)
             tx.uncertain = uncertain
@@ -456,14 +461,16 @@ class PgDatabase:
         finally:
             self._putconn(conn, discard)
 
-    def _begin(self, conn: psycopg.Connection[Any], deadline: float) -> float:
+    def _begin(
+        self, conn: psycopg.Connection[Any], deadline: float, isolation: str = "SERIALIZABLE"
+    ) -> float:
         """BEGIN, the lock wait bounded by what is left of the budget, and the
         database clock, in one round trip."""
         left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
         try:
             cur = psycopg.ClientCursor(conn)
             cur.execute(
-                "BEGIN ISOLATION LEVEL SERIALIZABLE; "
+                f"BEGIN ISOLATION LEVEL {isolation}; "
                 f"SET LOCAL lock_timeout = {left_ms}; "
                 "SELECT extract(epoch FROM transaction_timestamp())::float8"
             )
@@ -594,9 +601,12 @@ class PgDatabase:
                 applied.append(step.version)
             return applied
 
-        # The advisory lock makes the others wait, not fail; DDL under SERIALIZABLE
-        # can still meet a serialization failure, which run_write retries.
-        return self.run_write(apply)
+        # READ COMMITTED, not SERIALIZABLE: a serializable snapshot is taken before the
+        # advisory lock is granted, so a process that waited for another's migrations
+        # would not see them and apply them again ("relation already exists":
+        # test_pg_engine.py::test_eight_processes_migrating_*).  Read committed reads
+        # the version after the lock.
+        return self.run_write(apply, isolation="READ COMMITTED")
 
     def _check_not_newer(self, current: int, steps: Sequence[Any]) -> None:
         if steps and current > steps[-1].version:
@@ -682,10 +692,53 @@ class PgDatabase:
         return f"<fleetstore.PgDatabase {self.path!r}{' closed' if self._closed else ''}>"
 
 
+@contextlib.contextmanager
+def outside_write_lock(url: str, *, exclusive: bool = False, wait: float = 30.0) -> Iterator[None]:
+    """Every table of the database's schema locked ``IN EXCLUSIVE MODE`` (reads go on,
+    every write waits) for the body of the ``with`` block, from a connection of its
+    own, as another program could: ``fleetstore lock`` on a PostgreSQL store.
+    *exclusive*: ``ACCESS EXCLUSIVE`` (reads wait too).  ``StoreBusy`` if not taken
+    within *wait* seconds; ``FileNotFoundError`` if the database has no tables."""
+    where = redact(url)
+    started = time.monotonic()
+    try:
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=max(2, min(int(wait), 10)))
+    except psycopg.Error as exc:
+        raise errors.DatabaseError(f"{where}: cannot connect: {exc}") from exc
+    try:
+        try:
+            conn.execute("BEGIN")
+            conn.execute(f"SET LOCAL lock_timeout = {max(int(wait * 1000), 1)}")
+            tables = [
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT quote_ident(tablename) FROM pg_tables "
+                    "WHERE schemaname = current_schema() ORDER BY tablename"
+                ).fetchall()
+            ]
+            if not tables:
+                raise FileNotFoundError(f"{where}: no tables there: not a store")
+            mode = "ACCESS EXCLUSIVE" if exclusive else "EXCLUSIVE"
+            conn.execute(f"LOCK TABLE {', '.join(tables)} IN {mode} MODE")
+        except psycopg.Error as exc:
+            if _sqlstate(exc) == "55P03":
+                raise errors.StoreBusy(
+                    where, time.monotonic() - started, 1, stage="statement"
+                ) from None
+            raise _translate(exc, where) from exc
+        try:
+            yield
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
 class _UniqueViolation(Exception):
     def __init__(self, error: errors.FleetstoreError) -> None:
         super().__init__(str(error))
         self.error = error
 
 
-__all__ = ["PgDatabase", "ReadTx", "WriteTx", "to_psycopg"]
+__all__ = ["PgDatabase", "ReadTx", "WriteTx", "outside_write_lock", "to_psycopg"]

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import TextIO
 
@@ -82,7 +82,8 @@ def hold_lock(
     """
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
-    if not os.path.isfile(path):
+    server = path.startswith(("postgresql://", "postgres://"))
+    if not server and not os.path.isfile(path):
         what = "a directory" if os.path.isdir(path) else "missing"
         print(
             f"fleetstore lock: {path}: no database file there ({what}); lock never creates one",
@@ -94,9 +95,7 @@ def hold_lock(
     stop = _Stop()
     with _stop_on_signals(stop):
         try:
-            with outside_write_lock(
-                path, exclusive=exclusive, wait=wait, stop=lambda: stop.requested
-            ):
+            with _lock(path, server, exclusive, wait, stop):
                 locked_at = time.monotonic()
                 _say(out, f"locked {path} pid={os.getpid()}")
                 until = locked_at + hold if math.isfinite(hold) else math.inf
@@ -121,6 +120,17 @@ def hold_lock(
             return EXIT_ERROR
     _say(out, f"released {path} after {time.monotonic() - locked_at:.2f}s")
     return EXIT_OK
+
+
+def _lock(
+    path: str, server: bool, exclusive: bool, wait: float, stop: _Stop
+) -> AbstractContextManager[None]:
+    if server:
+        # Every table IN EXCLUSIVE MODE: the closest a server has to one write lock.
+        from fleetstore.engine.postgres import outside_write_lock as pg_lock
+
+        return pg_lock(path, exclusive=exclusive, wait=wait)
+    return outside_write_lock(path, exclusive=exclusive, wait=wait, stop=lambda: stop.requested)
 
 
 def _say(out: TextIO, line: str) -> None:
