@@ -32,7 +32,7 @@ from google.adk.sessions.session import Session
 from google.genai import types
 
 import fleetstore
-from conftest import Barrier, Proc, Spawn, start_lock
+from conftest import Barrier, OpenStore, Proc, Spawn, start_lock
 from fleetstore import errors
 from fleetstore.integrations.adk import (
     FleetstoreSessionService,
@@ -62,8 +62,9 @@ def event(
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[FleetstoreSessionService]:
-    svc = FleetstoreSessionService(tmp_path / "adk.db")
+def service(open_store: OpenStore) -> Iterator[FleetstoreSessionService]:
+    """The service over a store of each engine (SQLite, PostgreSQL)."""
+    svc = FleetstoreSessionService(open_store("adk.db"))
     yield svc
     asyncio.run(svc.close())
 

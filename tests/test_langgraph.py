@@ -35,7 +35,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 import fleetstore
-from conftest import Barrier, Proc, Spawn, start_lock
+from conftest import Barrier, OpenStore, Proc, Spawn, start_lock
 from fleetstore import errors
 from fleetstore.integrations.langgraph import FleetstoreSaver
 from langgraph_agent import build as build_agent_graph
@@ -59,13 +59,14 @@ def rows(saver: FleetstoreSaver, table: str) -> int:
 # --- the conformance suite --------------------------------------------------------------------
 
 
-def test_conformance_suite_passes_every_capability(tmp_path: Path) -> None:
+def test_conformance_suite_passes_every_capability(open_store: OpenStore) -> None:
+    """On each engine (SQLite, PostgreSQL): a fresh store per capability."""
     made: list[int] = []
 
     @checkpointer_test(name="FleetstoreSaver")
     async def factory() -> Any:
         made.append(1)
-        async with FleetstoreSaver(tmp_path / f"conformance-{len(made)}.db") as saver:
+        async with FleetstoreSaver(open_store(f"conformance-{len(made)}.db")) as saver:
             yield saver
 
     report = asyncio.run(validate(factory))

@@ -24,7 +24,7 @@ from agents.memory import Session as SessionProtocol
 
 import fleetstore
 from agents_agent import history, make_agent, run_turn, summary, user_text
-from conftest import Barrier, Proc, Spawn, start_lock
+from conftest import Barrier, OpenStore, Proc, Spawn, start_lock
 from fleetstore import agents_ops, errors
 from fleetstore.integrations.openai_agents import (
     FleetstoreSession,
@@ -84,7 +84,7 @@ def release(lock: Proc) -> float:
 # -- the Session protocol --------------------------------------------------------------------
 
 
-def test_session_behaves_like_the_sdks_sqlite_session(tmp_path: Path) -> None:
+def test_session_behaves_like_the_sdks_sqlite_session(open_store: OpenStore) -> None:
     async def script(session: Any) -> list[Any]:
         seen: list[Any] = [await session.get_items(), await session.pop_item()]
         await session.add_items(items(5))
@@ -101,7 +101,7 @@ def test_session_behaves_like_the_sdks_sqlite_session(tmp_path: Path) -> None:
 
     async def main() -> None:
         reference = SQLiteSession("s")  # in memory: no file beside the store
-        with fleetstore.open(tmp_path / "s.db") as store:
+        with open_store() as store:
             ours = FleetstoreSession("s", store)
             assert isinstance(ours, SessionProtocol)
             assert await script(ours) == await script(reference)
@@ -216,12 +216,11 @@ def test_list_sessions_pages_newest_first(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_concurrent_pops_from_two_stores_pop_each_item_once(tmp_path: Path) -> None:
-    path = tmp_path / "pop.db"
+def test_concurrent_pops_from_two_stores_pop_each_item_once(open_store: OpenStore) -> None:
     batch = items(30)
 
     async def main() -> None:
-        with fleetstore.open(path) as one, fleetstore.open(path) as two:
+        with open_store("pop.db") as one, open_store("pop.db") as two:
             await FleetstoreSession("s", one).add_items(batch)
             a, b = FleetstoreSession("s", one), FleetstoreSession("s", two)
 
