@@ -1051,7 +1051,7 @@ def top(path: str | None, interval: float, count: int | None, as_json: bool) -> 
     """
     from fleetstore.ops import top as top_view
 
-    db = _existing_store("top", path)
+    db = _existing_store("top", path, server=False)
     try:
         opened = fleetstore.open(db, publish_interval=0)
     except (FleetstoreError, OSError) as exc:

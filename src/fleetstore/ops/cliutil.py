@@ -21,16 +21,26 @@ store_option = click.option(
 )
 
 
-def existing_store(command: str, store: str | None) -> str:
-    """The store's path; exit 2 if there is none (commands that read a store never
-    create one)."""
+def existing_store(command: str, store: str | None, *, server: bool = True) -> str:
+    """The store's path, or a PostgreSQL store's URL (where *server*); exit 2 if there
+    is no store file (commands that read a store never create one)."""
     from fleetstore.errors import ConfigError
-    from fleetstore.store import resolve_target
+    from fleetstore.store import parse_target
 
     try:
-        path = resolve_target(store)
+        _kind, target = parse_target(store)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    if isinstance(target, str):
+        if not server:
+            click.echo(
+                f"fleetstore {command}: works on SQLite store files, not on a PostgreSQL "
+                "store (see docs/postgresql.md)",
+                err=True,
+            )
+            sys.exit(2)
+        return target
+    path = target
     if not path.is_file():
         click.echo(f"fleetstore {command}: no store at {path} (nothing was created)", err=True)
         sys.exit(2)
