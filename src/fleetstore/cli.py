@@ -24,6 +24,7 @@ from fleetstore.ops.cliutil import size as _size
 from fleetstore.ops.cliutil import store_option as _store_option
 from fleetstore.ops.doctor import doctor_command
 from fleetstore.ops.maintain_cli import maintain_command
+from fleetstore.ops.migrate_cli import migrate_command
 from fleetstore.ops.sessions_cli import sessions, stats_command
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -1067,5 +1068,6 @@ def top(path: str | None, interval: float, count: int | None, as_json: bool) -> 
 
 main.add_command(doctor_command, "doctor")
 main.add_command(maintain_command)
+main.add_command(migrate_command)
 main.add_command(sessions)
 main.add_command(stats_command)
