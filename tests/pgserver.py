@@ -75,9 +75,7 @@ class PgServer:
 
     def start(self) -> None:
         assert self.datadir is not None, "a server given by URL is not ours to start"
-        self._run(
-            _bin("pg_ctl"), "-D", self.datadir, "-l", self._log, "-w", "-t", "60", "start"
-        )
+        self._run(_bin("pg_ctl"), "-D", self.datadir, "-l", self._log, "-w", "-t", "60", "start")
 
     def stop(self, mode: str = "fast") -> None:
         assert self.datadir is not None, "a server given by URL is not ours to stop"

@@ -72,20 +72,23 @@ class OpSpec:
     fn: Callable[[Tx, Queries, Args], Result]
     #: Recorded in applied_ops (and skipped when found there).
     logged: bool
+    #: One statement that re-checks its own conditions (a claim): the engine may run
+    #: it at a weaker isolation (PostgreSQL: READ COMMITTED with SKIP LOCKED).
+    single_statement: bool = False
 
 
 REGISTRY: dict[str, OpSpec] = {}
 
 
 def register(
-    name: str, logged: bool = True
+    name: str, logged: bool = True, single_statement: bool = False
 ) -> Callable[[Callable[[Tx, Queries, Args], Result]], Any]:
     """Decorator: register an operation's apply function under *name*."""
 
     def decorate(fn: Callable[[Tx, Queries, Args], Result]) -> Any:
         if name in REGISTRY:
             raise ValueError(f"operation {name!r} registered twice")
-        REGISTRY[name] = OpSpec(name, fn, logged)
+        REGISTRY[name] = OpSpec(name, fn, logged, single_statement)
         return fn
 
     return decorate

@@ -191,7 +191,7 @@ def _enqueue_effect(tx: Tx, q: Queries, a: Args) -> Result:
     return enqueue_in(tx, q, a, float(a["now"]))
 
 
-@register("claim_effects", logged=False)
+@register("claim_effects", logged=False, single_statement=True)
 def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
     """Not logged and never spooled: a claim whose outcome is unknown (a crash)
     is recovered by its lease expiring.  A claim run again after a COMMIT whose

@@ -240,7 +240,11 @@ class Store:
         # On PostgreSQL the function may run again (serialization failure, lost
         # connection); operations are idempotent by op_id, so a rerun is safe.
         q = self.queries
-        return self.db.run_write(lambda tx: operations.apply(tx, q, op, tx.now))
+        spec = operations.REGISTRY.get(op.name)
+        single = spec is not None and spec.single_statement
+        return self.db.run_write(
+            lambda tx: operations.apply(tx, q, op, tx.now), single_statement=single
+        )
 
     def _spool(self, op: Operation, busy: errors.StoreBusy | None) -> None:
         try:

@@ -38,10 +38,11 @@ class Engine(Protocol):
         """A write transaction taken within the write budget; its body runs once."""
         ...
 
-    def run_write(self, fn: Callable[[Any], T]) -> T:
+    def run_write(self, fn: Callable[[Any], T], *, single_statement: bool = False) -> T:
         """``fn(tx)`` in a write transaction, committed, within the write budget.  *fn*
         may run more than once (PostgreSQL starts over on a serialization failure or
-        a lost connection), so it must do nothing but database work."""
+        a lost connection), so it must do nothing but database work.
+        *single_statement*: *fn* is one statement that re-checks its own conditions."""
         ...
 
     def read(self, fn: Callable[[Any], T]) -> T:

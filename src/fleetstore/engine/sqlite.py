@@ -474,9 +474,10 @@ class Database:
         self._metrics.record_write(acquired - started, committed - acquired)
         self._maybe_checkpoint()
 
-    def run_write(self, fn: Callable[[WriteTx], T]) -> T:
+    def run_write(self, fn: Callable[[WriteTx], T], *, single_statement: bool = False) -> T:
         """``fn(tx)`` in one write transaction (``write()``), committed; the engines'
-        common way to write (on PostgreSQL *fn* may run more than once)."""
+        common way to write (on PostgreSQL *fn* may run more than once).  SQLite's
+        writers are serial: *single_statement* changes nothing here."""
         with self.write() as tx:
             return fn(tx)
 
