@@ -8,6 +8,7 @@ check that rejected input writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import select
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +65,39 @@ def blob_dir(store: Store) -> Path:
     return Path(str(store.path) + ".blobs")
 
 
-def blob_files(store: Store) -> list[Path]:
-    """Every file under the blob directory (temporary files included)."""
+def blob_files(store: Store) -> list[str]:
+    """Every stored blob: SQLite, the name of every file under the blob directory
+    (temporary files included); PostgreSQL, every hash with rows in blob_chunks."""
+    if store.dialect != "sqlite":
+        return [r[0] for r in rows(store, "SELECT DISTINCT sha256 FROM blob_chunks ORDER BY 1")]
     d = blob_dir(store)
-    return sorted(p for p in d.rglob("*") if p.is_file()) if d.exists() else []
+    return sorted(p.name for p in d.rglob("*") if p.is_file()) if d.exists() else []
+
+
+def read_packed(store: Store, digest: str) -> bytes:
+    """A blob's bytes as stored (compressed)."""
+    if store.dialect != "sqlite":
+        found = rows(store, "SELECT data FROM blob_chunks WHERE sha256 = ? ORDER BY seq", (digest,))
+        return b"".join(bytes(r[0]) for r in found)
+    return (blob_dir(store) / digest[:2] / digest).read_bytes()
+
+
+def write_packed(store: Store, digest: str, data: bytes | None) -> None:
+    """Damage a stored blob from outside: its bytes replaced by *data* (None: removed)."""
+    if store.dialect != "sqlite":
+
+        def change(tx: Any) -> None:
+            tx.execute("DELETE FROM blob_chunks WHERE sha256 = ?", (digest,))
+            if data is not None:
+                tx.execute("INSERT INTO blob_chunks VALUES (?, 0, ?)", (digest, data))
+
+        store.db.run_write(change)
+        return
+    path = blob_dir(store) / digest[:2] / digest
+    if data is None:
+        path.unlink()
+    else:
+        path.write_bytes(data)
 
 
 def sha(data: bytes) -> str:
@@ -312,7 +342,7 @@ def test_fork_at_a_message_does_not_read_its_blobs(store: Store) -> None:
     s = store.sessions.create()
     output = os.urandom(100 * KIB)
     m = store.messages.append(s.id, "tool", [ToolResult("c", output)])
-    (blob_dir(store) / sha(output)[:2] / sha(output)).unlink()
+    write_packed(store, sha(output), None)
     fork = store.sessions.fork(s.id, at_message_id=m.id)
     assert fork.fork_seq == 1
     with pytest.raises(errors.BlobCorrupt):
@@ -483,12 +513,13 @@ def test_a_large_payload_is_a_zstd_file_named_by_its_hash(store: Store) -> None:
         "tool",
         [ToolResult("c1", big, name="../../etc/passwd"), File(small, name="../../x")],
     )
-    path = blob_dir(store) / sha(big)[:2] / sha(big)
-    assert blob_files(store) == [path]
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert stat.S_IMODE(blob_dir(store).stat().st_mode) == 0o700
-    packed = path.read_bytes()
+    assert blob_files(store) == [sha(big)]
+    if store.dialect == "sqlite":  # a file named by its hash alone, private
+        path = blob_dir(store) / sha(big)[:2] / sha(big)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(blob_dir(store).stat().st_mode) == 0o700
+    packed = read_packed(store, sha(big))
     assert packed[:4] == b"\x28\xb5\x2f\xfd"  # the zstd frame magic
     assert zstandard.ZstdDecompressor().decompress(packed) == big
     part_rows = rows(
@@ -543,22 +574,22 @@ def test_a_damaged_blob_file_is_blob_corrupt_on_read(store: Store, damage: str) 
     s = store.sessions.create()
     output = os.urandom(100 * KIB)
     m = store.messages.append(s.id, "tool", [ToolResult("c", output)])
-    path = blob_dir(store) / sha(output)[:2] / sha(output)
-    packed = bytearray(path.read_bytes())
+    digest = sha(output)
+    packed = bytearray(read_packed(store, digest))
     if damage == "flip":
         packed[len(packed) // 2] ^= 0xFF
-        path.write_bytes(bytes(packed))
+        write_packed(store, digest, bytes(packed))
     elif damage == "truncate":
-        path.write_bytes(bytes(packed[: len(packed) // 2]))
+        write_packed(store, digest, bytes(packed[: len(packed) // 2]))
     elif damage == "remove":
-        path.unlink()
+        write_packed(store, digest, None)
     elif damage == "swap":  # a valid zstd frame of other bytes of the same size
         other = zstandard.ZstdCompressor(write_content_size=True).compress(os.urandom(len(output)))
-        path.write_bytes(other)
+        write_packed(store, digest, other)
     else:  # a header declaring 32 TiB: refused before anything is allocated
         forged = _forged_header(bytes(packed), 1 << 45)
         assert zstandard.frame_content_size(forged) == 1 << 45
-        path.write_bytes(forged)
+        write_packed(store, digest, forged)
     with pytest.raises(errors.BlobCorrupt):
         store.messages.get(m.id)
     with pytest.raises(errors.BlobCorrupt):
@@ -741,6 +772,21 @@ def test_a_stream_after_its_block_refuses_deltas(store: Store) -> None:
     assert store.messages.get(reply.id).text == "a"
 
 
+@contextlib.contextmanager
+def hold_writes(store: Store) -> Iterator[None]:
+    """Every write of the store waits while this is held (SQLite: a write transaction;
+    PostgreSQL, where writers do not exclude each other: every table locked from a
+    connection of its own)."""
+    if store.dialect == "sqlite":
+        with store.db.write():
+            yield
+        return
+    from fleetstore.engine.postgres import outside_write_lock
+
+    with outside_write_lock(store.url):
+        yield
+
+
 def test_a_failed_flush_keeps_its_text(open_store: OpenStore) -> None:
     store = open_store(on_busy="raise", write_budget=0.2, stream_flush_interval=600)
     holder = open_store()
@@ -749,7 +795,7 @@ def test_a_failed_flush_keeps_its_text(open_store: OpenStore) -> None:
         reply.text("a")
         reply.flush()
         reply.text("b")
-        with holder.db.write():  # the lock stays taken past the budget
+        with hold_writes(holder):  # the lock stays taken past the budget
             with pytest.raises(errors.StoreBusy):
                 reply.flush()
             reply.text("c")
@@ -815,7 +861,7 @@ KILLED_STREAMER = textwrap.dedent(
     """
     import sys, time
     import fleetstore
-    store = fleetstore.open(sys.argv[1], stream_flush_interval=600)
+    store = fleetstore.open(sys.argv[1], stream_flush_interval=600, local_dir=sys.argv[3])
     reply = store.messages.stream(sys.argv[2], model="m-kill")
     reply.__enter__()
     reply.text("flushed before the kill. ")
@@ -830,7 +876,7 @@ KILLED_STREAMER = textwrap.dedent(
 def test_a_streamer_killed_with_sigkill_leaves_a_streaming_message(store: Store) -> None:
     s = store.sessions.create()
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_STREAMER, str(store.path), s.id],
+        [sys.executable, "-c", KILLED_STREAMER, store.url, s.id, store.settings.local_dir],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -856,7 +902,7 @@ def test_a_streamer_killed_with_sigkill_leaves_a_streaming_message(store: Store)
     assert m.text == "flushed before the kill. " and m.model == "m-kill"
     # The store is writable after the kill: the dead process held no lock.
     store.messages.append(s.id, "user", "still here")
-    reopened = fleetstore.open(store.path)
+    reopened = fleetstore.open(store.url, local_dir=store.settings.local_dir)
     try:
         assert [x.status for x in reopened.messages.list(s.id)] == ["streaming", "complete"]
     finally:
@@ -916,7 +962,7 @@ def test_state_bytes_and_large_values(store: Store) -> None:
     assert raw is not None and raw.value == b"\x00\x01\xff"
     big = os.urandom(store.settings.blob_threshold + 1)
     store.state.put(s.id, "big", big)
-    assert blob_files(store) == [blob_dir(store) / sha(big)[:2] / sha(big)]
+    assert blob_files(store) == [sha(big)]
     assert rows(store, "SELECT value, blob_sha FROM state WHERE key = 'big'") == [(None, sha(big))]
     got = store.state.get(s.id, "big")
     assert got is not None and got.value == big

@@ -65,12 +65,10 @@ def _delete_tree(tx: Tx, q: Queries, a: Args) -> Result:
         if newest >= before:
             return {"id": sid, "skipped": True, "newest": newest, "done": False}
     params = {"id": sid, "limit": limit}
-    tx.execute(q["mnt_tree_delete_messages"], params)
-    messages = _changes(tx)
+    messages = len(tx.execute(q["mnt_tree_delete_messages"], params))
     states = sessions = 0
     if messages < limit:
-        tx.execute(q["mnt_tree_delete_state"], {"id": sid, "limit": limit - messages})
-        states = _changes(tx)
+        states = len(tx.execute(q["mnt_tree_delete_state"], {"id": sid, "limit": limit - messages}))
         if messages + states < limit:
             tx.execute(q["mnt_tree_delete_sessions"], {"id": sid})
             sessions = count
@@ -81,10 +79,6 @@ def _delete_tree(tx: Tx, q: Queries, a: Args) -> Result:
         "sessions": sessions,
         "done": bool(sessions),
     }
-
-
-def _changes(tx: Tx) -> int:
-    return int(tx.execute("SELECT changes()")[0][0])
 
 
 def blob_referrers(tx: Tx, q: Queries) -> list[tuple[str, str]]:
@@ -109,8 +103,7 @@ def referenced(tx: Tx, q: Queries, shas: list[str]) -> set[str]:
     for table, column in blob_referrers(tx, q):
         col = _ident(column)
         rows = tx.execute(
-            f"SELECT DISTINCT {col} FROM {_ident(table)} "
-            f"WHERE {col} IN (SELECT value FROM json_each(?))",
+            f"SELECT DISTINCT {col} FROM {_ident(table)} WHERE {col} IN ({q['mnt_json_ids']})",
             (doc,),
         )
         found.update(str(r[0]) for r in rows)
@@ -131,8 +124,7 @@ def _delete_blobs(tx: Tx, q: Queries, a: Args) -> Result:
     for sha in wanted:
         if sha in keep:
             continue
-        tx.execute(q["mnt_blob_delete"], (sha,))
-        if _changes(tx):
+        if tx.execute(q["mnt_blob_delete"], (sha,)):
             deleted.append(sha)
     return {"deleted": deleted, "kept": sorted(keep)}
 
@@ -150,8 +142,7 @@ def _prune_ops(tx: Tx, q: Queries, a: Args) -> Result:
     deleted = 0
     for op_id, applied_at in rows:
         if applied_at < horizon:
-            tx.execute(q["mnt_ops_delete"], (op_id, horizon))
-            deleted += _changes(tx)
+            deleted += len(tx.execute(q["mnt_ops_delete"], (op_id, horizon)))
     last: Any = rows[-1][0] if rows else None
     return {"deleted": deleted, "scanned": len(rows), "last": last, "done": len(rows) < _limit(a)}
 

@@ -235,6 +235,10 @@ def encoded_body(
             json.loads(body)
         except ValueError:
             raise errors.InvalidInput(f"{what}: body is not JSON") from None
+    if "\x00" in body:
+        # PostgreSQL text cannot hold NUL (the body column is BYTEA there): such a body
+        # goes as its UTF-8 bytes on both engines, and reads decode it (decode_value).
+        return enc, body.encode("utf-8"), None, len(body.encode("utf-8"))
     return enc, body, None, len(body.encode("utf-8"))
 
 

@@ -103,6 +103,12 @@ def _connection_lost(exc: BaseException, conn: psycopg.Connection[Any] | None) -
 def _translate(exc: psycopg.Error, where: str) -> errors.FleetstoreError:
     message = f"{where}: {exc}".strip()
     state = _sqlstate(exc)
+    if isinstance(exc, psycopg.DataError) and "NUL" in str(exc):
+        # psycopg refuses to send it: PostgreSQL text cannot hold U+0000 at all.
+        return errors.InvalidInput(
+            f"{where}: text containing NUL (U+0000) cannot be stored on PostgreSQL "
+            "(message bodies can: they are bytes there)"
+        )
     if state.startswith("23"):
         return errors.IntegrityError(message)
     if state == "25006":  # read_only_sql_transaction

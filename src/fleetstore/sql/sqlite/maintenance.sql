@@ -21,6 +21,7 @@ WITH RECURSIVE tree(id) AS (
 DELETE FROM messages WHERE id IN (
     SELECT m.id FROM tree JOIN messages m ON m.session_id = tree.id LIMIT :limit
 )
+RETURNING 1
 
 -- mnt_tree_delete_state: up to :limit state values of a session tree
 WITH RECURSIVE tree(id) AS (
@@ -32,6 +33,7 @@ DELETE FROM state WHERE (session_id, namespace, key) IN (
     SELECT st.session_id, st.namespace, st.key FROM tree JOIN state st ON st.session_id = tree.id
     LIMIT :limit
 )
+RETURNING 1
 
 -- mnt_tree_delete_sessions: the (now empty) sessions of a tree; subagents go by ON DELETE CASCADE
 DELETE FROM sessions WHERE id = :id
@@ -52,7 +54,10 @@ ORDER BY m.name, f."from"
 SELECT sha256, stored_size FROM blobs WHERE sha256 > ? ORDER BY sha256 LIMIT ?
 
 -- mnt_blob_delete: a blob row (its file goes after the commit)
-DELETE FROM blobs WHERE sha256 = ?
+DELETE FROM blobs WHERE sha256 = ? RETURNING 1
+
+-- mnt_json_ids: the strings of a JSON array, as rows (a fragment: WHERE x IN (this))
+SELECT value FROM json_each(?)
 
 -- mnt_blob_exists: is there a row for this blob?
 SELECT 1 FROM blobs WHERE sha256 = ?
@@ -61,7 +66,7 @@ SELECT 1 FROM blobs WHERE sha256 = ?
 SELECT op_id, applied_at FROM applied_ops WHERE op_id > ? AND op_id < ? ORDER BY op_id LIMIT ?
 
 -- mnt_ops_delete: one applied_ops row, if it is still older than the horizon
-DELETE FROM applied_ops WHERE op_id = ? AND applied_at < ?
+DELETE FROM applied_ops WHERE op_id = ? AND applied_at < ? RETURNING 1
 
 -- mnt_ops_count: applied_ops rows, and the oldest application
 SELECT count(*), min(applied_at) FROM applied_ops

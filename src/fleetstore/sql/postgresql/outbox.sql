@@ -1,0 +1,183 @@
+-- The PostgreSQL dialect of sql/sqlite/outbox.sql: the same names, parameters and
+-- result columns.
+-- A negative limit means no limit, as on SQLite: LIMIT nullif(greatest(n, -1), -1)
+-- is PostgreSQL's LIMIT NULL (all rows) for those, LIMIT n otherwise.
+
+-- effect_get: one effect
+SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
+       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key, result,
+       last_error, dead_reason, errors, created_at, updated_at, started_at, finished_at
+FROM effects WHERE id = ?
+
+-- effect_list: effects filtered (NULL filters match all), by thread and seq, after a cursor
+SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
+       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key, result,
+       last_error, dead_reason, errors, created_at, updated_at, started_at, finished_at
+FROM effects
+WHERE (:thread IS NULL OR thread_key = :thread)
+  AND (:state IS NULL OR state = :state)
+  AND (:kind IS NULL OR kind = :kind)
+  AND (:after_thread IS NULL OR (thread_key, seq) > (:after_thread, :after_seq))
+ORDER BY thread_key, seq
+LIMIT nullif(greatest(:limit, -1), -1)
+
+-- effect_counts: how many effects are in each state
+SELECT state, count(*) FROM effects GROUP BY state
+
+-- effect_expired_count: running effects whose lease has expired (the sweep's work)
+SELECT count(*) FROM effects WHERE state = 'running' AND lease_expires_at < ?
+
+-- effect_by_key: the effect enqueued under an idempotency key
+SELECT id, thread_key, kind FROM effects WHERE idempotency_key = ?
+
+-- effect_thread_last_seq: the highest seq of a thread (0 for none)
+SELECT coalesce(max(seq), 0) FROM effects WHERE thread_key = ?
+
+-- effect_thread_has_active: does the thread have a pending or running effect?  The thread's head row is touched first (an update that changes nothing): under snapshot isolation, an enqueue deciding "not the head" and a settlement of that head deciding "no next effect" would otherwise both commit and leave the thread without a head for ever (write skew); touching the row makes the later of the two fail with 40001 and start over, seeing the other
+WITH t AS (SELECT ?::text AS key),
+touched AS (
+    UPDATE effects SET updated_at = updated_at
+    WHERE thread_key = (SELECT key FROM t) AND is_head = 1
+    RETURNING 1
+)
+SELECT 1 FROM effects
+WHERE thread_key = (SELECT key FROM t) AND state IN ('pending', 'running')
+   OR EXISTS (SELECT 1 FROM touched)
+LIMIT 1
+
+-- effect_insert: a new pending effect
+INSERT INTO effects (id, thread_key, seq, kind, enc, payload, blob_sha, size, state, is_head,
+                     attempt, max_attempts, replay_safe, available_at, idempotency_key,
+                     created_at, updated_at)
+VALUES (:id, :thread, :seq, :kind, :enc, fleetstore_bytes(:payload), :blob_sha, :size, 'pending',
+        :is_head, 0, :max_attempts, :replay_safe, :available_at, :key, :now, :now)
+
+-- effect_next_ready: when the next claimable head becomes available (NULL: none)
+SELECT min(available_at) FROM effects
+WHERE state = 'pending' AND is_head = 1
+  AND (:kinds IS NULL OR kind IN (SELECT json_array_elements_text(:kinds::json)))
+
+-- effect_active_count: pending or running effects (of these kinds)
+SELECT count(*) FROM effects
+WHERE state IN ('pending', 'running')
+  AND (:kinds IS NULL OR kind IN (SELECT json_array_elements_text(:kinds::json)))
+
+-- effect_claim: take up to :limit ready heads, oldest first, in one statement; SKIP LOCKED passes over the heads another claim is taking, and the outer SELECT only orders what the UPDATE returns
+WITH claimed AS (
+    UPDATE effects
+    SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
+        lease_expires_at = :now + :lease, started_at = :now, updated_at = :now,
+        claim_op = :claim_op
+    WHERE id IN (
+        SELECT id FROM effects
+        WHERE state = 'pending' AND is_head = 1 AND available_at <= :now
+          AND (:kinds IS NULL OR kind IN (SELECT json_array_elements_text(:kinds::json)))
+        ORDER BY available_at, thread_key
+        LIMIT nullif(greatest(:limit, -1), -1)
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt,
+              max_attempts, replay_safe, available_at, fence, lease_owner, lease_expires_at,
+              idempotency_key, result, last_error, dead_reason, errors, created_at, updated_at,
+              started_at, finished_at
+)
+SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
+       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key, result,
+       last_error, dead_reason, errors, created_at, updated_at, started_at, finished_at
+FROM claimed
+ORDER BY available_at, thread_key
+
+-- effect_claimed_by: what a claim operation took and still holds (effect_claim's columns), for a claim whose COMMIT went unanswered
+SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
+       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key, result,
+       last_error, dead_reason, errors, created_at, updated_at, started_at, finished_at
+FROM effects WHERE state = 'running' AND claim_op = ?
+ORDER BY available_at, thread_key
+
+-- effect_for_settle: what a settlement checks before it writes
+SELECT thread_key, state, fence, lease_owner, attempt, max_attempts, errors, dead_reason
+FROM effects WHERE id = ?
+
+-- effect_heartbeat: extend a lease, only for the claim that holds it; an effect a sweep put back to pending, and nobody claimed since, is taken back
+UPDATE effects
+SET state = 'running', lease_owner = :owner, lease_expires_at = :now + :lease, updated_at = :now
+WHERE id = :id AND fence = :fence AND state IN ('running', 'pending')
+RETURNING lease_expires_at
+
+-- effect_settle: a running (or pending) effect's new state; the caller checked the fence
+UPDATE effects
+SET state = :state, is_head = :is_head, lease_owner = NULL, lease_expires_at = NULL,
+    available_at = :available_at, result = :result, last_error = :error,
+    dead_reason = :dead_reason, errors = :errors, attempt = :attempt,
+    finished_at = :finished_at, updated_at = :now, fence = fence + :bump
+WHERE id = :id
+
+-- effect_requeue: an operator's retry: pending again at the end of its thread
+UPDATE effects
+SET state = 'pending', is_head = :is_head, seq = :seq, attempt = 0, available_at = :now,
+    dead_reason = NULL, finished_at = NULL, updated_at = :now, fence = fence + 1
+WHERE id = :id
+
+-- effect_make_due: a pending effect may run now
+UPDATE effects SET available_at = LEAST(available_at, ?), updated_at = ?, fence = fence + 1
+WHERE id = ?
+
+-- effect_clear_head: the thread's head flag off (before another effect takes it)
+UPDATE effects SET is_head = 0 WHERE thread_key = ? AND is_head = 1
+
+-- effect_advance_head: the thread's lowest active effect becomes its head
+UPDATE effects SET is_head = 1
+WHERE id = (
+    SELECT id FROM effects
+    WHERE thread_key = ? AND state IN ('pending', 'running')
+    ORDER BY seq LIMIT 1
+)
+
+-- effect_sweep: expired leases back to pending (replay-safe, attempts left) or to dead, in one guarded statement
+UPDATE effects
+SET state = v.verdict,
+    is_head = (v.verdict = 'pending')::int,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    available_at = :now,
+    last_error = v.message,
+    dead_reason = v.dead_reason,
+    errors = (
+        SELECT json_agg(x.e ORDER BY x.n NULLS LAST)::text
+        FROM (
+            SELECT e, n FROM json_array_elements(effects.errors::json) WITH ORDINALITY AS a(e, n)
+            WHERE n > CASE WHEN json_array_length(effects.errors::json) >= :kept THEN 1 ELSE 0 END
+            UNION ALL
+            SELECT json_build_object('attempt', effects.attempt, 'error', v.message, 'at', :now,
+                                     'owner', effects.lease_owner), NULL
+        ) AS x
+    ),
+    finished_at = CASE WHEN v.verdict = 'dead' THEN :now END,
+    updated_at = :now
+FROM (
+    SELECT id,
+           CASE WHEN dead_reason IS NULL THEN 'pending' ELSE 'dead' END AS verdict,
+           dead_reason,
+           'the lease of ' || lease_owner || ' expired during attempt ' || attempt
+           || CASE dead_reason
+                  WHEN 'not_replay_safe' THEN '; kind ' || kind || ' is not replay-safe: not run again'
+                  WHEN 'attempts_exhausted' THEN '; no attempts left'
+                  ELSE '' END AS message
+    FROM (
+        SELECT e.id, e.kind, e.attempt, e.lease_owner,
+               CASE WHEN coalesce(e.replay_safe, k.replay_safe, 1) = 0 THEN 'not_replay_safe'
+                    WHEN e.attempt >= e.max_attempts THEN 'attempts_exhausted' END AS dead_reason
+        FROM effects e LEFT JOIN effect_kinds k ON k.kind = e.kind
+        WHERE e.state = 'running' AND e.lease_expires_at < :now
+    ) AS x
+) AS v
+WHERE effects.id = v.id AND effects.state = 'running' AND effects.lease_expires_at < :now
+RETURNING effects.id, effects.thread_key, effects.state
+
+-- effect_declare_kind: record whether a kind may run again after its owner was lost
+INSERT INTO effect_kinds (kind, replay_safe, declared_at) VALUES (?, ?, ?)
+ON CONFLICT (kind) DO UPDATE SET replay_safe = excluded.replay_safe, declared_at = excluded.declared_at
+WHERE effect_kinds.replay_safe IS DISTINCT FROM excluded.replay_safe
+
+-- effect_kinds: the declared kinds
+SELECT kind, replay_safe, declared_at FROM effect_kinds ORDER BY kind
