@@ -1160,7 +1160,9 @@ def test_applying_an_operation_twice_has_one_effect(store: Store) -> None:
     first = store.apply(op)
     assert first["seq"] == 1
     before = counts(store)
-    assert store.apply(op) == {"duplicate": True}
+    # The second run changes nothing and returns what the first returned (applied_ops
+    # keeps it: a caller whose COMMIT's outcome was lost gets a usable result).
+    assert store.apply(op) == {**first, "duplicate": True}
     assert counts(store) == before
     update = Operation("update_session", {"id": s.id, "title": "t", "now": 6.0}, new_id())
     store.apply(update)

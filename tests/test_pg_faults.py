@@ -218,6 +218,18 @@ def test_ambiguous_commit_of_an_append_applies_once(
     value = store.state.get(sid, "k")
     assert value is not None and (value.version, value.value) == (state_before + 1, {"n": 1})
 
+    # An enqueue's caller gets the effect's id back: the second run finds the operation
+    # in applied_ops with the result the first run stored.
+    disarm = armed_commit(store, pg_url)
+    try:
+        eid = store.effects.enqueue("t-ambiguous", "fx", {"once": True})
+    finally:
+        commits = disarm()
+    assert commits == 2
+    assert store.effects.get(eid).payload == {"once": True}
+    assert count(store, "SELECT count(*) FROM effects WHERE thread_key = 't-ambiguous'") == 1
+    assert store.metrics()["ambiguous_commits"] >= 3
+
 
 def test_ambiguous_commit_of_a_claim_returns_the_claimed_effects(
     pg_store: fleetstore.Store, pg_url: str

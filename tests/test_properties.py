@@ -439,7 +439,7 @@ def test_duplicates_and_retries_give_the_same_state_as_applying_each_once(
                 assert not REGISTRY[op.name].logged, (i, op)
             else:
                 if REGISTRY[op.name].logged:
-                    assert result == {"duplicate": True}, (i, op, result)
+                    assert result.get("duplicate") is True, (i, op, result)
 
         assert dump(b) == dump(a)
         assert blob_names(b) == blob_names(a)

@@ -100,8 +100,10 @@ def apply(tx: Tx, q: Queries, op: Operation, now: float) -> Result:
     spec = REGISTRY.get(op.name)
     if spec is None:
         raise errors.InvalidInput(f"unknown operation {op.name!r}")
-    if spec.logged and tx.execute(q["op_applied"], (op.op_id,)):
-        return {"duplicate": True}
+    if spec.logged:
+        found = tx.execute(q["op_applied"], (op.op_id,))
+        if found:
+            return {**_earlier_result(found[0][1]), "duplicate": True}
     args = dict(op.args)
     args.setdefault("now", now)
     # The transactional outbox: effects named by a history operation commit
@@ -117,8 +119,31 @@ def apply(tx: Tx, q: Queries, op: Operation, now: float) -> Result:
                 raise errors.InvalidInput(f"{op.name}: each effect must be an object")
             enqueue(tx, q, {**effect, "now": args["now"]})
     if spec.logged:
-        tx.execute(q["op_record"], (op.op_id, op.name, op.session_id, now))
+        tx.execute(q["op_record"], (op.op_id, op.name, op.session_id, now, _result_json(result)))
     return result
+
+
+#: Results longer than this are not kept (a duplicate then returns only its flag);
+#: every result of the registry's logged operations is far smaller.
+MAX_KEPT_RESULT = 4096
+
+
+def _result_json(result: Result) -> str | None:
+    try:
+        text = json.dumps(result, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return text if len(text) <= MAX_KEPT_RESULT else None
+
+
+def _earlier_result(text: object) -> Result:
+    if not isinstance(text, str):
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 # -- argument checks -------------------------------------------------------------------------

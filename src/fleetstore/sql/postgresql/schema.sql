@@ -115,7 +115,8 @@ CREATE TABLE applied_ops (
     op_id       TEXT COLLATE "C" PRIMARY KEY,
     name        TEXT COLLATE "C" NOT NULL,
     session_id  TEXT COLLATE "C",
-    applied_at  DOUBLE PRECISION NOT NULL
+    applied_at  DOUBLE PRECISION NOT NULL,
+    result      TEXT COLLATE "C"
 );
 
 -- PostgreSQL only: the bytes of the blobs (compressed as the blob files are on

@@ -1,8 +1,8 @@
--- op_applied: has this operation id been applied?
-SELECT 1 FROM applied_ops WHERE op_id = ?
+-- op_applied: has this operation id been applied? (and what it returned)
+SELECT 1, result FROM applied_ops WHERE op_id = ?
 
--- op_record: remember an applied operation id
-INSERT INTO applied_ops (op_id, name, session_id, applied_at) VALUES (?, ?, ?, ?)
+-- op_record: remember an applied operation id, and what it returned
+INSERT INTO applied_ops (op_id, name, session_id, applied_at, result) VALUES (?, ?, ?, ?, ?)
 
 -- session_for_write: the columns writes need, by id
 SELECT id, root_id, version, title, metadata, parent_id, project FROM sessions WHERE id = ?

@@ -106,7 +106,8 @@ CREATE TABLE applied_ops (
     op_id       TEXT PRIMARY KEY,
     name        TEXT NOT NULL,
     session_id  TEXT,
-    applied_at  REAL NOT NULL
+    applied_at  REAL NOT NULL,
+    result      TEXT
 ) WITHOUT ROWID;
 
 -- ---- from migrations/0002_effects.sql
