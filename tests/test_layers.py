@@ -38,3 +38,22 @@ def test_stdlib_sqlite3_is_never_imported_by_the_package() -> None:
     # (sqlite.org/howtocorrupt.html 2.2.1).
     users = [p for p in PACKAGE.rglob("*.py") if "sqlite3" in imported_modules(p)]
     assert users == []
+
+
+def test_psycopg_is_loaded_only_for_a_postgresql_store() -> None:
+    """psycopg is an extra (fleetstore[postgres]): a SQLite-only install imports the
+    package, opens stores and runs the CLI without it."""
+    import subprocess
+    import sys
+
+    assert "psycopg" in imported_modules(PACKAGE / "engine" / "postgres.py")
+    code = (
+        "import sys, tempfile, os, fleetstore, fleetstore.cli\n"
+        "s = fleetstore.open(os.path.join(tempfile.mkdtemp(), 's.db'))\n"
+        "s.sessions.create(title='t'); s.close()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg_pool')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
