@@ -148,15 +148,27 @@ def start_server() -> PgServer:
         "UTF8",
         "--locale=C",
     )
-    with open(os.path.join(datadir, "postgresql.conf"), "a") as conf:
-        conf.write(
-            f"\nlisten_addresses = '127.0.0.1'\nport = {port}\n"
-            f"unix_socket_directories = '{base}'\n"
-            "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
-            "max_connections = 300\nshared_buffers = 128MB\n"
-        )
-    server.start()
-    return server
+    conf_path = os.path.join(datadir, "postgresql.conf")
+    with open(conf_path) as conf:
+        pristine = conf.read()
+    # The free port can be taken between the probe and the start (pytest -n runs one
+    # server per worker): try another.
+    for attempt in range(5):
+        with open(conf_path, "w") as conf:
+            conf.write(
+                pristine + f"\nlisten_addresses = '127.0.0.1'\nport = {server.port}\n"
+                f"unix_socket_directories = '{base}'\n"
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "max_connections = 300\nshared_buffers = 128MB\n"
+            )
+        try:
+            server.start()
+            return server
+        except subprocess.CalledProcessError:
+            if attempt == 4:
+                raise
+            server.port = _free_port()
+    raise AssertionError("unreachable")
 
 
 def stop_server(server: PgServer) -> None:
