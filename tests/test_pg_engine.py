@@ -156,3 +156,41 @@ def test_fleetstore_lock_holds_every_write_of_a_postgresql_store(
         assert [m.text for m in store.messages.list(session.id)] == ["waits"]
     finally:
         store.close()
+
+
+def test_an_idle_worker_starts_an_effect_enqueued_elsewhere_without_waiting_for_its_poll(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The worker polls every 300 s here: only the NOTIFY of the effects trigger can make
+    it start an effect enqueued by another process within the 60 s this test waits."""
+    from fleetstore import Worker
+
+    ran = threading.Event()
+    with fleetstore.open(pg_url, local_dir=str(tmp_path / "w")) as store:
+        worker = Worker(store, {"k": lambda effect: ran.set()}, poll_interval=300)
+        runner = threading.Thread(target=worker.run, daemon=True)
+        runner.start()
+        try:
+            time.sleep(1.0)  # let it find nothing and wait
+            code = (
+                "import sys, fleetstore\n"
+                "with fleetstore.open(sys.argv[1], local_dir=sys.argv[2]) as s:\n"
+                "    print(s.effects.enqueue('t', 'k'))\n"
+            )
+            done = subprocess.run(
+                [sys.executable, "-c", code, pg_url, str(tmp_path / "other")],
+                check=True,
+                timeout=60,
+                capture_output=True,
+                text=True,
+            )
+            assert ran.wait(60), "the worker slept through the notification"
+            eid = done.stdout.strip()
+            deadline = time.monotonic() + 30
+            while store.effects.get(eid).state != "succeeded":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            worker.stop()
+            runner.join(30)
+        assert not runner.is_alive()

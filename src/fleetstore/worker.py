@@ -337,13 +337,25 @@ class Worker:
             return
         assert self._wake is not None
         loop = asyncio.get_running_loop()
-        notified: asyncio.Future[Any] = loop.run_in_executor(
-            self._store_pool, self.store.effects.wait_for_work, self._idle_wait()
-        )
+        until = time.monotonic() + self._idle_wait()
         woken: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
-        await asyncio.wait([notified, woken], return_when=asyncio.FIRST_COMPLETED)
-        woken.cancel()
-        self._wake.clear()
+        try:
+            while not woken.done():
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                # At most a second per wait: the thread blocked in it must come back
+                # soon after a stop, or the worker's exit waits out a long poll
+                # interval (test_pg_engine.py::test_an_idle_worker_starts_*).
+                notified: asyncio.Future[Any] = loop.run_in_executor(
+                    self._store_pool, self.store.effects.wait_for_work, min(left, 1.0)
+                )
+                await asyncio.wait([notified, woken], return_when=asyncio.FIRST_COMPLETED)
+                if notified.done() and (notified.exception() is not None or notified.result()):
+                    break  # woken, or the wait failed: look for work (and errors) now
+        finally:
+            woken.cancel()
+            self._wake.clear()
 
     def _idle_wait(self) -> float:
         """A poll interval with jitter.  Without it, idle workers fall into step with
