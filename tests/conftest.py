@@ -29,6 +29,12 @@ from pgserver import PgServer
 AGENT = str(Path(__file__).with_name("fleet_agent.py"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow fleet tests first (stable otherwise): under pytest -n, a long test
+    handed out last would run alone at the end and stretch the whole run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 class Proc:
     """A child process whose stdout lines arrive, timestamped (``time.time()``), in a queue."""
 
