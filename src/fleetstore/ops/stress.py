@@ -1,22 +1,25 @@
-"""``fleetstore stress``: N agent processes write one database through ``Database``.
+"""``fleetstore stress``: a fleet of agent processes living real sessions, then a verdict
+read back from disk.
 
-Each agent is a separate OS process (``python -m fleetstore.ops.stress --agent
-CONFIG``) that opens the store, says ``ready`` and waits for a common start
-time, so the slow start of many interpreters is not counted in the run.  Until
-the end time it thinks (exponential, mean ``think_ms``; 0 is a closed loop),
-then inserts one row ``(agent, seq, payload, t)`` in ``with db.write()``.  A
-write is acknowledged only once the block has returned.  At exit each agent
-writes a JSON report (acknowledged seqs, failures with their error type, the
-latency of every acknowledged write).
+Every target gets the same workload (same seed, one target after another, each in a
+directory of its own): ``--agents`` OS processes start, open the target, say
+``ready`` and wait for a common start time, so the slow start of many interpreters
+is not counted.  Until the end each agent lives turns (fleetstore.ops.stress_agent):
+think, a user message, a streamed reply with a tool call (heavy-tailed output
+sizes, up to ``--large-bytes``), usage, a state checkpoint and an outbox effect that
+``--workers`` processes settle.  Faults on demand: outside write locks
+(``--external-lock HOLD@AT``), SIGKILL of agents and workers with restarts
+(``--kill-rate``), ``fleetstore maintain`` during the load (``--maintain``).
 
-The parent then reads the file from disk with its own connection and checks it
-against those reports: lost = acknowledged but absent, duplicated = an
-``(agent, seq)`` present more than once, plus ``PRAGMA integrity_check``.
+Afterwards a separate process reads every target back from disk against the agents'
+journals: every acknowledged turn present exactly once, in order, its tool output
+intact, its state checkpoint and effect there; no effect ``running`` past its lease.
+The verdict (and exit code) is fleetstore's; the other targets are shown beside it.
 """
 
 from __future__ import annotations
 
-import bisect
+import importlib.util
 import json
 import math
 import os
@@ -25,37 +28,30 @@ import selectors
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import fleetstore
-from fleetstore import Database, Migration, ReadTx, Settings
+from fleetstore import Settings
+from fleetstore.engine.base import redact
+from fleetstore.ops.stress_agent import read_journal
 
-# No UNIQUE(agent, seq) on purpose: a write committed twice must show up as a
-# second row, not be hidden behind a constraint error.
-STRESS_MIGRATIONS = (
-    Migration(
-        1,
-        "stress_writes",
-        "CREATE TABLE stress_writes("
-        "id INTEGER PRIMARY KEY, agent INTEGER NOT NULL, seq INTEGER NOT NULL, "
-        "payload BLOB NOT NULL, t REAL NOT NULL)",
-    ),
-)
-INSERT_SQL = "INSERT INTO stress_writes(agent, seq, payload, t) VALUES (?,?,?,?)"
-
-# Details of at most this many failures are kept per agent; all are counted.
-_FAILURE_DETAILS = 50
 _START_DELAY = 0.25  # seconds between "start" being sent and the common start time
 _POLL = 0.05
+_BUCKET = 0.25  # seconds per point of the lock-wait-over-time series
+PEERS = ("opencode", "zcode", "agents-sdk")
+PEER_NOTES = {
+    "fleetstore": "fleetstore: writer gate, blobs, spool, outbox",
+    "opencode": "opencode's pattern: shared WAL, busy_timeout 5000, part rewritten per update",
+    "zcode": "zcode's pattern: busy timeout 10 s, deferred transactions",
+    "agents-sdk": "OpenAI Agents SDK SQLiteSession (stdlib sqlite3)",
+}
 
 
 class StressError(Exception):
@@ -92,14 +88,20 @@ class StressConfig:
     agents: int = 16
     duration: float = 10.0
     think_ms: float = 10.0
-    path: str | None = None
-    payload_bytes: int = 200
-    large_rate: float = 0.0
-    large_bytes: int = 4 * 1024 * 1024
+    url: str | None = None
+    directory: str | None = None
+    output_bytes: int = 2000
+    large_rate: float = 0.02
+    large_bytes: int = 8 * 1024 * 1024
     synchronous: str | None = None
     write_budget: float | None = None
     seed: int | None = None
     external_locks: tuple[ExternalLock, ...] = ()
+    kill_rate: float = 0.0
+    maintain: bool = False
+    workers: int = 2
+    compare: bool = False
+    drop_every: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first option that cannot be used."""
@@ -109,10 +111,14 @@ class StressConfig:
             raise ValueError("--duration must be a number of seconds > 0")
         if not (math.isfinite(self.think_ms) and self.think_ms >= 0):
             raise ValueError("--think-ms must be a number >= 0")
-        if self.payload_bytes < 0 or self.large_bytes < 0:
-            raise ValueError("--payload-bytes and --large-bytes must be >= 0")
+        if self.output_bytes < 1 or self.large_bytes < 0:
+            raise ValueError("--output-bytes must be >= 1 and --large-bytes >= 0")
         if not 0 <= self.large_rate <= 1:
             raise ValueError("--large-rate must be between 0 and 1")
+        if not (math.isfinite(self.kill_rate) and self.kill_rate >= 0):
+            raise ValueError("--kill-rate must be a number >= 0")
+        if self.workers < 0 or self.drop_every < 0:
+            raise ValueError("--workers and --drop-every must be >= 0")
         for lock in self.external_locks:
             if lock.at >= self.duration:
                 raise ValueError(
@@ -121,150 +127,14 @@ class StressConfig:
                 )
 
 
-def default_path() -> Path:
+def default_dir() -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return fleetstore.default_data_dir() / "stress" / f"stress-{stamp}-{os.getpid()}.db"
+    return fleetstore.default_data_dir() / "stress" / f"run-{stamp}-{os.getpid()}"
 
 
-# --------------------------------------------------------------------------- agent
-
-
-def _agent_main(argv: Sequence[str]) -> int:
-    # Ctrl-C reaches the whole process group; the parent decides when agents stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if len(argv) != 2 or argv[0] != "--agent":
-        print("usage: python -m fleetstore.ops.stress --agent CONFIG_JSON", file=sys.stderr)
-        return 2
-    cfg: dict[str, Any] = json.loads(argv[1])
-    parent = os.getppid()
-    agent: int = cfg["agent"]
-    db = Database.open(cfg["path"], migrations=STRESS_MIGRATIONS, **cfg["settings"])
-    db.read(lambda tx: tx.execute("SELECT count(*) FROM stress_writes WHERE 0"))
-    print("ready", flush=True)
-    line = sys.stdin.readline().split()
-    if len(line) != 3 or line[0] != "start":
-        return 1  # the parent went away before the start
-    # CLOCK_MONOTONIC is one clock for every process on the host, so the
-    # parent's start and end times mean the same instant here.
-    start, end = float(line[1]), float(line[2])
-
-    rng = random.Random(f"{cfg['seed']}/{agent}")
-    small = rng.randbytes(cfg["payload_bytes"])
-    large_rate: float = cfg["large_rate"]
-    large = rng.randbytes(cfg["large_bytes"]) if large_rate > 0 else b""
-    think = cfg["think_ms"] / 1000.0
-
-    acked: list[list[int]] = []
-    waits: list[float] = []
-    failed_seqs: list[list[int]] = []
-    failures_by_type: Counter[str] = Counter()
-    failure_details: list[dict[str, Any]] = []
-    _sleep_until(start)
-    seq = 0
-    while True:
-        if think > 0:
-            wake = time.monotonic() + rng.expovariate(1.0 / think)
-            if wake >= end:
-                break
-            _sleep_until(wake)
-        elif time.monotonic() >= end:
-            break
-        if os.getppid() != parent:
-            break  # orphaned: nobody will read the report
-        seq += 1
-        payload = large if large_rate > 0 and rng.random() < large_rate else small
-        began = time.monotonic()
-        try:
-            with db.write() as tx:
-                tx.execute(INSERT_SQL, (agent, seq, payload, time.time()))
-        except Exception as exc:
-            kind = _error_name(exc)
-            _add_to_runs(failed_seqs, seq)
-            failures_by_type[kind] += 1
-            if len(failure_details) < _FAILURE_DETAILS:
-                failure_details.append(
-                    {
-                        "seq": seq,
-                        "type": kind,
-                        "message": str(exc)[:500],
-                        "waited": time.monotonic() - began,
-                    }
-                )
-            continue
-        waits.append(time.monotonic() - began)
-        _add_to_runs(acked, seq)
-    ended = time.monotonic()
-    metrics = db.metrics()
-    db.close()
-    report = {
-        "agent": agent,
-        "pid": os.getpid(),
-        "acked_runs": acked,
-        "acked_count": len(waits),
-        "waits": waits,
-        "failed_runs": failed_seqs,
-        "failed_count": sum(failures_by_type.values()),
-        "failures_by_type": dict(failures_by_type),
-        "failures": failure_details,
-        "started": start,
-        "ended": ended,
-        "metrics": metrics,
-    }
-    tmp = cfg["result"] + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f)
-    os.replace(tmp, cfg["result"])
-    return 0
-
-
-def _add_to_runs(runs: list[list[int]], seq: int) -> None:
-    # Seqs only grow, and mostly by one: runs keep a long run's report small.
-    if runs and runs[-1][1] == seq - 1:
-        runs[-1][1] = seq
-    else:
-        runs.append([seq, seq])
-
-
-class _Runs:
-    """Sorted, disjoint runs ``[first, last]`` of sequence numbers, with membership."""
-
-    __slots__ = ("_ends", "_starts")
-
-    def __init__(self, runs: Sequence[Sequence[int]] = ()) -> None:
-        self._starts = [int(r[0]) for r in runs]
-        self._ends = [int(r[1]) for r in runs]
-
-    def __contains__(self, seq: int) -> bool:
-        i = bisect.bisect_right(self._starts, seq) - 1
-        return i >= 0 and seq <= self._ends[i]
-
-    def __iter__(self) -> Iterator[int]:
-        for start, end in zip(self._starts, self._ends, strict=True):
-            yield from range(start, end + 1)
-
-
-def _error_name(exc: BaseException) -> str:
-    cls = type(exc)
-    if cls.__module__.startswith("fleetstore"):
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"  # e.g. an apsw error that leaked through
-
-
-def _sleep_until(when: float) -> None:
-    delay = when - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-
-
-# -------------------------------------------------------------------------- parent
-
-
-@dataclass(slots=True)
-class _Agent:
-    index: int
-    proc: subprocess.Popen[bytes]
-    result: Path
-    errfile: Path
+def peers_available() -> list[str]:
+    """The peers --compare runs: the SQLite patterns always, libraries when installed."""
+    return [p for p in PEERS if p != "agents-sdk" or importlib.util.find_spec("agents")]
 
 
 @dataclass(slots=True)
@@ -364,29 +234,71 @@ def _stop_processes(procs: Sequence[subprocess.Popen[Any]], grace: float = 3.0) 
             p.wait()
 
 
-class _Fleet:
-    """The child processes of one run; leaving the context kills whatever still runs."""
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no output)"
+    return " | ".join(text[-lines:]) or "(no output)"
 
-    def __init__(self, config: StressConfig, path: Path, seed: int, settings: dict[str, Any]):
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM ends a run like Ctrl-C does, so the children are killed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+_MODULE = "fleetstore.ops.stress_agent"
+
+
+@dataclass(slots=True)
+class _Child:
+    role: str  # "agent" or "worker"
+    index: int
+    proc: subprocess.Popen[bytes]
+    errfile: Path
+    killed: int = 0  # SIGKILLs sent by --kill-rate (each followed by a restart)
+
+
+class _Fleet:
+    """The child processes of one target; leaving the context kills whatever still runs."""
+
+    def __init__(self, config: StressConfig, cfg: dict[str, Any], workdir: Path) -> None:
         self.config = config
-        self.path = path
-        self.seed = seed
-        self.settings = settings
+        self.cfg = cfg
+        self.workdir = workdir
         self.env = _child_env()
-        self.agents: list[_Agent] = []
+        self.children: list[_Child] = []
         self.locks: list[_LockRun] = []
+        self.maintenance: list[dict[str, Any]] = []
+        self._maint: list[tuple[subprocess.Popen[str], float]] = []
+        self.kills: list[dict[str, Any]] = []
         self.start = 0.0
         self.end = 0.0
+        self._offsets: dict[int, int] = {}
+        self.turns = 0
 
     def __enter__(self) -> _Fleet:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        procs: list[subprocess.Popen[Any]] = [a.proc for a in self.agents]
+        procs: list[subprocess.Popen[Any]] = [c.proc for c in self.children]
         procs += [r.proc for r in self.locks if r.proc is not None]
+        procs += [p for p, _ in self._maint]
         _stop_processes(procs)
-        for a in self.agents:
-            for stream in (a.proc.stdin, a.proc.stdout):
+        for c in self.children:
+            for stream in (c.proc.stdin, c.proc.stdout):
                 if stream is not None:
                     with suppress(OSError):
                         stream.close()
@@ -394,80 +306,105 @@ class _Fleet:
             if r.thread is not None:
                 r.thread.join(5)
 
-    def spawn(self, workdir: Path) -> None:
-        for i in range(self.config.agents):
-            result = workdir / f"agent-{i}.json"
-            errfile = workdir / f"agent-{i}.err"
-            cfg = {
-                "agent": i,
-                "path": str(self.path),
-                "settings": self.settings,
-                "seed": self.seed,
-                "think_ms": self.config.think_ms,
-                "payload_bytes": self.config.payload_bytes,
-                "large_rate": self.config.large_rate,
-                "large_bytes": self.config.large_bytes,
-                "result": str(result),
-            }
-            with open(errfile, "wb") as err:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "fleetstore.ops.stress", "--agent", json.dumps(cfg)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=err,
-                    env=self.env,
-                )
-            self.agents.append(_Agent(i, proc, result, errfile))
+    def journal(self, index: int) -> Path:
+        return self.workdir / f"agent-{index}.jsonl"
 
-    def wait_ready(self, timeout: float, progress: _Progress) -> None:
+    def _popen(self, role: str, index: int, restart: bool) -> _Child:
+        cfg = dict(self.cfg)
+        if role == "agent":
+            cfg.update(agent=index, journal=str(self.journal(index)), restart=restart)
+        errfile = self.workdir / f"{role}-{index}.err"
+        with open(errfile, "ab") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", _MODULE, f"--{role}", json.dumps(cfg)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=self.env,
+            )
+        return _Child(role, index, proc, errfile)
+
+    def spawn(self) -> None:
+        for i in range(self.config.agents):
+            self.children.append(self._popen("agent", i, False))
+        if self.cfg["target"] == "fleetstore":
+            for i in range(self.config.workers):
+                self.children.append(self._popen("worker", i, False))
+
+    def wait_ready(self, children: Sequence[_Child], timeout: float, progress: _Progress) -> None:
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as sel:
-            for a in self.agents:
-                assert a.proc.stdout is not None
-                sel.register(a.proc.stdout, selectors.EVENT_READ, a)
-            waiting = len(self.agents)
+            for c in children:
+                assert c.proc.stdout is not None
+                sel.register(c.proc.stdout, selectors.EVENT_READ, c)
+            waiting = len(children)
             while waiting:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise StressError(
-                        f"{waiting} of {len(self.agents)} agents not ready after {timeout:.0f}s"
+                        f"{waiting} of {len(children)} processes not ready after {timeout:.0f}s"
                     )
                 for key, _ in sel.select(min(left, 0.5)):
-                    a = key.data
+                    c = key.data
                     data = os.read(key.fd, 64)
                     sel.unregister(key.fileobj)
                     waiting -= 1
                     if b"ready" not in data:
-                        a.proc.wait()
+                        c.proc.wait()
                         raise StressError(
-                            f"agent {a.index} exited with code {a.proc.returncode} before it was "
-                            f"ready: {_tail(a.errfile)}"
+                            f"{self.cfg['target']} {c.role} {c.index} exited with code "
+                            f"{c.proc.returncode} before it was ready: {_tail(c.errfile)}"
                         )
                 if progress.due():
-                    ready = len(self.agents) - waiting
+                    ready = len(children) - waiting
                     progress.show(
-                        f"starting agents {_bar(ready / len(self.agents))} {ready}/"
-                        f"{len(self.agents)} ready"
+                        f"{self.cfg['target']}: starting {_bar(ready / len(children))} "
+                        f"{ready}/{len(children)} ready"
                     )
 
     def go(self) -> None:
         self.start = time.monotonic() + _START_DELAY
         self.end = self.start + self.config.duration
-        line = f"start {self.start!r} {self.end!r}\n".encode()
-        for a in self.agents:
-            assert a.proc.stdin is not None
-            try:
-                a.proc.stdin.write(line)
-                a.proc.stdin.close()
-            except BrokenPipeError:
-                pass  # it died; reported as crashed when results are collected
+        for c in self.children:
+            self._send_start(c)
+
+    def _send_start(self, c: _Child) -> None:
+        if c.role != "agent" or c.proc.stdin is None:
+            return
+        try:
+            c.proc.stdin.write(f"start {self.start!r} {self.end!r}\n".encode())
+            c.proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died; reported as crashed when results are collected
+
+    def kill_one(self, rng: random.Random, progress: _Progress) -> None:
+        """SIGKILL a random agent or worker and start its replacement."""
+        live = [c for c in self.children if c.proc.poll() is None]
+        if not live:
+            return
+        c = rng.choice(live)
+        with suppress(ProcessLookupError):
+            c.proc.kill()
+        c.proc.wait()
+        self.kills.append(
+            {"t": round(time.monotonic() - self.start, 3), "role": c.role, "index": c.index}
+        )
+        fresh = self._popen(c.role, c.index, True)
+        fresh.killed = c.killed + 1
+        self.children[self.children.index(c)] = fresh
+        try:
+            self.wait_ready([fresh], 60.0, progress)
+        except StressError as exc:
+            progress.note(f"fleetstore stress: restart failed: {exc}")
+            return
+        self._send_start(fresh)
 
     def launch_lock(self, run: _LockRun) -> None:
         wait = max(1.0, self.end - time.monotonic())
         run.started_at = time.monotonic() - self.start
         run.proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "fleetstore", "lock", str(self.path)),
+                *(sys.executable, "-m", "fleetstore", "lock", self.cfg["url"]),
                 *("--hold", f"{run.spec.hold:g}", "--wait", f"{wait:.3f}"),
             ],
             stdout=subprocess.PIPE,
@@ -494,37 +431,71 @@ class _Fleet:
             run.stderr = proc.stderr.read()
         run.exit_code = proc.wait()
 
-    def running_agents(self) -> int:
-        return sum(1 for a in self.agents if a.proc.poll() is None)
+    def launch_maintain(self) -> None:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetstore", "maintain", self.cfg["url"], "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+        )
+        self._maint.append((proc, time.monotonic() - self.start))
+
+    def finish_maintenance(self) -> None:
+        for proc, at in self._maint:
+            out, _ = proc.communicate()
+            ended = time.monotonic() - self.start
+            self.maintenance.append(
+                {
+                    "at": round(at, 3),
+                    "exit_code": proc.returncode,
+                    "output": out[-400:].strip(),
+                    "ended": round(ended, 3),
+                }
+            )
+        self._maint.clear()
+
+    def agents_running(self) -> int:
+        return sum(1 for c in self.children if c.role == "agent" and c.proc.poll() is None)
+
+    def count_turns(self) -> int:
+        for i in range(self.config.agents):
+            path = self.journal(i)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(i, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            self._offsets[i] = self._offsets.get(i, 0) + len(data)
+            self.turns += data.count(b'"sha"')
+        return self.turns
 
 
-def _tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no output)"
-    return " | ".join(text[-lines:]) or "(no output)"
+def _target_url(config: StressConfig, target: str, tdir: Path) -> str:
+    if target != "fleetstore":
+        return str(tdir / f"{target}.db")
+    if config.url is None:
+        return str(tdir / "fleetstore.db")
+    if "://" in config.url:
+        return config.url
+    return str(Path(config.url).expanduser().resolve())
 
 
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM ends a run like Ctrl-C does, so the children are killed on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _run_child(args: list[str], env: dict[str, str], what: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", _MODULE, *args], capture_output=True, text=True, env=env
+    )
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise StressError(f"{what} failed (exit {done.returncode}): {tail}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def run(config: StressConfig, progress_stream: TextIO | None = None) -> dict[str, Any]:
-    """Run the stress test; return the report (JSON-serialisable).
+    """Run the stress test on fleetstore (and with ``compare`` on the peers, one after
+    another); return the report (JSON-serialisable).
 
     Raises ``ValueError`` for unusable options, ``StressError`` (or a
     ``FleetstoreError``) when the run cannot be carried out, and
@@ -540,162 +511,153 @@ def run(config: StressConfig, progress_stream: TextIO | None = None) -> dict[str
         explicit["synchronous"] = config.synchronous
     effective = Settings.load(**explicit)  # what the agents will get, env included
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**31)
-    path = Path(config.path).expanduser().resolve() if config.path else default_path()
-    progress.note(f"fleetstore stress: database {path}")
-
+    run_dir = Path(config.directory).expanduser().resolve() if config.directory else default_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    targets = ["fleetstore", *(peers_available() if config.compare else ())]
+    progress.note(f"fleetstore stress: results under {run_dir}")
+    results = []
+    not_run: list[dict[str, str]] = []
     with _sigterm_interrupts():
-        db = Database.open(str(path), migrations=STRESS_MIGRATIONS, **explicit)
         try:
-            baseline = _max_id(db)
-            with (
-                tempfile.TemporaryDirectory(prefix="fleetstore-stress-") as tmp,
-                _Fleet(config, path, seed, explicit) as fleet,
-            ):
-                began = time.monotonic()
-                fleet.spawn(Path(tmp))
-                fleet.wait_ready(30.0 + 1.0 * config.agents, progress)
-                startup = time.monotonic() - began
-                fleet.go()
-                progress.note(
-                    f"fleetstore stress: {config.agents} agents ready after {startup:.1f}s; "
-                    f"writing for {config.duration:g}s"
-                )
-                _drive(fleet, db, baseline, effective.write_budget, progress)
-                _stop_processes([r.proc for r in fleet.locks if r.proc is not None], grace=5.0)
-                for r in fleet.locks:
-                    if r.thread is not None:
-                        r.thread.join(5)
-                agents = _collect(fleet)
+            for target in targets:
+                try:
+                    results.append(_run_target(config, target, run_dir, seed, explicit, progress))
+                except StressError as exc:
+                    if target == "fleetstore":
+                        raise
+                    # A peer that cannot be run is reported; fleetstore's verdict stands.
+                    not_run.append({"target": target, "reason": str(exc)})
+                    progress.note(f"fleetstore stress: {target} not run: {exc}")
         finally:
             progress.done()
-            db.close()
-        progress.note(f"fleetstore stress: checking {path}")
-        check = _read_back(path, baseline, agents)
-    return _report(config, effective, seed, path, startup, fleet, agents, check)
+    main = results[0]
+    return {
+        "verdict": main["verdict"],
+        "problems": main["problems"],
+        "dir": str(run_dir),
+        "url": main["url"],
+        "agents": config.agents,
+        "duration": config.duration,
+        "think_ms": config.think_ms,
+        "output_bytes": config.output_bytes,
+        "large_rate": config.large_rate,
+        "large_bytes": config.large_bytes,
+        "synchronous": effective.synchronous,
+        "write_budget": effective.write_budget,
+        "seed": seed,
+        "workers": config.workers,
+        "kill_rate": config.kill_rate,
+        "maintain": config.maintain,
+        "drop_every": config.drop_every,
+        "external_locks": [str(lock) for lock in config.external_locks],
+        "targets": results,
+        "not_run": not_run,
+    }
 
 
-def _drive(fleet: _Fleet, db: Database, baseline: int, budget: float, progress: _Progress) -> None:
-    pending = sorted(fleet.config.external_locks, key=lambda lock: lock.at)
+def _run_target(
+    config: StressConfig,
+    target: str,
+    run_dir: Path,
+    seed: int,
+    explicit: dict[str, Any],
+    progress: _Progress,
+) -> dict[str, Any]:
+    tdir = run_dir / target
+    tdir.mkdir(parents=True, exist_ok=True)
+    for old in tdir.glob("agent-*.jsonl"):
+        old.unlink()  # journals of an earlier run in the same directory
+    url = _target_url(config, target, tdir)
+    cfg: dict[str, Any] = {
+        "target": target,
+        "url": url,
+        "run_id": f"{seed}-{time.time_ns()}",
+        "seed": seed,
+        "think_ms": config.think_ms,
+        "output_bytes": config.output_bytes,
+        "large_rate": config.large_rate,
+        "large_bytes": config.large_bytes,
+        "settings": explicit,
+        "synchronous": config.synchronous,
+        "drop_every": config.drop_every if target == "fleetstore" else 0,
+    }
+    env = _child_env()
+    progress.note(f"fleetstore stress: {target}: {redact(url)}")
+    _run_child(["--verify", json.dumps({**cfg, "prepare": True})], env, f"{target}: set-up")
+    rng = random.Random(f"{seed}/faults")
+    with _Fleet(config, cfg, tdir) as fleet:
+        began = time.monotonic()
+        fleet.spawn()
+        # Interpreters importing big libraries at once start slowly on few cores.
+        fleet.wait_ready(fleet.children, 60.0 + 3.0 * len(fleet.children), progress)
+        startup = time.monotonic() - began
+        fleet.go()
+        _drive(fleet, rng, progress)
+        workers = [c.proc for c in fleet.children if c.role == "worker"]
+        _stop_processes(workers, grace=15.0)
+        _stop_processes([r.proc for r in fleet.locks if r.proc is not None], grace=5.0)
+        for r in fleet.locks:
+            if r.thread is not None:
+                r.thread.join(5)
+        fleet.finish_maintenance()
+        crashed = [
+            {
+                "role": c.role,
+                "index": c.index,
+                "exit_code": c.proc.returncode,
+                "error": _tail(c.errfile),
+            }
+            for c in fleet.children
+            if c.proc.returncode not in (0, -signal.SIGTERM)
+        ]
+        progress.note(f"fleetstore stress: {target}: reading back what was acknowledged")
+        journals = [str(fleet.journal(i)) for i in range(config.agents)]
+        verified = _run_child(
+            ["--verify", json.dumps({**cfg, "journals": journals})], env, f"{target}: verify"
+        )
+        return _summarize(config, fleet, startup, crashed, verified)
+
+
+def _drive(fleet: _Fleet, rng: random.Random, progress: _Progress) -> None:
+    config = fleet.config
+    pending = sorted(config.external_locks, key=lambda lock: lock.at)
     longest_lock = max((lock.hold for lock in pending), default=0.0)
+    budget = Settings.load(**fleet.cfg["settings"]).write_budget
     hard_stop = fleet.end + budget + longest_lock + 30.0
-    duration = fleet.config.duration
-    while True:
-        running = fleet.running_agents()
-        if not running:
-            return
+    next_kill = (
+        fleet.start + rng.expovariate(config.kill_rate) if config.kill_rate > 0 else math.inf
+    )
+    maintain_at = (
+        fleet.start + config.duration / 3
+        if config.maintain and fleet.cfg["target"] == "fleetstore"
+        else math.inf
+    )
+    target = fleet.cfg["target"]
+    while fleet.agents_running():
         now = time.monotonic()
         while pending and now >= fleet.start + pending[0].at:
             fleet.launch_lock(_LockRun(pending.pop(0)))
+        if now >= next_kill and now < fleet.end - 0.5:
+            fleet.kill_one(rng, progress)
+            next_kill = time.monotonic() + rng.expovariate(config.kill_rate)
+        if now >= maintain_at:
+            fleet.launch_maintain()
+            maintain_at = math.inf
         if now >= hard_stop:
-            progress.note(f"fleetstore stress: {running} agents still running; killing them")
-            _stop_processes([a.proc for a in fleet.agents], grace=1.0)
+            progress.note("fleetstore stress: agents still running long after the end; killing")
+            _stop_processes([c.proc for c in fleet.children], grace=1.0)
             return
         if progress.due():
             elapsed = max(0.0, now - fleet.start)
-            written = _committed(db, baseline)
-            rate = written / elapsed if elapsed > 0 else 0.0
+            turns = fleet.count_turns()
             if now < fleet.end:
                 progress.show(
-                    f"stress {_bar(elapsed / duration)} {elapsed:5.1f}/{duration:g}s "
-                    f"{written:,} writes ({rate:,.0f}/s)"
+                    f"{target} {_bar(elapsed / config.duration)} {elapsed:5.1f}/"
+                    f"{config.duration:g}s {turns:,} turns"
                 )
             else:
-                progress.show(f"stress finishing: {running} agents completing their last write")
+                progress.show(f"{target}: {fleet.agents_running()} agents finishing their turn")
         time.sleep(_POLL)
-
-
-def _max_id(db: Database) -> int:
-    rows = db.read(lambda tx: tx.execute("SELECT coalesce(max(id), 0) FROM stress_writes"))
-    return int(rows[0][0])
-
-
-def _committed(db: Database, baseline: int) -> int:
-    try:
-        return max(0, _max_id(db) - baseline)
-    except fleetstore.FleetstoreError:
-        return 0  # progress is cosmetic; the verdict comes from the final check
-
-
-def _collect(fleet: _Fleet) -> list[dict[str, Any]]:
-    results = []
-    for a in fleet.agents:
-        code = a.proc.wait()
-        entry: dict[str, Any] = {"agent": a.index, "pid": a.proc.pid, "exit_code": code}
-        try:
-            data = json.loads(a.result.read_text())
-        except (OSError, ValueError):
-            entry["error"] = f"no report (exit code {code}): {_tail(a.errfile)}"
-        else:
-            entry.update(data)
-            if code != 0:
-                entry["error"] = f"exit code {code}: {_tail(a.errfile)}"
-        results.append(entry)
-    return results
-
-
-@dataclass(slots=True)
-class _Check:
-    """The file read back from disk, compared with what the agents reported."""
-
-    rows: int = 0
-    acked_present: int = 0
-    duplicated: int = 0
-    failed_present: int = 0
-    unacknowledged: int = 0
-    lost_samples: list[list[int]] = field(default_factory=list)
-    duplicated_samples: list[list[int]] = field(default_factory=list)
-    integrity: list[str] = field(default_factory=list)
-
-
-def _seqs_on_disk(tx: ReadTx, baseline: int, agent: int) -> list[tuple[Any, ...]]:
-    return tx.execute("SELECT seq FROM stress_writes WHERE id > ? AND agent = ?", (baseline, agent))
-
-
-def _read_back(path: Path, baseline: int, agents: Sequence[dict[str, Any]]) -> _Check:
-    # A Database opened afresh, after every agent has exited: new connections,
-    # nothing cached from the run, only what is on disk.
-    acked = {int(a["agent"]): _Runs(a.get("acked_runs", ())) for a in agents}
-    failed = {int(a["agent"]): _Runs(a.get("failed_runs", ())) for a in agents}
-    check = _Check()
-    present_by_agent: Counter[int] = Counter()
-    with Database.open(str(path)) as db:
-        counted = db.read(
-            lambda tx: tx.execute(
-                "SELECT agent, seq, count(*) FROM stress_writes WHERE id > ? "
-                "GROUP BY agent, seq ORDER BY agent, seq",
-                (baseline,),
-            )
-        )
-        for agent, seq, n in counted:
-            check.rows += n
-            if n > 1:
-                check.duplicated += 1
-                if len(check.duplicated_samples) < 10:
-                    check.duplicated_samples.append([agent, seq, n])
-            if seq in acked.get(agent, _Runs()):
-                check.acked_present += 1
-                present_by_agent[agent] += 1
-            elif seq in failed.get(agent, _Runs()):
-                check.failed_present += 1
-            else:
-                check.unacknowledged += 1
-        del counted
-        for a in agents:
-            agent = int(a["agent"])
-            if present_by_agent[agent] < a.get("acked_count", 0) and len(check.lost_samples) < 10:
-                on_disk = {
-                    int(row[0])
-                    for row in db.read(partial(_seqs_on_disk, baseline=baseline, agent=agent))
-                }
-                missing = (seq for seq in acked[agent] if seq not in on_disk)
-                for seq in missing:
-                    check.lost_samples.append([agent, seq])
-                    if len(check.lost_samples) >= 10:
-                        break
-        check.integrity = [
-            str(row[0]) for row in db.read(lambda tx: tx.execute("PRAGMA integrity_check"))
-        ]
-    return check
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:
@@ -704,186 +666,185 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def _report(
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def _summarize(
     config: StressConfig,
-    effective: Settings,
-    seed: int,
-    path: Path,
-    startup: float,
     fleet: _Fleet,
-    agents: list[dict[str, Any]],
-    check: _Check,
+    startup: float,
+    crashed: list[dict[str, Any]],
+    verified: dict[str, Any],
 ) -> dict[str, Any]:
-    acknowledged = 0
-    waits: list[float] = []
+    lats: list[float] = []
     by_type: Counter[str] = Counter()
     failure_samples: list[dict[str, Any]] = []
-    engine: Counter[str] = Counter()
-    engine_max = {"lock_wait": 0.0, "lock_hold": 0.0}
     per_agent = []
+    series: dict[int, list[float]] = {}
     ends = []
-    for a in agents:
-        i = a["agent"]
-        acknowledged += a.get("acked_count", 0)
-        waits.extend(a.get("waits", ()))
-        by_type.update(a.get("failures_by_type", {}))
-        failure_samples.extend({"agent": i, **f} for f in a.get("failures", ())[:3])
-        if "ended" in a:
-            ends.append(a["ended"])
-        for name, value in a.get("metrics", {}).items():
-            if isinstance(value, int) and not isinstance(value, bool) and name != "pid":
-                engine[name] += value
-            elif name in engine_max and isinstance(value, dict):
-                engine_max[name] = max(engine_max[name], float(value.get("max", 0.0)))
-        per_agent.append(
-            {
-                "agent": i,
-                "pid": a["pid"],
-                "exit_code": a["exit_code"],
-                "acknowledged": a.get("acked_count", 0),
-                "failed": a.get("failed_count", 0),
-                **({"error": a["error"]} if "error" in a else {}),
-            }
-        )
-    lost = acknowledged - check.acked_present
-    crashed = [p for p in per_agent if "error" in p]
-    integrity = "ok" if check.integrity == ["ok"] else "; ".join(check.integrity[:10])
-    # Agents that stop early (their next write would start after the end) idle to the end.
-    elapsed = max(config.duration, max(ends, default=fleet.end) - fleet.start)
-    waits.sort()
-    per_count = [p["acknowledged"] for p in per_agent]
-    low, high = min(per_count), max(per_count)
-
+    for i in range(config.agents):
+        journal = read_journal(fleet.journal(i))
+        ok = [e for e in journal if "sha" in e]
+        failed = [e for e in journal if "fail" in e]
+        by_type.update(e["fail"] for e in failed)
+        failure_samples += [
+            {"agent": i, "turn": e["n"], "type": e["fail"], "message": e["msg"], "waited": e["w"]}
+            for e in failed[:3]
+        ]
+        lats += [float(e["lat"]) for e in ok]
+        for e in journal:
+            if "w" in e:
+                series.setdefault(int(float(e["t"]) / _BUCKET), []).append(float(e["w"]))
+                ends.append(float(e["t"]))
+        per_agent.append({"agent": i, "acknowledged": len(ok), "failed": len(failed)})
+    lats.sort()
+    acknowledged = len(lats)
+    elapsed = max(config.duration, max(ends, default=0.0))
+    counts = [a["acknowledged"] for a in per_agent]
+    low, high = min(counts), max(counts)
+    lost = int(verified["lost"])
     problems = []
-    if by_type:
-        problems.append(f"{sum(by_type.values())} writes failed")
+    failed_n = sum(by_type.values())
+    if failed_n:
+        problems.append(f"{failed_n} turns failed")
     if lost:
-        problems.append(f"{lost} acknowledged writes are missing from the file")
-    if check.duplicated:
-        problems.append(f"{check.duplicated} writes are in the file more than once")
-    if check.failed_present:
-        problems.append(f"{check.failed_present} writes reported as failed were committed")
-    if check.unacknowledged:
-        problems.append(f"{check.unacknowledged} rows in the file were never acknowledged")
+        problems.append(f"{lost} acknowledged writes are missing")
+    for key, what in (
+        ("duplicated", "acknowledged writes are stored more than once"),
+        ("out_of_order", "acknowledged writes are out of order"),
+        ("corrupt", "tool outputs or messages do not read back intact"),
+        ("stuck_effects", "effects are stuck running past their lease"),
+    ):
+        if verified.get(key):
+            problems.append(f"{verified[key]} {what}")
     if crashed:
-        problems.append(f"{len(crashed)} agents crashed or did not report")
+        problems.append(f"{len(crashed)} processes crashed")
+    integrity = verified.get("integrity", "ok")
     if integrity != "ok":
         problems.append(f"integrity_check: {integrity}")
-
+    points = []
+    for b in sorted(series):
+        waits = sorted(series[b])
+        points.append([round(b * _BUCKET, 3), _ms(_percentile(waits, 0.5)), _ms(waits[-1])])
+    quantiles = [
+        _ms(_percentile(lats, q / 200)) for q in range(1, 201)
+    ]  # 0.5 % steps, for the distribution chart
+    target = fleet.cfg["target"]
     return {
+        "target": target,
+        "note": PEER_NOTES.get(target, target),
+        "url": fleet.cfg["url"],
         "verdict": "fail" if problems else "pass",
         "problems": problems,
-        "path": str(path),
-        "agents": config.agents,
-        "duration": config.duration,
-        "think_ms": config.think_ms,
-        "payload_bytes": config.payload_bytes,
-        "large_rate": config.large_rate,
-        "large_bytes": config.large_bytes,
-        "synchronous": effective.synchronous,
-        "write_budget": effective.write_budget,
-        "seed": seed,
         "startup_s": round(startup, 3),
         "elapsed_s": round(elapsed, 3),
         "acknowledged": acknowledged,
-        "failed": sum(by_type.values()),
+        "failed": failed_n,
         "failures_by_type": dict(by_type),
         "lost": lost,
-        "duplicated": check.duplicated,
-        "failed_but_present": check.failed_present,
-        "unacknowledged_rows": check.unacknowledged,
-        "rows": check.rows,
-        "writes_per_s": round(acknowledged / elapsed, 1) if elapsed > 0 else 0.0,
-        "lock_wait_ms": {
-            "p50": round(_percentile(waits, 0.50) * 1000, 3),
-            "p99": round(_percentile(waits, 0.99) * 1000, 3),
-            "max": round((waits[-1] if waits else 0.0) * 1000, 3),
-            "mean": round(sum(waits) / len(waits) * 1000, 3) if waits else 0.0,
-        },
-        "fairness": {"min": low, "max": high, "ratio": round(low / high, 3) if high else 0.0},
+        "duplicated": verified.get("duplicated", 0),
+        "out_of_order": verified.get("out_of_order", 0),
+        "corrupt": verified.get("corrupt", 0),
+        "stuck_effects": verified.get("stuck_effects", 0),
+        "effects": verified.get("effects", {}),
         "integrity": integrity,
-        "agents_crashed": len(crashed),
-        "external_locks": [r.as_dict() for r in fleet.locks],
-        "engine": {
-            **dict(engine),
-            "lock_wait_max_ms": round(engine_max["lock_wait"] * 1000, 3),
-            "lock_hold_max_ms": round(engine_max["lock_hold"] * 1000, 3),
+        "turns_per_s": round(acknowledged / elapsed, 1) if elapsed > 0 else 0.0,
+        "latency_ms": {
+            "p50": _ms(_percentile(lats, 0.50)),
+            "p99": _ms(_percentile(lats, 0.99)),
+            "max": _ms(lats[-1] if lats else 0.0),
         },
+        "latency_quantiles_ms": quantiles,
+        "lock_wait_series": points,
+        "fairness": {"min": low, "max": high, "ratio": round(low / high, 3) if high else 0.0},
         "per_agent": per_agent,
-        "samples": {
-            "lost": check.lost_samples,
-            "duplicated": check.duplicated_samples,
-            "failures": failure_samples[:10],
-        },
+        "crashed": crashed,
+        "kills": fleet.kills,
+        "maintenance": fleet.maintenance,
+        "external_locks": [r.as_dict() for r in fleet.locks],
+        "samples": {**verified.get("samples", {}), "failures": failure_samples[:10]},
     }
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The one table ``fleetstore stress`` prints."""
+    """The table ``fleetstore stress`` prints: one column per target."""
     r = report
-    wait = r["lock_wait_ms"]
-    fair = r["fairness"]
+    targets = r["targets"]
     think = f"think {r['think_ms']:g} ms mean" if r["think_ms"] > 0 else "closed loop"
-    large = (
-        f", {r['large_rate']:.1%} of writes {_size(r['large_bytes'])} inline"
-        if r["large_rate"] > 0
-        else ""
-    )
-    failed = f"{r['failed']:,}"
-    if r["failures_by_type"]:
-        failed += "  (" + ", ".join(f"{k} {v:,}" for k, v in r["failures_by_type"].items()) + ")"
-    rows: list[tuple[str, str]] = [
-        ("acknowledged", f"{r['acknowledged']:,}"),
-        ("failed", failed),
-        ("lost", f"{r['lost']:,}"),
-        ("duplicated", f"{r['duplicated']:,}"),
-        ("writes/s", f"{r['writes_per_s']:,.1f}"),
-        ("lock wait p50", f"{wait['p50']:.2f} ms"),
-        ("lock wait p99", f"{wait['p99']:.2f} ms"),
-        ("lock wait max", f"{wait['max']:.2f} ms"),
-        (
-            "fairness",
-            f"min {fair['min']:,} / max {fair['max']:,} writes per agent (ratio {fair['ratio']:.2f})",
-        ),
-        ("integrity", r["integrity"]),
+    faults = []
+    if r["external_locks"]:
+        faults.append("outside lock " + ", ".join(r["external_locks"]))
+    if r["kill_rate"]:
+        faults.append(f"SIGKILL {r['kill_rate']:g}/s")
+    if r["maintain"]:
+        faults.append("maintenance")
+    if r["drop_every"]:
+        faults.append(f"BROKEN TARGET: drops every {r['drop_every']}th write")
+    rows: list[tuple[str, list[str]]] = [
+        ("", [t["target"] for t in targets]),
+        ("acknowledged turns", [f"{t['acknowledged']:,}" for t in targets]),
+        ("failed turns", [f"{t['failed']:,}" for t in targets]),
+        ("lost", [f"{t['lost']:,}" for t in targets]),
+        ("duplicated", [f"{t['duplicated']:,}" for t in targets]),
+        ("out of order", [f"{t['out_of_order']:,}" for t in targets]),
+        ("corrupt", [f"{t['corrupt']:,}" for t in targets]),
+        ("turns/s", [f"{t['turns_per_s']:,.1f}" for t in targets]),
+        ("turn p50", [f"{t['latency_ms']['p50']:.1f} ms" for t in targets]),
+        ("turn p99", [f"{t['latency_ms']['p99']:.1f} ms" for t in targets]),
+        ("turn max", [f"{t['latency_ms']['max']:.1f} ms" for t in targets]),
+        ("fairness min/max", [f"{t['fairness']['ratio']:.2f}" for t in targets]),
+        ("integrity", [t["integrity"] for t in targets]),
+        ("verdict", [t["verdict"].upper() for t in targets]),
     ]
-    if r["failed_but_present"] or r["unacknowledged_rows"]:
-        rows.append(("failed but present", f"{r['failed_but_present']:,}"))
-        rows.append(("unacknowledged rows", f"{r['unacknowledged_rows']:,}"))
-    if r["agents_crashed"]:
-        rows.append(("agents crashed", f"{r['agents_crashed']}"))
-    for lock in r["external_locks"]:
-        if lock["locked_at"] is None:
-            what = f"not taken (exit {lock['exit_code']}) {lock['stderr']}".strip()
-        else:
-            released = lock["released_at"]
-            end = f"{released:.2f}s" if released is not None else "?"
-            held = f"{lock['held']:.2f}s" if lock["held"] is not None else "?"
-            what = f"held from {lock['locked_at']:.2f}s to {end} ({held})"
-        rows.append((f"external lock {lock['spec']}", what))
+    main = targets[0]
+    if main["effects"] or main["stuck_effects"]:
+        eff = ", ".join(f"{k} {v:,}" for k, v in sorted(main["effects"].items()))
+        rows.append(("effects (fleetstore)", [eff + f"; stuck {main['stuck_effects']}"]))
     width = max(len(k) for k, _ in rows)
+    cols = [
+        max(len(row[1][i]) if i < len(row[1]) else 0 for row in rows) for i in range(len(targets))
+    ]
+
+    def line(label: str, values: list[str]) -> str:
+        cells = [v.rjust(cols[i]) for i, v in enumerate(values)]
+        return f"  {label:<{width}}  " + "  ".join(cells)
+
     lines = [
-        f"fleetstore stress: {r['agents']} agents, {r['duration']:g}s ({r['elapsed_s']:.2f}s "
-        f"measured), {think}, payload {_size(r['payload_bytes'])}{large}",
-        f"  synchronous {r['synchronous']}, write budget {r['write_budget']:g}s, seed {r['seed']}, "
-        f"startup {r['startup_s']:.1f}s",
-        f"  database {r['path']}",
+        f"fleetstore stress: {r['agents']} agents x {r['duration']:g}s per target, {think}, "
+        f"outputs ~{_size(r['output_bytes'])} ({r['large_rate']:.0%} up to "
+        f"{_size(r['large_bytes'])}), seed {r['seed']}",
+        f"  faults: {'; '.join(faults) or 'none'}; workers {r['workers']}; "
+        f"synchronous {r['synchronous']}, write budget {r['write_budget']:g}s",
+        f"  fleetstore target {r['url']}; results under {r['dir']}",
         "",
-        *(f"  {k:<{width}}  {v}" for k, v in rows),
+        *(line(k, v) for k, v in rows),
         "",
     ]
+    for t in targets[1:]:
+        if t["failures_by_type"]:
+            kinds = ", ".join(f"{k} {v:,}" for k, v in t["failures_by_type"].items())
+            lines.append(f"  {t['target']} failures: {kinds}")
+    for skipped in r.get("not_run", ()):
+        lines.append(f"  {skipped['target']} not run: {_clip(skipped['reason'])}")
     if r["verdict"] == "pass":
-        lines.append("PASS: no failed write; every acknowledged write is on disk exactly once")
+        lines.append(
+            "PASS: fleetstore failed no turn; every acknowledged write is on disk exactly "
+            "once, in order, intact"
+        )
     else:
-        lines.append("FAIL: " + "; ".join(r["problems"]))
-        for sample in r["samples"]["failures"][:3]:
+        lines.append("FAIL: fleetstore: " + "; ".join(r["problems"]))
+        samples = main["samples"]
+        for sample in samples.get("failures", [])[:3]:
             lines.append(
-                f"  agent {sample['agent']} seq {sample['seq']}: {sample['type']} after "
+                f"  agent {sample['agent']} turn {sample['turn']}: {sample['type']} after "
                 f"{sample['waited']:.2f}s: {_clip(sample['message'])}"
             )
-        for a in r["per_agent"]:
-            if "error" in a:
-                lines.append(f"  agent {a['agent']} (pid {a['pid']}): {a['error']}")
+        for kind in ("lost", "duplicated", "out_of_order", "corrupt"):
+            for s in samples.get(kind, [])[:3]:
+                lines.append(f"  {kind}: agent {s[0]} turn {s[1]}: {' '.join(map(str, s[2:]))}")
+        for c in main["crashed"][:5]:
+            lines.append(f"  {c['role']} {c['index']} exit {c['exit_code']}: {c['error']}")
     return "\n".join(lines)
 
 
@@ -899,15 +860,11 @@ def _size(n: int) -> str:
 
 
 __all__ = [
-    "STRESS_MIGRATIONS",
     "ExternalLock",
     "StressConfig",
     "StressError",
-    "default_path",
+    "default_dir",
     "format_report",
+    "peers_available",
     "run",
 ]
-
-
-if __name__ == "__main__":
-    sys.exit(_agent_main(sys.argv[1:]))
