@@ -30,9 +30,16 @@ AGENT = str(Path(__file__).with_name("fleet_agent.py"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow fleet tests first (stable otherwise): under pytest -n, a long test
-    handed out last would run alone at the end and stretch the whole run."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The slow fleet tests first, the longest (the largest timeout marker: the 70 s
+    outside-lock fleets) before the others, stable otherwise: pytest -n hands the first
+    tests round-robin to its workers, and a long test started last stretches the run."""
+
+    def key(item: pytest.Item) -> tuple[bool, float]:
+        timeout = item.get_closest_marker("timeout")
+        longest = float(timeout.args[0]) if timeout is not None and timeout.args else 0.0
+        return (item.get_closest_marker("slow") is None, -longest)
+
+    items.sort(key=key)
 
 
 class Proc:

@@ -586,6 +586,7 @@ def test_fleet_appends_through_an_outside_lock_of_6_5_s(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(500)
 def test_fleet_appends_through_an_outside_lock_of_70_s_via_the_spool(
     tmp_path: Path, spawn: Spawn, barrier: Barrier
 ) -> None:
