@@ -497,6 +497,45 @@ def test_killed_process_journal_is_replayed_by_recover(
     assert text.returncode == 0 and "nothing to recover" in text.stdout
 
 
+def test_writes_of_a_restarted_process_queue_behind_the_dead_ones_journal(
+    tmp_path: Path, spawn: Spawn, agent: Callable[..., Agent]
+) -> None:
+    """A process killed with writes in its spool, restarted while the store is still
+    locked: its successor's writes must not land before the dead one's (a restarted
+    agent's new turns would otherwise precede its old spooled ones in the session)."""
+    path, sessions = new_store(tmp_path, 1)
+    lock, _ = start_lock(spawn, path, float(HOLD))
+    writer = agent("kill", path, sessions)
+    writer.wait_line("acked 9", timeout=60)
+    kill9(writer)
+    acks = acked(writer)
+    # The successor opens while the lock is still held: the dead journal cannot be
+    # replayed now (open gives up after the budget), so it is left for later.
+    store = fleetstore.open(path, write_budget=BUDGET)
+    try:
+        assert journal_files(path), "the dead process's journal was replayed already"
+        later = [
+            store.messages.append(sessions[0], "user", f"after {i}", metadata={"after": i})
+            for i in range(3)
+        ]
+        assert all(m.seq is None for m in later)  # queued behind the dead journal
+        with pytest.raises(fleetstore.SpoolPending):
+            store.state.put(sessions[0], "k", 1, expected_version=0)
+        release(lock)
+        assert store.flush(60)
+        assert journal_files(path) == []
+        rows = [r for r in applied(store) if r[1] == sessions[0]]
+        first = [r for r in rows if "i" in r[3]]
+        assert [r[3]["i"] for r in first] == list(range(len(first)))
+        assert len(acks) <= len(first) <= len(acks) + 1
+        # Every write of the dead process comes before every write of its successor.
+        assert [r[3].get("after") for r in rows[len(first) :]] == [0, 1, 2]
+        assert [r[2] for r in rows] == list(range(1, len(rows) + 1))
+        assert store.state.put(sessions[0], "k", 1, expected_version=0).version == 1
+    finally:
+        store.close()
+
+
 def test_recover_of_a_live_process_journal_reports_busy_and_it_drains_itself(
     tmp_path: Path, spawn: Spawn, agent: Callable[..., Agent]
 ) -> None:

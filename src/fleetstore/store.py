@@ -42,6 +42,7 @@ from fleetstore.spool import (
     Recovered,
     Spool,
     is_rejectable,
+    journal_pid,
     journals,
     recover_journal,
     reject,
@@ -132,6 +133,18 @@ _RETRY_PAUSE = 0.01
 _MAX_PAUSE = 10.0
 
 
+def _process_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _due(stream: Stream, now: float) -> bool:
     due = stream.due()
     return due is not None and due <= now
@@ -177,6 +190,11 @@ class Store:
         self._thread: threading.Thread | None = None
         self._running = False
         self._stop = self._closed
+        #: Journals of processes that died could not all be replayed at open (the store
+        #: was busy): this process's writes queue behind them, or a restarted agent's
+        #: new turns would land before its old spooled ones (found by `fleetstore stress
+        #: --kill-rate` with a short budget; test_spool.py::test_writes_of_a_restarted_*).
+        self._behind = False
         # Started by the first write or read, not here: this also runs in a child
         # right after fork, where starting threads is best left to the child's own code.
         self._publisher: Publisher | None = None
@@ -218,10 +236,12 @@ class Store:
         if independent:
             return self.apply(op)
         may_spool = must_land or (spool and self.settings.on_busy == "spool")
-        if len(self.spool):
+        if len(self.spool) or self._behind:
             if not may_spool:
                 raise errors.SpoolPending(
-                    f"{len(self.spool)} earlier write(s) of this process wait in its spool; "
+                    f"{len(self.spool)} earlier write(s) of this process wait in its spool"
+                    + (" behind the journals of processes that died" if self._behind else "")
+                    + "; "
                     f"a {op.name} that must not be spooled cannot overtake them; "
                     "retry after store.flush()"
                 )
@@ -295,10 +315,10 @@ class Store:
             stream.flush()
         deadline = time.monotonic() + (self.settings.write_budget if timeout is None else timeout)
         if threading.current_thread() is self._thread:
-            return not len(self.spool)  # the drainer cannot wait for itself
+            return not (len(self.spool) or self._behind)  # it cannot wait for itself
         self._wake()
         with self._cond:
-            while len(self.spool):
+            while len(self.spool) or self._behind:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stop:
                     return False
@@ -371,15 +391,16 @@ class Store:
                     if self._stop:
                         self._running = False
                         return
+                    behind = self._behind
                     op = self.spool.head()
-                    if op is None and not self._streams:
+                    if op is None and not self._streams and not behind:
                         self._running = False
                         return
                     now = time.monotonic()
                     paused = now < pause_until
                     dues = [d for s in self._streams if (d := s.due()) is not None]
                     ready = [] if paused else [s for s in self._streams if _due(s, now)]
-                    replay = op is not None and not paused
+                    replay = (op is not None or behind) and not paused
                     if replay or ready:
                         break
                     waits = [d - now for d in dues if d > now]
@@ -393,7 +414,10 @@ class Store:
                     stream.flush()
                 except Exception as exc:
                     log.error("%s: timed flush of message %s failed: %s", self.path, stream.id, exc)
-            if replay and op is not None:
+            if replay and behind:
+                pause = self._catch_up()
+                pause_until = time.monotonic() + pause if pause else 0.0
+            elif replay and op is not None:
                 pause = self._replay(op)
                 pause_until = time.monotonic() + pause if pause else 0.0
 
@@ -444,6 +468,27 @@ class Store:
         with self._cond:
             self._cond.notify_all()
         return 0.0
+
+    def _catch_up(self) -> float:
+        """Replay the journals of dead processes before anything of this process's
+        spool; the seconds to wait before trying again (0: caught up)."""
+        try:
+            self.recover()
+        except Exception as exc:
+            log.error("%s: replaying journals of dead processes failed: %s", self.path, exc)
+            return _RETRY_PAUSE
+        if self._dead_journals():
+            return _RETRY_PAUSE  # still locked, or another process is replaying them
+        with self._cond:
+            self._behind = False
+            self._cond.notify_all()
+        return 0.0
+
+    def _dead_journals(self) -> list[Path]:
+        own = self.spool.path
+        return [
+            p for p in journals(self.spool_dir) if p != own and not _process_alive(journal_pid(p))
+        ]
 
     def recover(self) -> list[Recovered]:
         """Replay the journals of processes that died with writes in their spool
@@ -584,7 +629,12 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     store = _open_store(target, config)
     try:
         if journals(store.spool_dir):
-            for result in store.recover():
+            results = store.recover()
+            if any(r.status == "unfinished" for r in results):
+                with store._cond:
+                    store._behind = True
+                store._wake()
+            for result in results:
                 if result.status in ("damaged", "unfinished"):
                     log.error(
                         "%s: recovering %s: %s: %s",
