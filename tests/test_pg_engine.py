@@ -194,3 +194,29 @@ def test_an_idle_worker_starts_an_effect_enqueued_elsewhere_without_waiting_for_
             worker.stop()
             runner.join(30)
         assert not runner.is_alive()
+
+
+def test_a_forked_child_opens_its_own_connections_and_the_parent_keeps_its_own(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The child must neither use nor close the parent's pooled connections (closing
+    one would end the parent's session on the shared socket)."""
+    import os
+
+    with fleetstore.open(pg_url, local_dir=str(tmp_path / "l")) as store:
+        session = store.sessions.create(title="fork")
+        store.messages.append(session.id, "user", "parent before")
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                store.messages.append(session.id, "user", "child")
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        store.messages.append(session.id, "user", "parent after")
+        texts = [m.text for m in store.messages.list(session.id)]
+        assert texts == ["parent before", "child", "parent after"]
+        assert store.metrics()["connection_retries"] == 0  # the parent's connection survived

@@ -32,6 +32,7 @@ import random
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -180,7 +181,7 @@ class ReadTx(_Tx):
     __slots__ = ()
 
 
-_live: list[PgDatabase] = []
+_live: weakref.WeakSet[PgDatabase] = weakref.WeakSet()
 #: Pools inherited through fork: never used nor closed by the child (closing would
 #: end the parent's sessions on the shared sockets), kept referenced so no finaliser runs.
 _inherited: list[Any] = []
@@ -214,7 +215,7 @@ class PgDatabase:
         self._metrics = WriteMetrics()
         self._pid = os.getpid()
         self._write_owner: set[int] = set()
-        _live.append(self)
+        _live.add(self)
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -692,8 +693,7 @@ class PgDatabase:
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(ValueError):
-            _live.remove(self)
+        _live.discard(self)
         if os.getpid() != self._pid:
             self._after_fork()
             return
