@@ -215,6 +215,26 @@ def barrier(tmp_path: Path) -> Iterator[Barrier]:
 
 
 @pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    """Processes a test starts; whatever happens, each is killed and reaped at the end."""
+    started: list[Proc] = []
+    try:
+        yield started
+    finally:
+        for p in started:
+            p.kill()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """FLEETSTORE_DATA_DIR under tmp_path, inherited by child processes: where a
+    PostgreSQL store keeps this host's spool journals and published figures."""
+    path = tmp_path / "data"
+    monkeypatch.setenv("FLEETSTORE_DATA_DIR", str(path))
+    return path
+
+
+@pytest.fixture
 def store_path(tmp_path: Path) -> str:
     """A store with the fleet schema (tests/fleet_agent.py SCHEMA) already applied; the
     Database used to create it is closed again."""

@@ -31,7 +31,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,17 +329,6 @@ def inflight_big_output(log: AgentLog, blobs: Path) -> str | None:
 
 
 # -- the fleet -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    """Agents started by the test; whatever happens, each is killed and reaped at the end."""
-    started: list[Proc] = []
-    try:
-        yield started
-    finally:
-        for p in started:
-            p.kill()
 
 
 def replied_since(log: Path, since: float) -> bool:

@@ -29,16 +29,11 @@ from fleetstore.ids import new_id
 from fleetstore.operations import Operation
 from fleetstore.store import Store
 
+#: Per-host state of the PostgreSQL stores (spool journals) under tmp_path.
+pytestmark = pytest.mark.usefixtures("data_dir")
+
 ROOT = Path(__file__).resolve().parent.parent
 BLOB_THRESHOLD = 1024
-
-
-@pytest.fixture(autouse=True)
-def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """PostgreSQL stores keep this host's spool under the data dir: keep it in tmp_path."""
-    path = tmp_path / "data"
-    monkeypatch.setenv("FLEETSTORE_DATA_DIR", str(path))
-    return path
 
 
 @pytest.fixture

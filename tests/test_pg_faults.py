@@ -29,18 +29,12 @@ from fleetstore.ids import new_id
 from tcpproxy import TcpProxy
 from test_history_fleet import check_store, read_log, replied_since
 
+#: Per-host state of the PostgreSQL stores (spool journals) under tmp_path.
+pytestmark = pytest.mark.usefixtures("data_dir")
+
 HISTORY_AGENT = str(Path(__file__).with_name("history_agent.py"))
 PG_AGENT = str(Path(__file__).with_name("pg_agent.py"))
 WAIT = 60.0  # safety net for every wait on evidence
-
-
-@pytest.fixture(autouse=True)
-def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The stores' per-host state (spool journals, figures) under tmp_path, also for
-    the child processes (they inherit the environment)."""
-    path = tmp_path / "data"
-    monkeypatch.setenv("FLEETSTORE_DATA_DIR", str(path))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +46,6 @@ def restartable() -> Iterator[pgserver.PgServer]:
         yield srv
     finally:
         pgserver.stop_server(srv)
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    try:
-        yield started
-    finally:
-        for p in started:
-            p.kill()
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT) -> Any:

@@ -28,29 +28,14 @@ import test_outbox_fleet as outbox_fleet
 from conftest import Barrier, Proc
 from test_history_fleet import check_store, read_log
 
+#: Per-host state of the PostgreSQL stores (spool journals) under tmp_path.
+pytestmark = pytest.mark.usefixtures("data_dir")
+
 HISTORY_AGENT = str(Path(__file__).with_name("history_agent.py"))
 PG_OUTBOX_AGENT = str(Path(__file__).with_name("pg_outbox_agent.py"))
 AGENTS = 32
 RUN = 16.0  # seconds the fleet writes
 SURE_BIG = 2  # agents whose first reply carries a 7-8 MB output
-
-
-@pytest.fixture(autouse=True)
-def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Per-host state (spool journals, figures) under tmp_path, for the children too."""
-    path = tmp_path / "data"
-    monkeypatch.setenv("FLEETSTORE_DATA_DIR", str(path))
-    return path
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    try:
-        yield started
-    finally:
-        for p in started:
-            p.kill()
 
 
 @pytest.mark.slow
