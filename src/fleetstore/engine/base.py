@@ -11,6 +11,8 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from fleetstore import errors
+
 T = TypeVar("T")
 
 
@@ -71,6 +73,35 @@ class Engine(Protocol):
         ...
 
 
+class _Step(Protocol):
+    @property
+    def version(self) -> int: ...
+
+
+S = TypeVar("S", bound=_Step)
+
+
+def ordered_migrations(migrations: Iterable[S]) -> list[S]:
+    """The migrations in version order; ``ConfigError`` unless every version is a
+    positive integer, used once.  (Both engines.)"""
+    steps = sorted(migrations, key=lambda m: m.version)
+    versions = [m.version for m in steps]
+    if any(not isinstance(v, int) or isinstance(v, bool) or v <= 0 for v in versions):
+        raise errors.ConfigError(f"migration versions must be positive integers: {versions}")
+    if len(set(versions)) != len(versions):
+        raise errors.ConfigError(f"migration versions must be unique: {versions}")
+    return steps
+
+
+def check_not_newer(where: str, current: int, steps: Sequence[_Step]) -> None:
+    """``MigrationError`` if the store is at a schema newer than this program knows."""
+    if steps and current > steps[-1].version:
+        raise errors.MigrationError(
+            f"{where}: the store is at schema version {current}, newer than the "
+            f"newest migration this program knows ({steps[-1].version}); upgrade it"
+        )
+
+
 def redact(url: str) -> str:
     """A store URL without its password, for messages and reports.
 
@@ -84,4 +115,4 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
-__all__ = ["Engine", "Tx", "redact"]
+__all__ = ["Engine", "Tx", "check_not_newer", "ordered_migrations", "redact"]

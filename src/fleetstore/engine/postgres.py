@@ -41,7 +41,7 @@ import psycopg
 import psycopg_pool
 
 from fleetstore import errors
-from fleetstore.engine.base import redact
+from fleetstore.engine.base import check_not_newer, ordered_migrations, redact
 from fleetstore.metrics import WriteMetrics
 from fleetstore.settings import Settings
 
@@ -586,15 +586,12 @@ class PgDatabase:
     def migrate(self, migrations: Sequence[Any]) -> list[int]:
         """Apply the migrations newer than the store's version, in one transaction
         under an advisory lock: processes starting at once apply each exactly once."""
-        steps = sorted(migrations, key=lambda m: m.version)
-        versions = [m.version for m in steps]
-        if len(set(versions)) != len(versions) or any(v <= 0 for v in versions):
-            raise errors.ConfigError(f"migration versions must be unique and positive: {versions}")
+        steps = ordered_migrations(migrations)
         if not steps:
             return []
         current = self.schema_version
         if current >= steps[-1].version:
-            self._check_not_newer(current, steps)
+            check_not_newer(self.path, current, steps)
             return []
 
         def apply(tx: WriteTx) -> list[int]:
@@ -604,7 +601,7 @@ class PgDatabase:
                 "version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
             )
             version = self._version_in(tx)
-            self._check_not_newer(version, steps)
+            check_not_newer(self.path, version, steps)
             applied = []
             for step in steps:
                 if step.version <= version:
@@ -632,13 +629,6 @@ class PgDatabase:
         # test_pg_engine.py::test_eight_processes_migrating_*).  Read committed reads
         # the version after the lock.
         return self._run(apply, "READ COMMITTED")
-
-    def _check_not_newer(self, current: int, steps: Sequence[Any]) -> None:
-        if steps and current > steps[-1].version:
-            raise errors.MigrationError(
-                f"{self.path}: the store is at schema version {current}, newer than the "
-                f"newest migration this program knows ({steps[-1].version}); upgrade it"
-            )
 
     @staticmethod
     def _version_in(tx: _Tx) -> int:

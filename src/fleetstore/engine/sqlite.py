@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import apsw
 
 from fleetstore import errors
+from fleetstore.engine.base import check_not_newer, ordered_migrations
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.proclocks import lock_holders
 from fleetstore.metrics import WriteMetrics
@@ -674,15 +675,10 @@ class Database:
         """Apply, in one write transaction, the migrations newer than the store's
         version; the version is read again inside the transaction, so processes
         starting together apply each migration once.  Returns the versions applied."""
-        steps = sorted(migrations, key=lambda m: m.version)
-        versions = [m.version for m in steps]
-        if any(not isinstance(v, int) or isinstance(v, bool) or v <= 0 for v in versions):
-            raise errors.ConfigError(f"migration versions must be positive integers: {versions}")
-        if len(set(versions)) != len(versions):
-            raise errors.ConfigError(f"migration versions must be unique: {versions}")
+        steps = ordered_migrations(migrations)
         version = self.schema_version
         if not steps or version >= steps[-1].version:
-            self._check_not_newer(version, steps)
+            check_not_newer(self.path, version, steps)
             return []
         applied: list[int] = []
         try:
@@ -692,7 +688,7 @@ class Database:
                     "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
                 )
                 current = self._version_in(tx)
-                self._check_not_newer(current, steps)
+                check_not_newer(self.path, current, steps)
                 for step in steps:
                     if step.version <= current:
                         continue
@@ -718,13 +714,6 @@ class Database:
                 with contextlib.suppress(apsw.Error):
                     self._configure(self._writer, "writer")
         return applied
-
-    def _check_not_newer(self, current: int, steps: Sequence[Migration]) -> None:
-        if steps and current > steps[-1].version:
-            raise errors.MigrationError(
-                f"{self.path}: the store is at schema version {current}, newer than the "
-                f"newest migration this program knows ({steps[-1].version}); upgrade it"
-            )
 
     @staticmethod
     def _version_in(tx: _Tx) -> int:
