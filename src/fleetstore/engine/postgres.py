@@ -544,6 +544,7 @@ class PgDatabase:
                     discard = True
                     self._metrics.count("connection_retries")
                     if time.monotonic() + _RECONNECT_PAUSE < deadline:
+                        time.sleep(_RECONNECT_PAUSE)  # a restarting server: not a hot loop
                         continue
                     raise errors.StoreBusy(
                         self.path, time.monotonic() - started, 1, stage="connection"
