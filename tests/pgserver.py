@@ -98,10 +98,12 @@ class PgServer:
             cur = conn.execute(sql)
             return list(cur.fetchall()) if cur.description else []
 
-    def create_database(self, prefix: str = "t") -> str:
-        """A new empty database; returns its URL.  Dropped by ``drop_all``."""
+    def create_database(self, prefix: str = "t", template: str | None = None) -> str:
+        """A new database (empty, or a copy of the database *template*); returns its URL.
+        Dropped by ``drop_all``."""
         name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-        self.admin(f'CREATE DATABASE "{name}"')
+        copy = f' TEMPLATE "{template}"' if template else ""
+        self.admin(f'CREATE DATABASE "{name}"{copy}')
         self._dbs.append(name)
         return self.url(name)
 
