@@ -471,24 +471,26 @@ class Store:
 
     def _catch_up(self) -> float:
         """Replay the journals of dead processes before anything of this process's
-        spool; the seconds to wait before trying again (0: caught up)."""
+        spool; the seconds to wait before trying again (0: caught up).  A damaged
+        journal (kept for a person) does not hold this process back."""
         try:
-            self.recover()
+            results = self.recover()
         except Exception as exc:
             log.error("%s: replaying journals of dead processes failed: %s", self.path, exc)
             return _RETRY_PAUSE
-        if self._dead_journals():
-            return _RETRY_PAUSE  # still locked, or another process is replaying them
+        waiting = [
+            r
+            for r in results
+            if r.status == "unfinished"
+            # "busy" with its owner dead: another process is replaying it right now
+            or (r.status == "busy" and not _process_alive(journal_pid(Path(r.journal))))
+        ]
+        if waiting:
+            return _RETRY_PAUSE
         with self._cond:
             self._behind = False
             self._cond.notify_all()
         return 0.0
-
-    def _dead_journals(self) -> list[Path]:
-        own = self.spool.path
-        return [
-            p for p in journals(self.spool_dir) if p != own and not _process_alive(journal_pid(p))
-        ]
 
     def recover(self) -> list[Recovered]:
         """Replay the journals of processes that died with writes in their spool
