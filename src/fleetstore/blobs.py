@@ -137,15 +137,7 @@ class BlobStore:
     def put_stored(self, sha256: str, packed: bytes, size: int) -> BlobRef:
         """Store compressed bytes received from elsewhere, after checking that
         they decompress to *size* bytes with hash *sha256*."""
-        check_sha(sha256)
-        if size > self.max_bytes:
-            raise errors.PayloadTooLarge(
-                f"blob {sha256} of {size:,} bytes is over max_payload_bytes"
-            )
-        data = _unpack(packed, size, f"blob {sha256}: not valid zstd data")
-        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
-            raise errors.BlobCorrupt(f"blob {sha256}: bytes do not match the hash or size")
-        return self.put(data)
+        return self.put(_received(sha256, packed, size, self.max_bytes))
 
     def verify(self, sha256: str) -> bool:
         try:
@@ -242,14 +234,7 @@ class DbBlobStore:
         return data
 
     def put_stored(self, sha256: str, packed: bytes, size: int) -> BlobRef:
-        check_sha(sha256)
-        if size > self.max_bytes:
-            raise errors.PayloadTooLarge(
-                f"blob {sha256} of {size:,} bytes is over max_payload_bytes"
-            )
-        data = _unpack(packed, size, f"blob {sha256}: not valid zstd data")
-        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
-            raise errors.BlobCorrupt(f"blob {sha256}: bytes do not match the hash or size")
+        _received(sha256, packed, size, self.max_bytes)
         stored = self._stored_size(sha256)
         if not stored or not self.verify(sha256):
             self._write(sha256, packed, replace=bool(stored))
@@ -281,6 +266,18 @@ class DbBlobStore:
             if len(rows) < page:
                 return
             after = str(rows[-1][0])
+
+
+def _received(sha256: str, packed: bytes, size: int, max_bytes: int) -> bytes:
+    """The payload of compressed bytes received from elsewhere (an import, a migrate),
+    checked: within the size limit, valid zstd, *size* bytes with hash *sha256*."""
+    check_sha(sha256)
+    if size > max_bytes:
+        raise errors.PayloadTooLarge(f"blob {sha256} of {size:,} bytes is over max_payload_bytes")
+    data = _unpack(packed, size, f"blob {sha256}: not valid zstd data")
+    if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+        raise errors.BlobCorrupt(f"blob {sha256}: bytes do not match the hash or size")
+    return data
 
 
 def _unpack(packed: bytes, limit: int, what: str) -> bytes:
