@@ -60,7 +60,6 @@ import argparse
 import json
 import logging
 import math
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -76,7 +75,16 @@ from pathlib import Path
 from typing import Any
 
 from bench_history import machine_info
-from benchlib import loadavg, pct, print_report, proc_stat, save_results, sleep_until
+from benchlib import (
+    Children,
+    expect,
+    loadavg,
+    pct,
+    print_report,
+    proc_stat,
+    save_results,
+    sleep_until,
+)
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -454,47 +462,6 @@ def _enqueuer_main(strategy: str, path: str, cfg: dict[str, Any], conn: Connecti
 # --------------------------------------------------------------------------- one cell
 
 
-class _Fleet:
-    """W worker processes of one strategy, kept for all the modes of a worker count."""
-
-    def __init__(self, strategy: str, workers: int, cfg: dict[str, Any]) -> None:
-        self.ctx = mp.get_context("spawn")
-        self.procs: list[Any] = []
-        self.conns: list[Connection] = []
-        for i in range(workers):
-            parent, child = self.ctx.Pipe()
-            proc = self.ctx.Process(
-                target=_worker_main, args=(strategy, i, cfg, child), daemon=True
-            )
-            proc.start()
-            child.close()
-            self.procs.append(proc)
-            self.conns.append(parent)
-
-    def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.send(("exit",))
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        for c in self.conns:
-            c.close()
-
-
-def _expect(conn: Connection, what: str, timeout: float) -> Any:
-    if not conn.poll(timeout):
-        raise RuntimeError(f"no {what!r} from a child within {timeout:g} s")
-    kind, payload = conn.recv()
-    if kind != what:
-        raise RuntimeError(f"a child failed (wanted {what!r}):\n{payload}")
-    return payload
-
-
 class _Target:
     """Reads the cell's file from the parent: how many effects are done, and at the end
     what the file holds."""
@@ -574,7 +541,7 @@ def _fifo_violations(first: dict[str, Record]) -> int:
 
 
 def run_cell(
-    fleet: _Fleet,
+    fleet: Children,
     strategy: str,
     workers: int,
     mode: str,
@@ -610,7 +577,7 @@ def run_cell(
             enq_proc.start()
             child.close()
         for c in [*fleet.conns, *([enq_conn] if enq_conn else [])]:
-            _expect(c, "ready", 180)
+            expect(c, "ready", 180)
         start_at = time.monotonic() + 0.25
         ready_s = start_at - wall0
         for c in [*fleet.conns, *([enq_conn] if enq_conn else [])]:
@@ -640,7 +607,7 @@ def run_cell(
                 break
             for c in fleet.conns:
                 if c.poll():  # a worker spoke before it was told to stop: it failed
-                    _expect(c, "done", 0)
+                    expect(c, "done", 0)
                     raise RuntimeError("a worker stopped on its own")
             now = time.monotonic()
             if now > deadline or (not producing and now - changed > STALL_S):
@@ -652,7 +619,7 @@ def run_cell(
         load1 = loadavg()
         for c in fleet.conns:
             c.send("stop")
-        results = [_expect(c, "done", 120) for c in fleet.conns]
+        results = [expect(c, "done", 120) for c in fleet.conns]
         if enq_proc is not None:
             enq_proc.join(30)
         final = target.final()
@@ -919,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     for w in workers:
         for strategy in strategies:
-            fleet = _Fleet(strategy, w, cfg)
+            fleet = Children(w, _worker_main, lambda i, s=strategy: (s, i, cfg))
             try:
                 for mode in modes:
                     for rate in cfg["rates"] if mode == "latency" else [None]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -46,7 +45,16 @@ from pathlib import Path
 from typing import Any
 
 from bench_history import machine_info
-from benchlib import loadavg, pct, print_report, proc_stat, save_results, sleep_until
+from benchlib import (
+    Children,
+    expect,
+    loadavg,
+    pct,
+    print_report,
+    proc_stat,
+    save_results,
+    sleep_until,
+)
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent / "tests"))
@@ -184,45 +192,6 @@ def _child(index: int, conn: Connection) -> None:
         conn.close()
 
 
-class _Fleet:
-    """N processes, kept for every cell of one N."""
-
-    def __init__(self, n: int) -> None:
-        self.ctx = mp.get_context("spawn")
-        self.procs: list[Any] = []
-        self.conns: list[Connection] = []
-        for i in range(n):
-            parent, child = self.ctx.Pipe()
-            proc = self.ctx.Process(target=_child, args=(i, child), daemon=True)
-            proc.start()
-            child.close()
-            self.procs.append(proc)
-            self.conns.append(parent)
-
-    def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.send(("exit",))
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        for c in self.conns:
-            c.close()
-
-
-def _expect(conn: Connection, what: str, timeout: float) -> Any:
-    if not conn.poll(timeout):
-        raise RuntimeError(f"no {what!r} from a child within {timeout:g} s")
-    kind, payload = conn.recv()
-    if kind != what:
-        raise RuntimeError(f"a child failed (wanted {what!r}):\n{payload}")
-    return payload
-
-
 # --------------------------------------------------------------------------- stores
 
 
@@ -303,7 +272,7 @@ def _check(store: Any, workload: str, results: list[dict[str, Any]], backlog: in
 
 
 def run_cell(
-    fleet: _Fleet,
+    fleet: Children,
     engine: str,
     workload: str,
     n: int,
@@ -330,7 +299,7 @@ def run_cell(
         for c in fleet.conns:
             c.send(("run", workload, url, cfg["seconds"], cfg["pool_size"]))
         for c in fleet.conns:
-            _expect(c, "ready", 300)
+            expect(c, "ready", 300)
         start_at = time.monotonic() + 0.25
         for c in fleet.conns:
             c.send(start_at)
@@ -339,7 +308,7 @@ def run_cell(
         wall_start = time.time()
         cpu0 = proc_stat()
         timeout = cfg["seconds"] + 300 if workload == "writes" else max(300.0, backlog / 5)
-        results = [_expect(c, "done", timeout) for c in fleet.conns]
+        results = [expect(c, "done", timeout) for c in fleet.conns]
         cpu1 = proc_stat()
         with fleetstore.open(url) as check:
             problems = _check(check, workload, results, backlog)
@@ -534,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         for n in ns:
-            fleet = _Fleet(n)
+            fleet = Children(n, _child, lambda i: (i,))
             try:
                 for workload in workloads:
                     for engine in engines:

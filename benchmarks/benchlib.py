@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing as mp
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +82,46 @@ def save_results(
     if md_path:
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(md)
+
+
+class Children:
+    """Processes started with ``multiprocessing``'s spawn context, each given one end of
+    a pipe (``target(*args(i), conn)``); kept for several cells, told to exit by
+    ``close()`` (a ``("exit",)`` message), killed if they do not."""
+
+    def __init__(self, n: int, target: Callable[..., Any], args: Callable[[int], tuple[Any, ...]]):
+        ctx = mp.get_context("spawn")
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        for i in range(n):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=target, args=(*args(i), child), daemon=True)
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(("exit",))
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        for c in self.conns:
+            c.close()
+
+
+def expect(conn: Connection, what: str, timeout: float) -> Any:
+    """The payload of the child's next ``(what, payload)`` message; ``RuntimeError`` if it
+    sent something else (its traceback) or nothing within *timeout*."""
+    if not conn.poll(timeout):
+        raise RuntimeError(f"no {what!r} from a child within {timeout:g} s")
+    kind, payload = conn.recv()
+    if kind != what:
+        raise RuntimeError(f"a child failed (wanted {what!r}):\n{payload}")
+    return payload
