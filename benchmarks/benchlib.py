@@ -90,7 +90,7 @@ class Children:
     ``close()`` (a ``("exit",)`` message), killed if they do not."""
 
     def __init__(self, n: int, target: Callable[..., Any], args: Callable[[int], tuple[Any, ...]]):
-        ctx = mp.get_context("spawn")
+        self.ctx = ctx = mp.get_context("spawn")
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         for i in range(n):
