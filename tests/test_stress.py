@@ -171,3 +171,57 @@ def test_postgresql_target_passes_with_an_outside_lock(tmp_path: Path, pg_url: s
     assert fs["failed"] == fs["lost"] == fs["duplicated"] == fs["stuck_effects"] == 0
     (lock,) = fs["external_locks"]
     assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
+
+
+def test_langgraph_peer_checkpoints_turns_and_its_verifier_sees_loss(tmp_path: Path) -> None:
+    """The LangGraph peer through the agent module's own processes (stdlib sqlite3 never
+    enters this one): its turns read back intact; a forged acknowledgement is lost and a
+    wrong output hash corrupt."""
+    import time
+
+    db, journal = tmp_path / "langgraph.db", tmp_path / "agent-0.jsonl"
+    cfg: dict[str, Any] = {
+        "target": "langgraph", "url": str(db), "run_id": "t", "seed": 4, "think_ms": 1.0,
+        "output_bytes": 300, "large_rate": 0.0, "large_bytes": 0, "settings": {},
+        "synchronous": None, "drop_every": 0,
+    }  # fmt: skip
+    module = [sys.executable, "-m", "fleetstore.ops.stress_agent"]
+    env = clean_env(tmp_path)
+    prep = subprocess.run(
+        [*module, "--verify", json.dumps({**cfg, "prepare": True})],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert prep.returncode == 0, prep.stderr
+    with subprocess.Popen(
+        [*module, "--agent", json.dumps({**cfg, "agent": 0, "journal": str(journal),
+                                         "restart": False})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    ) as agent:  # fmt: skip
+        assert agent.stdout is not None and agent.stdin is not None
+        assert agent.stdout.readline().strip() == "ready"
+        start = time.monotonic()
+        agent.stdin.write(f"start {start!r} {start + 1.5!r}\n")
+        agent.stdin.close()
+        assert agent.wait(60) == 0, agent.stderr.read() if agent.stderr else ""
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    assert len(lines) >= 3 and all("sha" in e for e in lines), lines
+
+    def verify() -> dict[str, Any]:
+        done = subprocess.run(
+            [*module, "--verify", json.dumps({**cfg, "journals": [str(journal)]})],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+        return result
+
+    clean = verify()
+    assert clean["acked_turns"] == len(lines) and clean["integrity"] == "ok"
+    assert clean["lost"] == clean["duplicated"] == clean["out_of_order"] == clean["corrupt"] == 0
+    forged = {**lines[-1], "n": lines[-1]["n"] + 1}
+    tampered = {**lines[0], "sha": "0" * 64}
+    journal.write_text("\n".join(json.dumps(e) for e in [tampered, *lines[1:], forged]) + "\n")
+    broken = verify()
+    assert broken["lost"] == 2  # the forged turn's user message and reply
+    assert broken["corrupt"] == 2  # the forged turn and the wrong hash
+    assert broken["samples"]["corrupt"][0][1] == lines[0]["n"]

@@ -45,12 +45,19 @@ from fleetstore.ops.stress_agent import read_journal
 _START_DELAY = 0.25  # seconds between "start" being sent and the common start time
 _POLL = 0.05
 _BUCKET = 0.25  # seconds per point of the lock-wait-over-time series
-PEERS = ("opencode", "zcode", "agents-sdk")
+PEERS = ("opencode", "zcode", "agents-sdk", "langgraph")
 PEER_NOTES = {
     "fleetstore": "fleetstore: writer gate, blobs, spool, outbox",
     "opencode": "opencode's pattern: shared WAL, busy_timeout 5000, part rewritten per update",
     "zcode": "zcode's pattern: busy timeout 10 s, deferred transactions",
     "agents-sdk": "OpenAI Agents SDK SQLiteSession (stdlib sqlite3)",
+    "langgraph": "LangGraph SqliteSaver under a 3-node graph (stdlib sqlite3)",
+}
+# A library peer runs when these modules can be imported (looked up, never imported
+# here: they would load the stdlib sqlite3 into this process).
+_PEER_MODULES = {
+    "agents-sdk": ("agents",),
+    "langgraph": ("langgraph.graph", "langgraph.checkpoint.sqlite"),
 }
 
 
@@ -132,9 +139,22 @@ def default_dir() -> Path:
     return fleetstore.default_data_dir() / "stress" / f"run-{stamp}-{os.getpid()}"
 
 
+def _installed(module: str) -> bool:
+    """Whether *module* can be imported, without importing it or its packages."""
+    top, _, rest = module.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not rest:
+        return spec is not None
+    rel = rest.replace(".", os.sep)
+    return any(
+        (Path(d) / rel).is_dir() or (Path(d) / f"{rel}.py").is_file()
+        for d in spec.submodule_search_locations or ()
+    )
+
+
 def peers_available() -> list[str]:
     """The peers --compare runs: the SQLite patterns always, libraries when installed."""
-    return [p for p in PEERS if p != "agents-sdk" or importlib.util.find_spec("agents")]
+    return [p for p in PEERS if all(_installed(m) for m in _PEER_MODULES.get(p, ()))]
 
 
 @dataclass(slots=True)
@@ -798,15 +818,17 @@ def format_report(report: dict[str, Any]) -> str:
         ("verdict", [t["verdict"].upper() for t in targets]),
     ]
     main = targets[0]
+    width = max(len(k) for k, _ in rows)
+    cols = [max(len(row[1][i]) for row in rows) for i in range(len(targets))]
     if main["effects"] or main["stuck_effects"]:
         eff = ", ".join(f"{k} {v:,}" for k, v in sorted(main["effects"].items()))
+        # One cell wider than a column: left as it is, not widening the table.
         rows.append(("effects (fleetstore)", [eff + f"; stuck {main['stuck_effects']}"]))
-    width = max(len(k) for k, _ in rows)
-    cols = [
-        max(len(row[1][i]) if i < len(row[1]) else 0 for row in rows) for i in range(len(targets))
-    ]
+        width = max(width, len(rows[-1][0]))
 
     def line(label: str, values: list[str]) -> str:
+        if len(values) < len(cols):
+            return f"  {label:<{width}}  " + "  ".join(values)
         cells = [v.rjust(cols[i]) for i, v in enumerate(values)]
         return f"  {label:<{width}}  " + "  ".join(cells)
 

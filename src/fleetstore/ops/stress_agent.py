@@ -10,9 +10,10 @@ is acknowledged (every write of it returned) or failed; a restarted agent (after
 ``--kill-rate``'s SIGKILL) reads it and goes on after the interrupted turn.  Ids are
 derived from (run, agent, turn), so the verifier knows what must be there.
 
-Each target runs in its own process tree: the Agents SDK's ``SQLiteSession`` uses
-the stdlib ``sqlite3``, which must never share a process with fleetstore's apsw
-connections (DESIGN.md, "Two SQLite libraries in one process").
+Each target runs in its own process tree: the Agents SDK's ``SQLiteSession`` and
+LangGraph's ``SqliteSaver`` use the stdlib ``sqlite3``, which must never share a
+process with fleetstore's apsw connections (DESIGN.md, "Two SQLite libraries in one
+process"); this module never imports it itself (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import operator
 import os
 import random
 import signal
@@ -29,11 +31,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 from fleetstore.ids import derived_id
 
-TARGETS = ("fleetstore", "opencode", "zcode", "agents-sdk")
+TARGETS = ("fleetstore", "opencode", "zcode", "agents-sdk", "langgraph")
 # Share of large outputs (--large-rate) are log-uniform between these; the others are
 # log-normal around --output-bytes, capped so they stay "small".
 _LARGE_MIN = 1 << 20
@@ -348,11 +350,120 @@ class _AgentsSDK(_Target):
         self.session.close()
 
 
+class _GraphState(TypedDict, total=False):
+    # Module level: LangGraph reads the reducer from the resolved annotation.
+    messages: Annotated[list[dict[str, Any]], operator.add]
+
+
+class _LangGraph(_Target):
+    """LangGraph's ``SqliteSaver`` (stdlib sqlite3, opened with ``from_conn_string``)
+    under a small graph, one ``invoke`` per turn: the user's message in, then nodes
+    model (the streamed text and a tool call), tool (runs for the tool time, returns
+    the output) and reply.  The state is the thread's messages, appended to
+    (``operator.add``), as a chat app keeps them; ``SqliteSaver`` writes the whole
+    state in every checkpoint, one per step."""
+
+    def __init__(self, cfg: dict[str, Any], agent: int) -> None:
+        super().__init__(cfg, agent)
+        import threading
+        from contextlib import ExitStack
+
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        from langgraph.graph import END, START, StateGraph
+
+        spans: list[tuple[float, float]] = []
+        guard = threading.Lock()
+        self.spans = spans
+        self.guard = guard
+
+        def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def method(saver: Any, *args: Any, **kw: Any) -> Any:
+                began = time.monotonic()
+                try:
+                    return fn(saver, *args, **kw)
+                finally:
+                    with guard:
+                        spans.append((began, time.monotonic()))
+
+            return method
+
+        saver_cls: Any = type(
+            "TimedSqliteSaver",
+            (SqliteSaver,),
+            {m: timed(getattr(SqliteSaver, m)) for m in ("get_tuple", "put", "put_writes")},
+        )
+        self.opened = ExitStack()
+        self.saver = self.opened.enter_context(saver_cls.from_conn_string(cfg["url"]))
+        self.turn_now: Turn | None = None
+
+        def ids_now() -> tuple[Turn, str, str]:
+            assert self.turn_now is not None
+            t = self.turn_now
+            _, uid, aid = ids(cfg, agent, t.n)
+            return t, uid, aid
+
+        def model(state: _GraphState) -> dict[str, Any]:
+            t, _, aid = ids_now()
+            call = {"id": aid + "/c", "name": "bash", "args": {"cmd": f"run {t.n}"}}
+            text = "".join(t.deltas[:-1])
+            return {"messages": [{"id": aid + "/1", "role": "assistant", "content": text,
+                                  "tool_calls": [call]}]}  # fmt: skip
+
+        def tool(state: _GraphState) -> dict[str, Any]:
+            t, _, aid = ids_now()
+            time.sleep(t.tool_think)
+            output = t.output(cfg, agent)
+            msg = {"id": aid + "/2", "role": "tool", "tool_call_id": aid + "/c", "content": output}
+            return {"messages": [msg]}
+
+        def reply(state: _GraphState) -> dict[str, Any]:
+            t, _, aid = ids_now()
+            msg = {"id": aid, "role": "assistant", "content": t.deltas[-1], "usage": t.usage}
+            return {"messages": [msg]}
+
+        g = StateGraph(_GraphState)
+        g.add_node("model", model)
+        g.add_node("tool", tool)
+        g.add_node("reply", reply)
+        g.add_edge(START, "model")
+        g.add_edge("model", "tool")
+        g.add_edge("tool", "reply")
+        g.add_edge("reply", END)
+        self.graph: Any = g.compile(checkpointer=self.saver)
+        self.config = {"configurable": {"thread_id": self.sid}}
+
+    def turn(self, t: Turn, clock: Clock) -> str:
+        _, uid, _ = ids(self.cfg, self.agent, t.n)
+        self.turn_now = t
+        with self.guard:
+            self.spans.clear()
+        try:
+            user = {"id": uid, "role": "user", "content": t.user}
+            self.graph.invoke({"messages": [user]}, self.config)
+        finally:
+            # Checkpoints are written by a background thread while the next node
+            # runs: a turn's store time is the union of the calls' intervals.
+            with self.guard:
+                spans = sorted(self.spans)
+            reach = -math.inf
+            for a, b in spans:
+                if b > reach:
+                    clock.total += b - max(a, reach)
+                    reach = b
+                clock.longest = max(clock.longest, b - a)
+            clock.writes += len(spans)
+        return sha(t.output(self.cfg, self.agent))
+
+    def close(self) -> None:
+        self.opened.close()
+
+
 _KINDS: dict[str, Callable[[dict[str, Any], int], _Target]] = {
     "fleetstore": _Fleetstore,
     "opencode": _Opencode,
     "zcode": _Zcode,
     "agents-sdk": _AgentsSDK,
+    "langgraph": _LangGraph,
 }
 
 
@@ -366,6 +477,11 @@ def prepare(cfg: dict[str, Any]) -> None:
         import fleetstore
 
         fleetstore.open(cfg["url"], **cfg["settings"]).close()
+    elif cfg["target"] == "langgraph":
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        with SqliteSaver.from_conn_string(cfg["url"]) as saver:
+            saver.setup()  # its tables and WAL, once (each agent's saver would race to)
 
 
 # ----------------------------------------------------------------------------- agent
@@ -519,6 +635,8 @@ def verify_main(cfg: dict[str, Any]) -> dict[str, Any]:
         extra = _verify_opencode(cfg, journals, check)
     elif kind == "agents-sdk":
         extra = _verify_agents_sdk(cfg, journals, check)
+    elif kind == "langgraph":
+        extra = _verify_langgraph(cfg, journals, check)
     return {
         "acked_turns": sum(len(_acked(j)) for j in journals.values()),
         "lost": check.counts["lost"],
@@ -659,6 +777,39 @@ def _verify_agents_sdk(
                 check.add("corrupt", [agent, e["n"], aid])
         _check_sequence(check, agent, expected, stored)
     return {}
+
+
+def _verify_langgraph(
+    cfg: dict[str, Any], journals: dict[int, list[dict[str, Any]]], check: _Check
+) -> dict[str, Any]:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    with SqliteSaver.from_conn_string(cfg["url"]) as saver:
+        for agent, journal in journals.items():
+            acked = _acked(journal)
+            if not acked:
+                continue
+            latest = saver.get_tuple({"configurable": {"thread_id": ids(cfg, agent)[0]}})
+            items: list[Any] = (
+                list(latest.checkpoint["channel_values"].get("messages", [])) if latest else []
+            )
+            stored = [str(i.get("id", "")) for i in items if isinstance(i, dict)]
+            outputs = {
+                str(i.get("tool_call_id")): str(i.get("content"))
+                for i in items
+                if isinstance(i, dict) and i.get("role") == "tool"
+            }
+            expected: list[tuple[str, int]] = []
+            for e in acked:
+                _, uid, aid = ids(cfg, agent, e["n"])
+                expected += [(uid, e["n"]), (aid, e["n"])]
+                out = outputs.get(aid + "/c")
+                if out is None or sha(out) != e["sha"]:
+                    check.add("corrupt", [agent, e["n"], aid])
+            _check_sequence(check, agent, expected, stored)
+        rows = saver.conn.execute("PRAGMA integrity_check").fetchall()
+        integrity = "; ".join(str(r[0]) for r in rows[:10])
+    return {"integrity": integrity}
 
 
 def main(argv: list[str]) -> int:
