@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 AGENTS   ?= 16
-DURATION ?= 20
+DURATION ?= 30
 THINK_MS ?= 10
 
 .PHONY: venv demo test lint typecheck unit bench clean
