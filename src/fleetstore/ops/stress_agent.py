@@ -768,15 +768,28 @@ def _verify_agents_sdk(
             for i in items
             if isinstance(i, dict) and i.get("type") == "function_call_output"
         }
-        expected: list[tuple[str, int]] = []
-        for e in acked:
-            _, uid, aid = ids(cfg, agent, e["n"])
-            expected += [(uid, e["n"]), (aid, e["n"])]
-            out = outputs.get(aid + "/c")
-            if out is None or sha(out) != e["sha"]:
-                check.add("corrupt", [agent, e["n"], aid])
-        _check_sequence(check, agent, expected, stored)
+        _check_turns(cfg, check, agent, acked, stored, outputs)
     return {}
+
+
+def _check_turns(
+    cfg: dict[str, Any],
+    check: _Check,
+    agent: int,
+    acked: list[dict[str, Any]],
+    stored: list[str],
+    outputs: dict[str, str],
+) -> None:
+    """A framework peer's turns: each acknowledged turn's user and assistant items in
+    order (*stored*: the item ids as the framework keeps them), its tool output intact."""
+    expected: list[tuple[str, int]] = []
+    for e in acked:
+        _, uid, aid = ids(cfg, agent, e["n"])
+        expected += [(uid, e["n"]), (aid, e["n"])]
+        out = outputs.get(aid + "/c")
+        if out is None or sha(out) != e["sha"]:
+            check.add("corrupt", [agent, e["n"], aid])
+    _check_sequence(check, agent, expected, stored)
 
 
 def _verify_langgraph(
@@ -799,14 +812,7 @@ def _verify_langgraph(
                 for i in items
                 if isinstance(i, dict) and i.get("role") == "tool"
             }
-            expected: list[tuple[str, int]] = []
-            for e in acked:
-                _, uid, aid = ids(cfg, agent, e["n"])
-                expected += [(uid, e["n"]), (aid, e["n"])]
-                out = outputs.get(aid + "/c")
-                if out is None or sha(out) != e["sha"]:
-                    check.add("corrupt", [agent, e["n"], aid])
-            _check_sequence(check, agent, expected, stored)
+            _check_turns(cfg, check, agent, acked, stored, outputs)
         rows = saver.conn.execute("PRAGMA integrity_check").fetchall()
         integrity = "; ".join(str(r[0]) for r in rows[:10])
     return {"integrity": integrity}
