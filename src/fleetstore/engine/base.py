@@ -77,6 +77,12 @@ class _Step(Protocol):
     @property
     def version(self) -> int: ...
 
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sql(self) -> str | Callable[[Any], None]: ...
+
 
 S = TypeVar("S", bound=_Step)
 
@@ -102,6 +108,31 @@ def check_not_newer(where: str, current: int, steps: Sequence[_Step]) -> None:
         )
 
 
+def apply_steps(
+    tx: Tx, where: str, steps: Sequence[_Step], current: int, record_sql: str
+) -> list[int]:
+    """Inside the migrating transaction: each step newer than *current*, in order (its
+    SQL, or its function given *tx*), recorded with *record_sql* (parameters: version,
+    name).  A failing step is a ``MigrationError`` naming it.  Returns the versions
+    applied.  (Both engines.)"""
+    applied = []
+    for step in steps:
+        if step.version <= current:
+            continue
+        try:
+            if callable(step.sql):
+                step.sql(tx)
+            else:
+                tx.execute(step.sql)
+        except Exception as exc:
+            raise errors.MigrationError(
+                f"{where}: migration {step.version} ({step.name}) failed: {exc}"
+            ) from exc
+        tx.execute(record_sql, (step.version, step.name))
+        applied.append(step.version)
+    return applied
+
+
 def redact(url: str) -> str:
     """A store URL without its password, for messages and reports.
 
@@ -115,4 +146,11 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
-__all__ = ["Engine", "Tx", "check_not_newer", "ordered_migrations", "redact"]
+__all__ = [
+    "Engine",
+    "Tx",
+    "apply_steps",
+    "check_not_newer",
+    "ordered_migrations",
+    "redact",
+]

@@ -41,7 +41,7 @@ import psycopg
 import psycopg_pool
 
 from fleetstore import errors
-from fleetstore.engine.base import check_not_newer, ordered_migrations, redact
+from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations, redact
 from fleetstore.metrics import WriteMetrics
 from fleetstore.settings import Settings
 
@@ -603,26 +603,14 @@ class PgDatabase:
             )
             version = self._version_in(tx)
             check_not_newer(self.path, version, steps)
-            applied = []
-            for step in steps:
-                if step.version <= version:
-                    continue
-                try:
-                    if callable(step.sql):
-                        step.sql(tx)
-                    else:
-                        tx.execute(step.sql)
-                except errors.FleetstoreError as exc:
-                    raise errors.MigrationError(
-                        f"{self.path}: migration {step.version} ({step.name}) failed: {exc}"
-                    ) from exc
-                tx.execute(
-                    f"INSERT INTO {_MIGRATIONS_TABLE}(version, name, applied_at) VALUES "
-                    "(?, ?, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'))",
-                    (step.version, step.name),
-                )
-                applied.append(step.version)
-            return applied
+            return apply_steps(
+                tx,
+                self.path,
+                steps,
+                version,
+                f"INSERT INTO {_MIGRATIONS_TABLE}(version, name, applied_at) VALUES "
+                "(?, ?, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'))",
+            )
 
         # READ COMMITTED, not a snapshot level: the snapshot is taken before the
         # advisory lock is granted, so a process that waited for another's migrations

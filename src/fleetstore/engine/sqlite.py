@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import apsw
 
 from fleetstore import errors
-from fleetstore.engine.base import check_not_newer, ordered_migrations
+from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.proclocks import lock_holders
 from fleetstore.metrics import WriteMetrics
@@ -689,24 +689,14 @@ class Database:
                 )
                 current = self._version_in(tx)
                 check_not_newer(self.path, current, steps)
-                for step in steps:
-                    if step.version <= current:
-                        continue
-                    try:
-                        if callable(step.sql):
-                            step.sql(tx)
-                        else:
-                            tx.execute(step.sql)
-                    except Exception as exc:
-                        raise errors.MigrationError(
-                            f"{self.path}: migration {step.version} ({step.name}) failed: {exc}"
-                        ) from exc
-                    tx.execute(
-                        f"INSERT INTO {_MIGRATIONS_TABLE}(version, name, applied_at) "
-                        "VALUES (?, ?, strftime('%Y-%m-%dT%H:%M:%fZ','now'))",
-                        (step.version, step.name),
-                    )
-                    applied.append(step.version)
+                applied = apply_steps(
+                    tx,
+                    self.path,
+                    steps,
+                    current,
+                    f"INSERT INTO {_MIGRATIONS_TABLE}(version, name, applied_at) "
+                    "VALUES (?, ?, strftime('%Y-%m-%dT%H:%M:%fZ','now'))",
+                )
         finally:
             # Migration SQL may change pragmas (foreign_keys, busy_timeout...):
             # re-assert them on the connection that ran it, failure or not.
