@@ -78,6 +78,7 @@ from bench_history import machine_info
 from benchlib import (
     Children,
     expect,
+    fmt,
     loadavg,
     pct,
     print_report,
@@ -711,12 +712,6 @@ def run_cell(
 # --------------------------------------------------------------------------- report
 
 
-def _fmt(x: Any, digits: int = 1) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x:,.{digits}f}"
-
-
 def _ok(r: dict[str, Any]) -> str:
     return "yes" if not r["problems"] else "NO: " + r["problems"]
 
@@ -750,10 +745,10 @@ def markdown(doc: dict[str, Any]) -> str:
         ]
         for r in backlog:
             lines.append(
-                f"| {r['workers']} | {r['strategy']} | {_fmt(r['claims_per_s'], 0)} "
-                f"| {_fmt(r['drain_s'], 2)} | {r['dup_starts']} | {r['lock_errors']} "
-                f"| {r['fifo_violations']} | {_fmt(r['cpu_ms_per_effect'], 2)} "
-                f"| {_fmt(r['cpu_busy_pct'], 0)} | {_fmt(r['cpu_other_pct'], 0)} "
+                f"| {r['workers']} | {r['strategy']} | {fmt(r['claims_per_s'], 0)} "
+                f"| {fmt(r['drain_s'], 2)} | {r['dup_starts']} | {r['lock_errors']} "
+                f"| {r['fifo_violations']} | {fmt(r['cpu_ms_per_effect'], 2)} "
+                f"| {fmt(r['cpu_busy_pct'], 0)} | {fmt(r['cpu_other_pct'], 0)} "
                 f"| {r['load_at_start']} | {_ok(r)} |"
             )
         lines.append("")
@@ -773,11 +768,11 @@ def markdown(doc: dict[str, Any]) -> str:
             enq = r.get("enqueuer") or {}
             lines.append(
                 f"| {r['rate']:g} | {r['workers']} | {r['strategy']} | {r['effects']:,} "
-                f"| {_fmt(r['p50_ms'])} "
-                f"| {_fmt(r['p90_ms'])} | {_fmt(r['p99_ms'])} | {_fmt(r['max_ms'])} "
-                f"| {_fmt(enq.get('enqueue_p99_ms'), 2)} | {r['dup_starts']} "
-                f"| {r['lock_errors']} | {_fmt(r['cpu_ms_per_effect'], 2)} "
-                f"| {_fmt(r['cpu_busy_pct'], 0)} | {_fmt(r['cpu_other_pct'], 0)} "
+                f"| {fmt(r['p50_ms'])} "
+                f"| {fmt(r['p90_ms'])} | {fmt(r['p99_ms'])} | {fmt(r['max_ms'])} "
+                f"| {fmt(enq.get('enqueue_p99_ms'), 2)} | {r['dup_starts']} "
+                f"| {r['lock_errors']} | {fmt(r['cpu_ms_per_effect'], 2)} "
+                f"| {fmt(r['cpu_busy_pct'], 0)} | {fmt(r['cpu_other_pct'], 0)} "
                 f"| {r['load_at_start']} | {_ok(r)} |"
             )
         lines.append("")
@@ -788,12 +783,12 @@ def _progress(r: dict[str, Any]) -> str:
     mode = r["mode"] + (f" {r['rate']:g}/s" if r["mode"] == "latency" else "")
     head = f"{mode:<14} w={r['workers']} {r['strategy']:<17}"
     if r["mode"] == "backlog":
-        body = f"{_fmt(r['claims_per_s'], 0):>7} claims/s  drain {_fmt(r['drain_s'], 2)} s"
+        body = f"{fmt(r['claims_per_s'], 0):>7} claims/s  drain {fmt(r['drain_s'], 2)} s"
     else:
-        body = f"p50 {_fmt(r['p50_ms'])} ms  p99 {_fmt(r['p99_ms'])} ms  max {_fmt(r['max_ms'])} ms"
+        body = f"p50 {fmt(r['p50_ms'])} ms  p99 {fmt(r['p99_ms'])} ms  max {fmt(r['max_ms'])} ms"
     tail = (
         f"  dup {r['dup_starts']}  locked {r['lock_errors']}  fifo {r['fifo_violations']}  "
-        f"cpu {_fmt(r['cpu_busy_pct'], 0)} % (other {_fmt(r['cpu_other_pct'], 0)} %)  load {r['load_at_start']}  ready "
+        f"cpu {fmt(r['cpu_busy_pct'], 0)} % (other {fmt(r['cpu_other_pct'], 0)} %)  load {r['load_at_start']}  ready "
         f"{r['ready_s']:.1f} s"
     )
     warn = f"\n    WARNING: {r['problems']}" if r["problems"] else ""

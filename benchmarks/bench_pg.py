@@ -48,6 +48,7 @@ from bench_history import machine_info
 from benchlib import (
     Children,
     expect,
+    fmt,
     loadavg,
     pct,
     print_report,
@@ -372,12 +373,6 @@ def run_cell(
 # --------------------------------------------------------------------------- report
 
 
-def _fmt(x: Any, digits: int = 1) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x:,.{digits}f}"
-
-
 def markdown(doc: dict[str, Any]) -> str:
     info, cfg, rows = doc["info"], doc["settings"], doc["rows"]
     pg = doc.get("postgresql") or {}
@@ -419,10 +414,10 @@ def markdown(doc: dict[str, Any]) -> str:
                 else (f"{r['pool_max_open']} of {r['pool_size_setting']}")
             )
             lines.append(
-                f"| {r['n']} | {r['engine']} | {_fmt(r['per_s'], 0)} | {_fmt(r['p50_ms'], 2)} "
-                f"| {_fmt(r['p99_ms'], 1)} | {_fmt(r['max_ms'], 0)} | {_fmt(r['fairness'], 2)} "
-                f"| {r['retries']} | {pool} | {_fmt(r['cpu_ms_per_op'], 2)} "
-                f"| {_fmt(r['cpu_busy_pct'], 0)} | {'yes' if not r['problems'] else 'NO: ' + r['problems']} |"
+                f"| {r['n']} | {r['engine']} | {fmt(r['per_s'], 0)} | {fmt(r['p50_ms'], 2)} "
+                f"| {fmt(r['p99_ms'], 1)} | {fmt(r['max_ms'], 0)} | {fmt(r['fairness'], 2)} "
+                f"| {r['retries']} | {pool} | {fmt(r['cpu_ms_per_op'], 2)} "
+                f"| {fmt(r['cpu_busy_pct'], 0)} | {'yes' if not r['problems'] else 'NO: ' + r['problems']} |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -432,10 +427,10 @@ def _progress(r: dict[str, Any]) -> str:
     unit = "writes/s" if r["workload"] == "writes" else "claims/s"
     warn = f"\n    WARNING: {r['problems']}" if r["problems"] else ""
     return (
-        f"{r['workload']:<6} n={r['n']:<3} {r['engine']:<10} {_fmt(r['per_s'], 0):>7} {unit}  "
-        f"p50 {_fmt(r['p50_ms'], 2)} ms  p99 {_fmt(r['p99_ms'], 1)} ms  "
-        f"retries {r['retries']}  fair {_fmt(r['fairness'], 2)}  "
-        f"cpu {_fmt(r['cpu_busy_pct'], 0)} %  load {r['load_at_start']}" + warn
+        f"{r['workload']:<6} n={r['n']:<3} {r['engine']:<10} {fmt(r['per_s'], 0):>7} {unit}  "
+        f"p50 {fmt(r['p50_ms'], 2)} ms  p99 {fmt(r['p99_ms'], 1)} ms  "
+        f"retries {r['retries']}  fair {fmt(r['fairness'], 2)}  "
+        f"cpu {fmt(r['cpu_busy_pct'], 0)} %  load {r['load_at_start']}" + warn
     )
 
 

@@ -125,3 +125,10 @@ def expect(conn: Connection, what: str, timeout: float) -> Any:
     if kind != what:
         raise RuntimeError(f"a child failed (wanted {what!r}):\n{payload}")
     return payload
+
+
+def fmt(x: Any, digits: int = 1) -> str:
+    """A figure for a table: thousands separated, ``-`` for none or NaN."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:,.{digits}f}"
