@@ -280,7 +280,7 @@ def pg_template(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -
     return url.rsplit("/", 1)[1]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "sharded"])
 def engine(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -295,6 +295,8 @@ def open_store(tmp_path: Path, engine: str, request: pytest.FixtureRequest) -> I
     def _open(name: str = "s.db", **settings: Any) -> Store:
         if engine == "sqlite":
             store = fleetstore.open(tmp_path / name, **settings)
+        elif engine == "sharded":
+            store = fleetstore.open(f"sqlite+sharded://{tmp_path / name}", **settings)
         else:
             server: PgServer = request.getfixturevalue("pg_server")
             if name not in databases:
@@ -317,3 +319,30 @@ def open_store(tmp_path: Path, engine: str, request: pytest.FixtureRequest) -> I
 @pytest.fixture
 def store(open_store: OpenStore) -> Store:
     return open_store()
+
+
+def read_everywhere(store: Store, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    """Raw rows of *sql* from the whole store: a sharded store's catalog and then
+    each shard, concatenated (the catalog's index rows of sharded sessions left out,
+    so each session counts once); a ``SELECT count(*)`` is summed into one row."""
+    if store.router is None:
+        return [tuple(r) for r in store.read(lambda tx: tx.execute(sql, params))]
+    found: list[tuple[Any, ...]] = []
+
+    def collect(key: str | None, db: Any) -> None:
+        if key is None and " sessions" in sql:
+            # the catalog's index rows are copies of the shards' rows
+            text = sql.replace(
+                " sessions",
+                " (SELECT * FROM sessions WHERE id NOT IN "
+                "(SELECT session_id FROM shard_sessions)) AS sessions",
+                1,
+            )
+            found.extend(tuple(r) for r in db.read(lambda tx: tx.execute(text, params)))
+            return
+        found.extend(tuple(r) for r in db.read(lambda tx: tx.execute(sql, params)))
+
+    store.router.each(collect)
+    if sql.lstrip().lower().startswith("select count(*)"):
+        return [(sum(int(r[0]) for r in found),)]
+    return found

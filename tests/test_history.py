@@ -26,6 +26,7 @@ import pytest
 import zstandard
 
 import fleetstore
+from conftest import read_everywhere
 from fleetstore import (
     File,
     Message,
@@ -51,14 +52,11 @@ OpenStore = Callable[..., Store]
 
 
 def counts(store: Store) -> dict[str, int]:
-    def run(tx: Any) -> dict[str, int]:
-        return {t: tx.execute(f"SELECT count(*) FROM {t}")[0][0] for t in TABLES}
-
-    return store.read(run)
+    return {t: read_everywhere(store, f"SELECT count(*) FROM {t}")[0][0] for t in TABLES}
 
 
 def rows(store: Store, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    return store.read(lambda tx: tx.execute(sql, params))
+    return read_everywhere(store, sql, params)
 
 
 def blob_dir(store: Store) -> Path:
@@ -490,7 +488,9 @@ def test_append_the_same_id_twice_writes_once(store: Store) -> None:
 
 def test_the_same_message_id_in_another_session_is_refused(store: Store) -> None:
     a = store.sessions.create()
-    b = store.sessions.create()
+    # A sharded store keeps message ids unique within a session tree (one file),
+    # not across trees (docs/sharded.md#ids): the other session is a subagent there.
+    b = store.sessions.create(parent_id=a.id if store.layout == "sharded" else None)
     store.messages.append(a.id, "user", "in a", id="m-1")
     before = counts(store)
     with pytest.raises(errors.AlreadyExists):
@@ -777,6 +777,14 @@ def hold_writes(store: Store) -> Iterator[None]:
     """Every write of the store waits while this is held (SQLite: a write transaction;
     PostgreSQL, where writers do not exclude each other: every table locked from a
     connection of its own)."""
+    if store.router is not None:  # sharded: the catalog and every shard file
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(store.db.write())
+            for key in store.router.shards:
+                shard = stack.enter_context(store.router.shards.use(key))
+                stack.enter_context(shard.write())
+            yield
+        return
     if store.dialect == "sqlite":
         with store.db.write():
             yield

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import fleetstore
-from conftest import OpenStore, Proc, Spawn, start_lock
+from conftest import OpenStore, Proc, Spawn, read_everywhere, start_lock
 from fleetstore import spool
 from fleetstore.ids import new_id
 from fleetstore.operations import Operation
@@ -208,6 +208,14 @@ def applied(store: fleetstore.Store) -> list[tuple[str, str, int, dict[str, Any]
     """Every message as (id, session, seq, metadata), in the order the rows were inserted
     (PostgreSQL: the order of the inserting transactions' ids, which a spool's one
     replaying thread starts one after another)."""
+    if store.layout == "sharded":
+        # One file per tree: the order across files is the order of the applying
+        # transactions' clocks (a message's created_at is its transaction's time).
+        found = read_everywhere(
+            store, "SELECT id, session_id, seq, metadata, created_at FROM messages"
+        )
+        found.sort(key=lambda r: r[4])
+        return [(r[0], r[1], r[2], json.loads(r[3])) for r in found]
     order = "rowid" if store.dialect == "sqlite" else "xmin::text::bigint"
     rows = store.read(
         lambda tx: tx.execute(

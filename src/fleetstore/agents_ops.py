@@ -365,7 +365,7 @@ def get_items(store: Store, session_id: str, limit: int | None = None) -> list[I
         waiting = [p for p in pending if not tx.execute(q["op_applied"], (p.op_id,))]
         return messages_from_rows(store, tx, rows), waiting
 
-    messages, waiting = store.read(run)
+    messages, waiting = store.read(run, session_id=sid)
     items = [message_item(m) for m in messages]
     for p in waiting:
         if p.items is None:
@@ -401,7 +401,7 @@ def pop_item(store: Store, session_id: str, *, read_wait: float | None = None) -
         return messages_from_rows(store, tx, rows)
 
     for _ in range(POP_ATTEMPTS):
-        found = store.read(last)
+        found = store.read(last, session_id=sid)
         if not found:
             return None
         item = message_item(found[0])
@@ -431,7 +431,8 @@ def stored_message_ids(store: Store, session_id: str) -> builtins.list[str]:
     """The ids of the session's stored messages, in order (no spooled writes)."""
     sid = session_key(session_id)
     q = store.queries
-    return [str(r[0]) for r in store.read(lambda tx: tx.execute(q["agt_message_ids"], (sid,)))]
+    rows = store.read(lambda tx: tx.execute(q["agt_message_ids"], (sid,)), session_id=sid)
+    return [str(r[0]) for r in rows]
 
 
 # -- listing sessions ------------------------------------------------------------------------
@@ -468,6 +469,12 @@ def _parse_cursor(cursor: str) -> tuple[float, str]:
     return when, sid
 
 
+def _item_count(store: Store, sid: str) -> int:
+    q = store.queries
+    rows = store.read(lambda tx: tx.execute(q["agt_item_count"], (sid,)), session_id=sid)
+    return int(rows[0][0])
+
+
 def list_sessions(store: Store, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
     """The SDK sessions in *store*, newest first, *limit* a page."""
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
@@ -475,7 +482,11 @@ def list_sessions(store: Store, *, limit: int = 100, cursor: str | None = None) 
     before_at, before_id = _parse_cursor(cursor) if cursor is not None else (None, None)
     params = {"before_at": before_at, "before_id": before_id, "limit": limit + 1}
     q = store.queries
+    store.sync_catalog()
     rows = store.read(lambda tx: tx.execute(q["agt_session_list"], params))
+    if store.router is not None:
+        # A sharded store's catalog indexes sessions; their items are in the shards.
+        rows = [(*r[:4], _item_count(store, str(r[0]))) for r in rows]
     found = tuple(
         AgentSession(str(r[1]), str(r[0]), float(r[2]), float(r[3]), int(r[4])) for r in rows
     )

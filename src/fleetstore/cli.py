@@ -89,8 +89,9 @@ def lock(path: str, hold: float, exclusive: bool, wait: float) -> None:
     rolls back and prints `released PATH after X.XXs`. SIGTERM and SIGINT release
     the lock early. Use it to test how any program copes with a busy database.
 
-    PATH may be a postgresql:// URL: every table of the database is then locked
-    IN EXCLUSIVE MODE (ACCESS EXCLUSIVE with --exclusive) from a connection of
+    PATH may be a sharded store (sqlite+sharded:///DIR or DIR): its catalog and
+    then every shard file are locked. PATH may be a postgresql:// URL: every
+    table of the database is then locked IN EXCLUSIVE MODE (ACCESS EXCLUSIVE with --exclusive) from a connection of
     its own: reads go on, every write waits.
     """
     sys.exit(lockdriver.hold_lock(path, hold, exclusive=exclusive, wait=wait))

@@ -340,7 +340,8 @@ class Sessions:
         """The session (``NotFound`` if there is none)."""
         self._store.check_visible(session_id)
         rows = self._store.read(
-            lambda tx: tx.execute(self._store.queries["session_get"], (session_id,))
+            lambda tx: tx.execute(self._store.queries["session_get"], (session_id,)),
+            session_id=session_id,
         )
         if not rows:
             raise errors.NotFound(f"no session {session_id!r}")
@@ -368,6 +369,9 @@ class Sessions:
             "before": before,
             "limit": limit,
         }
+        # A sharded store lists from its catalog: first bring this process's own
+        # writes' updated_at into it.
+        self._store.sync_catalog()
         rows = self._store.read(lambda tx: tx.execute(self._store.queries["session_list"], params))
         return [session_from_row(r) for r in rows]
 
@@ -414,7 +418,10 @@ class Sessions:
             # Only its seq: reading the whole message would read (and verify) its blobs.
             self._store.check_visible(session_id)
             q = self._store.queries
-            found = self._store.read(lambda tx: tx.execute(q["message_identity"], (at_message_id,)))
+            found = self._store.read(
+                lambda tx: tx.execute(q["message_identity"], (at_message_id,)),
+                session_id=session_id,
+            )
             if not found or found[0][0] != session_id:
                 raise errors.NotFound(f"session {session_id!r} has no message {at_message_id!r}")
             at_seq = found[0][1]
@@ -449,7 +456,7 @@ class Sessions:
             row = tx.execute(q["usage_total"], (session_id,))[0]
             return Usage(row[1], row[2], row[3], row[4], row[5], row[6])
 
-        return self._store.read(run)
+        return self._store.read(run, session_id=session_id)
 
     def _unspooled(self, op: Operation, session_id: str) -> Session:
         """Apply *op* now and return the session as stored.  These writes return what
@@ -553,7 +560,7 @@ class Messages:
         def run(tx: Tx) -> list[Message]:
             return messages_from_rows(self._store, tx, tx.execute(q["message_get"], (message_id,)))
 
-        found = self._store.read(run)
+        found = self._store.read_first(run)
         if not found:
             self._store.check_visible(None)
             raise errors.NotFound(f"no message {message_id!r}")
@@ -593,7 +600,7 @@ class Messages:
                 rows = tx.execute(q["message_list"], params)
             return messages_from_rows(self._store, tx, rows)
 
-        return self._store.read(run)
+        return self._store.read(run, session_id=session_id)
 
 
 class ToolCallHandle:

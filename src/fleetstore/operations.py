@@ -103,7 +103,7 @@ def apply(tx: Tx, q: Queries, op: Operation, now: float) -> Result:
     if spec.logged:
         found = tx.execute(q["op_applied"], (op.op_id,))
         if found:
-            return {**_earlier_result(found[0][1]), "duplicate": True}
+            return {**earlier_result(found[0][1]), "duplicate": True}
     args = dict(op.args)
     args.setdefault("now", now)
     # The transactional outbox: effects named by a history operation commit
@@ -136,7 +136,7 @@ def _result_json(result: Result) -> str | None:
     return text if len(text) <= MAX_KEPT_RESULT else None
 
 
-def _earlier_result(text: object) -> Result:
+def earlier_result(text: object) -> Result:
     if not isinstance(text, str):
         return {}
     try:

@@ -61,6 +61,9 @@ class Settings:
     #: PostgreSQL: where this host keeps the spool journals and published figures of
     #: the store (default ``<data dir>/postgres/<host>_<port>_<database>``).
     local_dir: str = ""
+    #: Sharded stores (``sqlite+sharded:///DIR``): shard files this process keeps
+    #: open at once (idle ones beyond it are closed, least recently used first).
+    max_open_shards: int = 64
 
     def __post_init__(self) -> None:
         budget = self.write_budget
@@ -102,6 +105,7 @@ class Settings:
             "max_payload_bytes",
             "stream_flush_bytes",
             "pool_size",
+            "max_open_shards",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -34,7 +34,8 @@ class State:
         self._store.check_visible(session_id)
         q = self._store.queries
         rows = self._store.read(
-            lambda tx: _in_session(tx, q, session_id, q["state_get"], (session_id, namespace, key))
+            lambda tx: _in_session(tx, q, session_id, q["state_get"], (session_id, namespace, key)),
+            session_id=session_id,
         )
         if not rows:
             return None
@@ -117,7 +118,8 @@ class State:
         self._store.check_visible(session_id)
         q = self._store.queries
         rows = self._store.read(
-            lambda tx: _in_session(tx, q, session_id, q["state_keys"], (session_id, namespace))
+            lambda tx: _in_session(tx, q, session_id, q["state_keys"], (session_id, namespace)),
+            session_id=session_id,
         )
         return [r[0] for r in rows]
 

@@ -31,12 +31,14 @@ from fleetstore import maintenance as _maintenance  # noqa: F401  registers the 
 from fleetstore import transfer as _transfer  # noqa: F401  registers the import operations
 from fleetstore.blobs import BlobStore, DbBlobStore
 from fleetstore.engine.base import Engine, Tx, redact
+from fleetstore.engine.sharded import CATALOG, SHARDS, ShardSet
 from fleetstore.engine.sqlite import Database, Migration
 from fleetstore.history import Messages, Sessions, Stream
 from fleetstore.operations import Operation
 from fleetstore.outbox import Effects
 from fleetstore.procstats import Publisher
 from fleetstore.settings import Settings, default_data_dir
+from fleetstore.sharding import Router
 from fleetstore.spool import (
     REJECTED,
     Recovered,
@@ -57,6 +59,7 @@ DEFAULT_FILENAME = "fleetstore.db"
 
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+SHARDED_SCHEME = "sqlite+sharded"
 
 
 def resolve_target(url_or_path: str | os.PathLike[str] | None) -> Path:
@@ -64,6 +67,11 @@ def resolve_target(url_or_path: str | os.PathLike[str] | None) -> Path:
     ``<data dir>/fleetstore.db``.  A directory means ``<dir>/fleetstore.db``.
     A PostgreSQL URL raises ``ConfigError`` (this is for file-level commands)."""
     kind, target = parse_target(url_or_path)
+    if kind == "sharded":
+        raise errors.ConfigError(
+            f"{target}: a sharded store (a directory of SQLite files); "
+            "this works on single SQLite store files only"
+        )
     if kind != "sqlite":
         raise errors.ConfigError(
             f"{target}: a PostgreSQL store; this works on SQLite store files only"
@@ -73,8 +81,10 @@ def resolve_target(url_or_path: str | os.PathLike[str] | None) -> Path:
 
 
 def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path | str]:
-    """``("sqlite", Path)`` or ``("postgresql", url)`` for a path or store URL
-    (``None``: ``$FLEETSTORE_URL``, else ``<data dir>/fleetstore.db``)."""
+    """``("sqlite", Path)``, ``("sharded", directory Path)`` or ``("postgresql", url)``
+    for a path or store URL (``None``: ``$FLEETSTORE_URL``, else
+    ``<data dir>/fleetstore.db``).  A directory holding a sharded store's
+    ``catalog.db`` is that sharded store."""
     if url_or_path is None:
         url_or_path = os.environ.get("FLEETSTORE_URL") or None
     if url_or_path is None:
@@ -84,19 +94,29 @@ def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path 
         scheme, _, rest = text.partition("://")
         if scheme in POSTGRES_SCHEMES:
             return "postgresql", text
-        if scheme != "sqlite":
+        if scheme not in ("sqlite", SHARDED_SCHEME):
             raise errors.ConfigError(
                 f"unsupported store URL scheme {scheme!r} in {redact(text)!r}: use a path, "
-                "sqlite:///absolute/path or postgresql://user@host:port/database"
+                "sqlite:///absolute/path, sqlite+sharded:///absolute/directory or "
+                "postgresql://user@host:port/database"
             )
         if not rest.startswith("/"):
-            raise errors.ConfigError(f"{text!r}: write sqlite:///absolute/path (three slashes)")
+            raise errors.ConfigError(f"{text!r}: write {scheme}:///absolute/path (three slashes)")
+        if scheme == SHARDED_SCHEME:
+            directory = Path(rest)
+            if directory.exists() and not directory.is_dir():
+                raise errors.ConfigError(f"{text!r}: a sharded store is a directory, not a file")
+            return "sharded", directory
         text = rest
     if not text:
         raise errors.ConfigError("an empty store path")
     path = Path(text).expanduser()
     if path.is_dir():
+        if (path / CATALOG).is_file() and not (path / DEFAULT_FILENAME).exists():
+            return "sharded", path
         path = path / DEFAULT_FILENAME
+    if path.name == CATALOG and (path.parent / SHARDS).is_dir():
+        return "sharded", path.parent
     return "sqlite", path
 
 
@@ -153,16 +173,31 @@ def _due(stream: Stream, now: float) -> bool:
 class Store:
     """An open fleetstore store.  Use ``fleetstore.open()``; thread-safe."""
 
-    def __init__(self, db: Engine, settings: Settings, local: Path | None = None) -> None:
+    def __init__(
+        self,
+        db: Engine,
+        settings: Settings,
+        local: Path | None = None,
+        shards: ShardSet | None = None,
+    ) -> None:
+        #: The database (a sharded store: its catalog).
         self.db = db
         self.settings = settings
         #: "sqlite" or "postgresql"; only the engine and the SQL files differ.
         self.dialect: str = db.dialect
-        #: The store file (SQLite) or this host's base path for a server store.
+        #: "file" (one SQLite file), "sharded" (a directory) or "server" (PostgreSQL).
+        self.layout = "sharded" if shards is not None else "server" if local else "file"
+        #: The store file (SQLite; sharded: the catalog) or this host's base path for a
+        #: server store.
         self.path = Path(db.path) if local is None else local
-        #: What messages name: the file, or the URL without its password.
+        #: What messages name: the file, the directory, or the URL without its password.
         self.url: str = str(db.path)
         self.queries = sql.queries(self.dialect)
+        #: The sharded layout's routing of writes and reads (None: one database).
+        self.router: Router | None = None
+        if shards is not None:
+            self.url = f"{SHARDED_SCHEME}://{shards.root}"
+            self.router = Router(self, shards)
         self.blobs: BlobStore | DbBlobStore
         if self.dialect == "sqlite":
             self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
@@ -204,6 +239,8 @@ class Store:
         # background thread.  (Spool's own at-fork hook did the same; doing it
         # here too does not depend on the order the hooks run in.)
         self.spool._after_fork()
+        if self.router is not None:
+            self.router.after_fork()
         self._init_process()
 
     # -- writing ---------------------------------------------------------------------------
@@ -262,6 +299,8 @@ class Store:
         q = self.queries
         spec = operations.REGISTRY.get(op.name)
         single = spec is not None and spec.single_statement
+        if self.router is not None:
+            return self.router.apply(op, single)
         return self.db.run_write(
             lambda tx: operations.apply(tx, q, op, tx.now), single_statement=single
         )
@@ -327,11 +366,29 @@ class Store:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def read(self, fn: Callable[[Tx], T]) -> T:
+    def read(self, fn: Callable[[Tx], T], *, session_id: str | None = None) -> T:
+        """``fn(tx)`` in one read transaction.  A sharded store reads the file of
+        *session_id*'s tree, or the catalog (sessions index, effects) without one."""
         self._check_open()
         if self._publisher is None:
             self._start_publisher()
+        if self.router is not None:
+            return self.router.read(fn, session_id)
         return self.db.read(fn)
+
+    def read_first(self, fn: Callable[[Tx], list[T]]) -> list[T]:
+        """``fn(tx)`` for a lookup by an id that does not name its session (a message
+        id): a sharded store asks the catalog, then each shard, until one has rows."""
+        self._check_open()
+        if self.router is not None:
+            return self.router.read_first(fn)
+        return self.read(fn)
+
+    def sync_catalog(self) -> None:
+        """A sharded store: bring the catalog's sessions index up to date with what
+        this process wrote (``sessions.list`` does it first)."""
+        if self.router is not None:
+            self.router.sync_dirty()
 
     def _start_publisher(self) -> None:
         """This process's figures, published for ``fleetstore top`` (a child after
@@ -533,8 +590,9 @@ class Store:
         """This process's figures: the engine's, plus operations, spool and streams."""
         with self._counts_lock:
             counts, rejected = dict(self._op_counts), self._rejected
+        engine = self.router.shards.metrics() if self.router is not None else self.db.metrics()
         return {
-            **self.db.metrics(),
+            **engine,
             "operations": counts,
             "spool_pending": len(self.spool),
             "spooled": self.spool.spooled_total,
@@ -581,7 +639,10 @@ class Store:
             if self._publisher is not None:
                 self._publisher.stop()
             self.spool.close()
-            self.db.close()
+            if self.router is not None:
+                self.router.close()  # the catalog too
+            else:
+                self.db.close()
             _live.discard(self)
 
     def __enter__(self) -> Store:
@@ -594,7 +655,15 @@ class Store:
         return f"<fleetstore.Store {str(self.path)!r}{' closed' if self._closed else ''}>"
 
 
-def _open_store(path: Path | str, config: Settings) -> Store:
+def _open_store(path: Path | str, config: Settings, kind: str = "") -> Store:
+    if kind == "sharded":
+        assert isinstance(path, Path)
+        shards = ShardSet(path, migrations(), dataclasses.asdict(config), config.max_open_shards)
+        try:
+            return Store(shards.catalog, config, shards=shards)
+        except BaseException:
+            shards.close()
+            raise
     if isinstance(path, str):  # a PostgreSQL URL
         try:
             from fleetstore.engine.postgres import PgDatabase
@@ -626,10 +695,12 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     ``<data dir>/fleetstore.db``.  *settings* are ``Settings`` fields (each also
     ``FLEETSTORE_<NAME>``).  Journals left by processes that died are replayed."""
     config = Settings.load(**settings)
-    _, target = parse_target(url_or_path)
+    kind, target = parse_target(url_or_path)
     path = redact(target) if isinstance(target, str) else target
-    store = _open_store(target, config)
+    store = _open_store(target, config, kind)
     try:
+        if store.router is not None:
+            store.router.recover()
         if journals(store.spool_dir):
             results = store.recover()
             if any(r.status == "unfinished" for r in results):
@@ -662,19 +733,21 @@ def recover_journals(
     store's path and what happened to each journal.  ``NotFound`` if there is no
     store there (nothing is created); the store is opened only if a journal exists."""
     config = Settings.load(**settings)
-    _, target = parse_target(url_or_path)
+    kind, target = parse_target(url_or_path)
     if isinstance(target, str):
         path = local_base(target, config)
     else:
-        path = target
+        path = target / CATALOG if kind == "sharded" else target
         if not path.is_file():
-            raise errors.NotFound(f"no store at {path}")
+            raise errors.NotFound(f"no store at {target}")
     spool_dir = Path(str(path) + ".spool")
-    if not journals(spool_dir):
+    if not journals(spool_dir) and kind != "sharded":
         remove_stale_new_files(spool_dir)
         return path, []
-    store = _open_store(target, config)
+    store = _open_store(target, config, kind)
     try:
+        if store.router is not None:
+            store.router.recover()
         return path, store.recover()
     finally:
         store.close(timeout=0)

@@ -889,7 +889,10 @@ def _messages(store: Store, sid: str) -> Iterator[_MessageRow]:
     q = store.queries
     after = 0
     while True:
-        page = store.read(functools.partial(_read_messages, q=q, sid=sid, after=after, limit=_PAGE))
+        page = store.read(
+            functools.partial(_read_messages, q=q, sid=sid, after=after, limit=_PAGE),
+            session_id=sid,
+        )
         yield from page
         if len(page) < _PAGE:
             return
@@ -899,13 +902,16 @@ def _messages(store: Store, sid: str) -> Iterator[_MessageRow]:
 def _state_rows(store: Store, sid: str) -> list[_StateRow]:
     q = store.queries
     return [
-        tuple(r) for r in store.read(lambda tx: tx.execute(q["transfer_state_of_session"], (sid,)))
+        tuple(r)
+        for r in store.read(
+            lambda tx: tx.execute(q["transfer_state_of_session"], (sid,)), session_id=sid
+        )
     ]
 
 
 def _session_row(store: Store, sid: str) -> tuple[Any, ...] | None:
     q = store.queries
-    rows = store.read(lambda tx: tx.execute(q["session_get"], (sid,)))
+    rows = store.read(lambda tx: tx.execute(q["session_get"], (sid,)), session_id=sid)
     return tuple(rows[0]) if rows else None
 
 
@@ -959,6 +965,7 @@ def session_digest(store: Store, session_id: str) -> SessionDigest | None:
 def _session_order(store: Store, session_ids: Sequence[str] | None) -> list[str]:
     """The sessions to export, parents before their subagents."""
     q = store.queries
+    store.sync_catalog()
     rows = store.read(lambda tx: tx.execute(q["transfer_session_tree"]))
     children: dict[str | None, list[str]] = {}
     known = set()

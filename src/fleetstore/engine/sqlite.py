@@ -237,6 +237,8 @@ class Database:
         self._checkpoint_lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()
+        #: Set by a ShardSet: the figures of all its files in one place.
+        self.shared_metrics: WriteMetrics | None = None
         self._reset_process_state()
         _live.add(self)
 
@@ -246,7 +248,7 @@ class Database:
         self._idle_readers: list[apsw.Connection] = []
         self._busy_readers: set[apsw.Connection] = set()
         self._gate = WriterGate(self.gate_path, cross_process=self.settings.gate)
-        self._metrics = WriteMetrics()
+        self._metrics = self.shared_metrics if self.shared_metrics is not None else WriteMetrics()
         self._wal_frames = 0
         self._checkpoint_due = False
         self._frame_bytes = 4096 + 24

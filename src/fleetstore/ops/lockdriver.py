@@ -11,6 +11,7 @@ knows the SQLite driver.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -19,10 +20,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
 from fleetstore.engine.outside import outside_write_lock
+from fleetstore.engine.sharded import CATALOG, SHARDS
 from fleetstore.errors import FleetstoreError, StoreBusy
 
 EXIT_OK = 0
@@ -83,6 +86,13 @@ def hold_lock(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     server = path.startswith(("postgresql://", "postgres://"))
+    shown = path
+    if path.startswith("sqlite+sharded://"):
+        path = path[len("sqlite+sharded://") :]
+    if path.startswith("sqlite://"):
+        path = path[len("sqlite://") :]
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, CATALOG)):
+        path = os.path.join(path, CATALOG)  # a sharded store: its catalog and every shard
     if not server and not os.path.isfile(path):
         what = "a directory" if os.path.isdir(path) else "missing"
         print(
@@ -97,7 +107,7 @@ def hold_lock(
         try:
             with _lock(path, server, exclusive, wait, stop):
                 locked_at = time.monotonic()
-                _say(out, f"locked {path} pid={os.getpid()}")
+                _say(out, f"locked {shown} pid={os.getpid()}")
                 until = locked_at + hold if math.isfinite(hold) else math.inf
                 while not stop.requested:
                     remaining = until - time.monotonic()
@@ -113,12 +123,12 @@ def hold_lock(
             else:
                 holders = "; ".join(str(h) for h in exc.holders)
                 reason = f"lock not taken within {wait:g}s" + (f"; {holders}" if holders else "")
-            print(f"fleetstore lock: {path}: {reason}", file=err, flush=True)
+            print(f"fleetstore lock: {shown}: {reason}", file=err, flush=True)
             return EXIT_NOT_LOCKED
         except FleetstoreError as exc:
             print(f"fleetstore lock: {type(exc).__name__}: {exc}", file=err, flush=True)
             return EXIT_ERROR
-    _say(out, f"released {path} after {time.monotonic() - locked_at:.2f}s")
+    _say(out, f"released {shown} after {time.monotonic() - locked_at:.2f}s")
     return EXIT_OK
 
 
@@ -130,7 +140,29 @@ def _lock(
         from fleetstore.engine.postgres import outside_write_lock as pg_lock
 
         return pg_lock(path, exclusive=exclusive, wait=wait)
+    shards = Path(path).parent / SHARDS
+    if Path(path).name == CATALOG and shards.is_dir():
+        return _lock_sharded(path, sorted(shards.glob("*/*.db")), exclusive, wait, stop)
     return outside_write_lock(path, exclusive=exclusive, wait=wait, stop=lambda: stop.requested)
+
+
+@contextlib.contextmanager
+def _lock_sharded(
+    catalog: str, shards: list[Path], exclusive: bool, wait: float, stop: _Stop
+) -> Iterator[None]:
+    """A sharded store's catalog, then each shard file, within one *wait*: what a
+    program holding the whole store would block (a shard created after this
+    started is not locked; its first write still needs the catalog)."""
+    deadline = time.monotonic() + wait
+    with contextlib.ExitStack() as stack:
+        for path in [Path(catalog), *shards]:
+            left = max(0.0, deadline - time.monotonic())
+            stack.enter_context(
+                outside_write_lock(
+                    str(path), exclusive=exclusive, wait=left, stop=lambda: stop.requested
+                )
+            )
+        yield
 
 
 def _say(out: TextIO, line: str) -> None:

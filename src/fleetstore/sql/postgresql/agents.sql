@@ -24,3 +24,6 @@ LIMIT nullif(greatest(:limit, -1), -1)
 
 -- agt_message_ids: the ids of a session's messages in order
 SELECT id FROM messages WHERE session_id = ? ORDER BY seq
+
+-- agt_item_count: how many items (messages) a session holds
+SELECT count(*) FROM messages WHERE session_id = ?

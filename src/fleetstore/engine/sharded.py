@@ -1,0 +1,186 @@
+"""Many SQLite files as one store: a catalog database plus one database per shard.
+
+This layer knows files and keys, not what is in them: a shard is named by an
+opaque key, lives at ``<dir>/shards/<last two characters>/<key>.db``, is
+created and migrated on first use (``Database.open`` applies each migration
+once across processes starting together) and kept open in a bounded cache.
+Which rows go to which shard is decided above (``fleetstore.sharding``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import os
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from fleetstore import errors
+from fleetstore.engine.sqlite import Database, Migration
+from fleetstore.metrics import WriteMetrics
+
+CATALOG = "catalog.db"
+SHARDS = "shards"
+_SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def shard_key(name: str) -> str:
+    """A file-safe shard key for *name* (a root session id): the name itself when it
+    is a plain file name, else a hash of it (ids may hold any printable character)."""
+    if _SAFE_KEY.fullmatch(name) and not name.endswith((".db", "-wal", "-shm")):
+        return name
+    return "h" + hashlib.sha256(name.encode()).hexdigest()[:40]
+
+
+class ShardSet:
+    """The catalog and the shard databases of a sharded store directory."""
+
+    def __init__(
+        self,
+        root: Path,
+        migrations: Sequence[Migration],
+        settings: dict[str, Any],
+        max_open: int = 64,
+    ) -> None:
+        self.root = root
+        self.migrations = list(migrations)
+        self.settings = settings
+        self.max_open = max(1, max_open)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.catalog = Database.open(root / CATALOG, self.migrations, **settings)
+        self._share(self.catalog)
+        self._lock = threading.Lock()
+        self._open: collections.OrderedDict[str, Database] = collections.OrderedDict()
+        self._users: collections.Counter[str] = collections.Counter()
+        self._opened_total = 0
+        self._closed = False
+
+    def path_of(self, key: str) -> Path:
+        if not _SAFE_KEY.fullmatch(key):
+            raise errors.InvalidInput(f"not a shard key: {key!r}")
+        return self.root / SHARDS / key[-2:] / f"{key}.db"
+
+    def keys(self) -> list[str]:
+        """The keys of the shard files on disk, sorted."""
+        base = self.root / SHARDS
+        if not base.is_dir():
+            return []
+        return sorted(p.name[:-3] for p in base.glob("*/*.db") if _SAFE_KEY.fullmatch(p.name[:-3]))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def exists(self, key: str) -> bool:
+        return self.path_of(key).is_file()
+
+    @contextlib.contextmanager
+    def use(self, key: str, *, create: bool = True) -> Iterator[Database]:
+        """The shard *key*'s database, opened (and created, if *create*) on first use.
+        While a caller uses it, the cache does not close it."""
+        db = self._acquire(key, create)
+        try:
+            yield db
+        finally:
+            self._release(key)
+
+    def _acquire(self, key: str, create: bool) -> Database:
+        path = self.path_of(key)
+        with self._lock:
+            if self._closed:
+                raise errors.StoreClosed(f"{self.root}: the store was closed")
+            db = self._open.get(key)
+            if db is not None:
+                self._open.move_to_end(key)
+                self._users[key] += 1
+                return db
+        if not create and not path.is_file():
+            raise errors.NotFound(f"no shard {key!r} in {self.root}")
+        # Opened outside the lock: a first open may wait on another process migrating
+        # the same new file, and other shards must not wait behind it.
+        fresh = Database.open(path, self.migrations, **self.settings)
+        self._share(fresh)
+        evicted: list[Database] = []
+        with self._lock:
+            db = self._open.get(key)
+            if db is None:
+                db = self._open[key] = fresh
+                self._opened_total += 1
+                fresh = None  # type: ignore[assignment]
+            self._open.move_to_end(key)
+            self._users[key] += 1
+            # Close the least recently used idle shards past the bound; shards in use
+            # stay open (the bound is exceeded while more than max_open are busy).
+            for other in list(self._open):
+                if len(self._open) <= self.max_open:
+                    break
+                if self._users[other] == 0:
+                    evicted.append(self._open.pop(other))
+        if fresh is not None:
+            fresh.close()
+        for old in evicted:
+            old.close()
+        return db
+
+    def _share(self, db: Database) -> None:
+        db.shared_metrics = self.catalog.shared_metrics or db._metrics
+        db._metrics = db.shared_metrics
+
+    def _release(self, key: str) -> None:
+        with self._lock:
+            self._users[key] -= 1
+            if self._users[key] <= 0:
+                del self._users[key]
+
+    def discard(self, key: str) -> None:
+        """Close and remove shard *key*'s files: only for a shard this process just
+        created and nothing refers to (a first write into it was refused)."""
+        with self._lock:
+            if self._users[key]:
+                return
+            db = self._open.pop(key, None)
+        if db is not None:
+            db.close()
+        path = self.path_of(key)
+        for suffix in ("", "-wal", "-shm", ".gate"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(str(path) + suffix)
+
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def open_databases(self) -> list[Database]:
+        with self._lock:
+            return [self.catalog, *self._open.values()]
+
+    def metrics(self) -> dict[str, Any]:
+        """The write figures of the catalog and every shard this process used (one
+        set: the files share their WriteMetrics)."""
+        total: dict[str, Any] = dict(self.catalog.metrics())
+        with self._lock:
+            total["shards_open"] = len(self._open)
+            total["shards_opened"] = self._opened_total
+        return total
+
+    def after_fork(self) -> None:
+        # Each Database resets itself in a child on next use; the use counts of the
+        # parent's threads do not apply here.
+        with self._lock:
+            self._users.clear()
+            dbs = [self.catalog, *self._open.values()]
+        fresh = WriteMetrics()
+        for db in dbs:
+            db.shared_metrics = db._metrics = fresh
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            dbs = list(self._open.values())
+            self._open.clear()
+        for db in dbs:
+            db.close()
+        self.catalog.close()

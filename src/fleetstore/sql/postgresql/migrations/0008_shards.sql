@@ -1,0 +1,21 @@
+-- The sharded layout (sqlite+sharded:///DIR): in its catalog database, which
+-- shard file holds each session, and the catalog+shard writes under way.  In a
+-- single-file store, in a shard and on PostgreSQL these tables stay empty.
+
+-- A session whose rows live in a shard (the catalog's sessions row is its index
+-- entry); a session without a row here lives in the catalog itself.
+CREATE TABLE shard_sessions (
+    session_id  TEXT COLLATE "C" PRIMARY KEY,
+    shard       TEXT COLLATE "C" NOT NULL
+);
+CREATE INDEX shard_sessions_by_shard ON shard_sessions(shard);
+
+-- A write that changes a shard and then the catalog: recorded here first, deleted
+-- with the catalog's part; a row whose owner died is finished by the next open.
+CREATE TABLE shard_intents (
+    op_id       TEXT COLLATE "C" PRIMARY KEY,
+    shard       TEXT COLLATE "C" NOT NULL,
+    op          TEXT COLLATE "C" NOT NULL,
+    owner       TEXT COLLATE "C" NOT NULL,
+    created_at  DOUBLE PRECISION NOT NULL
+);
