@@ -206,9 +206,18 @@ class AsyncStore:
         """``Store.apply``: apply *op* now (``StoreBusy`` past the budget)."""
         return await self._run(lambda: self.sync.apply(op))
 
-    async def read(self, fn: Callable[[Tx], T]) -> T:
-        """``Store.read``: ``fn(tx)`` in a read transaction, run in a worker thread."""
-        return await self._run(lambda: self.sync.read(fn))
+    async def read(self, fn: Callable[[Tx], T], *, session_id: str | None = None) -> T:
+        """``Store.read``: ``fn(tx)`` in a read transaction, run in a worker thread (a
+        sharded store: in *session_id*'s file, else its catalog)."""
+        return await self._run(lambda: self.sync.read(fn, session_id=session_id))
+
+    async def read_first(self, fn: Callable[[Tx], list[T]]) -> list[T]:
+        """``Store.read_first``: a lookup by an id that does not name its session."""
+        return await self._run(lambda: self.sync.read_first(fn))
+
+    async def sync_catalog(self) -> None:
+        """``Store.sync_catalog``: a sharded store's sessions index brought up to date."""
+        await self._run(self.sync.sync_catalog)
 
     async def flush(self, timeout: float | None = None) -> bool:
         """Wait for the calls started before this one (cancelled ones included),

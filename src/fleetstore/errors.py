@@ -79,6 +79,11 @@ class StoreClosed(PermanentError):
     """The store was closed; open it again to use it."""
 
 
+class FileMoved(PermanentError):
+    """The database file was renamed or removed while open (a sharded store's tree
+    archived from under a process): nothing was written to it."""
+
+
 class DatabaseError(PermanentError):
     """SQLite rejected a statement (bad SQL, a constraint, a read-only transaction...)."""
 
@@ -158,6 +163,7 @@ __all__ = [
     "ConfigError",
     "CorruptStore",
     "DatabaseError",
+    "FileMoved",
     "FleetstoreError",
     "IntegrityError",
     "InvalidArchive",

@@ -209,6 +209,13 @@ class Router:
             return self._apply_in(self.catalog, op, single_statement)
         try:
             return self._apply_to_shard(key, op, cross)
+        except errors.FileMoved:
+            # The tree was archived (its file moved away) since this process opened it.
+            self.shards.drop(key)
+            sid = op.args.get("source_id") if op.name == "fork_session" else op.session_id
+            if isinstance(sid, str):
+                self.home(sid, fresh=True)
+            return self.apply(op, single_statement)
         except errors.NotFound:
             # A session deleted and made again in another tree since this process
             # looked it up: look again, once.
@@ -405,6 +412,10 @@ class Router:
 
     def _read_shard(self, key: str, fn: Callable[[Any], T]) -> T:
         try:
+            with self.shards.use(key, create=False) as db:
+                return db.read(fn)
+        except errors.FileMoved:
+            self.shards.drop(key)
             with self.shards.use(key, create=False) as db:
                 return db.read(fn)
         except errors.NotFound as exc:

@@ -57,6 +57,7 @@ class ShardSet:
         self._open: collections.OrderedDict[str, Database] = collections.OrderedDict()
         self._users: collections.Counter[str] = collections.Counter()
         self._opened_total = 0
+        self._stale: dict[str, list[Database]] = {}
         self._closed = False
 
     def path_of(self, key: str) -> Path:
@@ -132,8 +133,23 @@ class ShardSet:
     def _release(self, key: str) -> None:
         with self._lock:
             self._users[key] -= 1
+            stale: list[Database] = []
             if self._users[key] <= 0:
                 del self._users[key]
+                stale = self._stale.pop(key, [])
+        for db in stale:
+            db.close()
+
+    def drop(self, key: str) -> None:
+        """Forget the open database of shard *key* (its file was moved): closed now,
+        or when its last user is done; the next use opens whatever is at the path."""
+        with self._lock:
+            db = self._open.pop(key, None)
+            if db is not None and self._users[key]:
+                self._stale.setdefault(key, []).append(db)
+                db = None
+        if db is not None:
+            db.close()
 
     def discard(self, key: str) -> None:
         """Close and remove shard *key*'s files: only for a shard this process just

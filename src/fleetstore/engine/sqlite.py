@@ -237,6 +237,9 @@ class Database:
         self._checkpoint_lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()
+        #: (st_dev, st_ino) of the file opened: a write or read that finds another
+        #: file (or none) at the path raises FileMoved instead of using a moved file.
+        self._identity: tuple[int, int] | None = None
         #: Set by a ShardSet: the figures of all its files in one place.
         self.shared_metrics: WriteMetrics | None = None
         self._reset_process_state()
@@ -278,9 +281,11 @@ class Database:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise errors.DatabaseError(f"{path}: cannot open: {exc.strerror}") from exc
-        fresh = os.fstat(fd).st_size == 0
+        st = os.fstat(fd)
+        fresh = st.st_size == 0
         os.close(fd)
         db = cls(path, config)
+        db._identity = (st.st_dev, st.st_ino)
         try:
             db._prepare_file(fresh)
             if migrations:
@@ -456,6 +461,9 @@ class Database:
             self._begin_immediate(conn, started, deadline)  # returns inside the fork guard
             try:
                 acquired = time.monotonic()
+                if self._identity is not None and not self._same_file():
+                    self._rollback(conn)
+                    raise errors.FileMoved(f"{self.path}: the file was moved or removed")
                 tx = WriteTx(conn, self.path)
                 try:
                     yield tx
@@ -624,10 +632,19 @@ class Database:
 
     # -- reading ---------------------------------------------------------------------------
 
+    def _same_file(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (st.st_dev, st.st_ino) == self._identity
+
     def read(self, fn: Callable[[ReadTx], T]) -> T:
         """Call ``fn(tx)`` inside a read transaction (one snapshot) on a read connection,
         without the gate, and return what it returns."""
         self._check_process()
+        if self._identity is not None and not self._same_file():
+            raise errors.FileMoved(f"{self.path}: the file was moved or removed")
         # Inside the fork guard from before the connection leaves the idle list until
         # it is back: at a fork every connection is in a list the child closes.
         _guard.enter()
