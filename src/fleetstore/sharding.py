@@ -127,6 +127,10 @@ class Router:
         self._lock = threading.Lock()
         self._homes: collections.OrderedDict[str, str | None] = collections.OrderedDict()
         self._dirty: set[str] = set()
+        #: op ids of this process's catalog+shard writes under way, and whether one of
+        #: them stopped after its intent was recorded.
+        self._active: set[str] = set()
+        self._stalled = False
         self._init_process()
 
     def _init_process(self) -> None:
@@ -139,6 +143,8 @@ class Router:
         self.shards.after_fork()
         self._lock = threading.Lock()
         self._dirty = set()
+        self._active = set()
+        self._stalled = False
         self._init_process()
 
     # -- where a session lives -------------------------------------------------------------
@@ -265,11 +271,28 @@ class Router:
                 tx.execute(self.q["shard_index_put"], (created, key))
             tx.execute(self.q["shard_intent_add"], (op.op_id, key, text, self.owner, time.time()))
 
-        self.catalog.run_write(begin)
-        _crash_point("after-intent")
-        result, applied = self._shard_part(key, op)
-        _crash_point("after-shard")
-        self._catalog_part(key, op, applied)
+        with self._lock:
+            self._active.add(op.op_id)
+        begun = False
+        try:
+            self.catalog.run_write(begin)
+            begun = True
+            _crash_point("after-intent")
+            result, applied = self._shard_part(key, op)
+            _crash_point("after-shard")
+            self._catalog_part(key, op, applied)
+        except BaseException:
+            if begun:
+                # Its intent may remain (the shard or the catalog was busy past the
+                # budget): this process finishes it in the background, as another
+                # would after a crash; the caller's retry or spool replay is a duplicate.
+                with self._lock:
+                    self._stalled = True
+                self._mark_dirty(key)
+            raise
+        finally:
+            with self._lock:
+                self._active.discard(op.op_id)
         return result
 
     def _shard_part(self, key: str, op: Operation) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -370,7 +393,16 @@ class Router:
                 if self._stopped:
                     return
             try:
-                if not self.sync_dirty():
+                if self._stalled:
+                    with self._lock:
+                        self._stalled = False
+                    try:
+                        self.recover(own=True)
+                    except BaseException:
+                        with self._lock:
+                            self._stalled = True
+                        raise
+                if not self.sync_dirty() and not self._stalled:
                     return  # nothing written for a while: the next write starts another
             except Exception as exc:  # the store is busy or closing: try again later
                 log.warning("%s: refreshing the catalog's index failed: %s", self.shards.root, exc)
@@ -446,13 +478,19 @@ class Router:
 
     # -- crashes ---------------------------------------------------------------------------
 
-    def recover(self, *, all_owners: bool = False) -> int:
+    def recover(self, *, all_owners: bool = False, own: bool = False) -> int:
         """Finish the catalog+shard writes whose process died (every one, with
-        *all_owners*); the number finished or abandoned."""
+        *all_owners*; with *own*, also this process's that stopped half-way); the
+        number finished or abandoned."""
         rows = self.catalog.read(lambda tx: tx.execute(self.q["shard_intents"]))
+        with self._lock:
+            active = set(self._active)
         done = 0
         for op_id, key, text, owner in rows:
-            if not all_owners and (owner == self.owner or owner_alive(str(owner))):
+            if owner == self.owner:
+                if not (own or all_owners) or op_id in active:
+                    continue
+            elif not all_owners and owner_alive(str(owner)):
                 continue
             op = decode_line(str(text).encode("utf-8"))
             try:
@@ -474,7 +512,9 @@ class Router:
             done += 1
         return done
 
-    def close(self) -> None:
+    def close(self, *, sync: bool = True) -> None:
+        """Stop the background refresh, bring the index up to date (if *sync*: the
+        store is not known to be locked) and close every file."""
         with self._sync_cond:
             self._stopped = True
             self._sync_cond.notify_all()
@@ -482,7 +522,10 @@ class Router:
         if thread is not None and thread is not threading.current_thread():
             thread.join(5)
         try:
-            self.sync_dirty()
+            if sync:
+                if self._stalled:
+                    self.recover(own=True)
+                self.sync_dirty()
         except errors.FleetstoreError as exc:
             log.warning(
                 "%s: the catalog's index was not refreshed at close: %s", self.shards.root, exc

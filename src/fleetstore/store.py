@@ -615,8 +615,10 @@ class Store:
         under way may add up to one write budget to the wait.  Idempotent."""
         if self._closed:
             return
+        drained = False
         try:
-            if not self._drain(timeout):
+            drained = self._drain(timeout)
+            if not drained:
                 log.error(
                     "%s: closing with %d write(s) still in the spool journal %s; "
                     "`fleetstore recover` or the next open applies them",
@@ -640,7 +642,9 @@ class Store:
                 self._publisher.stop()
             self.spool.close()
             if self.router is not None:
-                self.router.close()  # the catalog too
+                # The index refresh may wait for the catalog's lock: not when the
+                # caller asked not to wait, nor when the spool says it is locked.
+                self.router.close(sync=drained and (timeout is None or timeout > 0))
             else:
                 self.db.close()
             _live.discard(self)
