@@ -159,9 +159,15 @@ class Router:
                 if session_id in self._homes:
                     return self._homes[session_id]
         rows = self.catalog.read(lambda tx: tx.execute(self.q["shard_of"], (session_id,)))
-        key = str(rows[0][0]) if rows else None
-        if key is not None or fresh:
-            self._remember(session_id, key)
+        if not rows:
+            # Never cached: the session may be made in a shard by another process
+            # next, and a write routed to the catalog would then find the catalog's
+            # index row of it and land in the wrong file.
+            with self._lock:
+                self._homes.pop(session_id, None)
+            return None
+        key = str(rows[0][0])
+        self._remember(session_id, key)
         return key
 
     def _remember(self, session_id: str, key: str | None) -> None:
