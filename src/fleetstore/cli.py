@@ -1139,7 +1139,9 @@ def top(path: str | None, interval: float, count: int | None, as_json: bool) -> 
 
     Processes publish their figures beside the store about once a second
     (`publish_interval`); rates and p99 are over the last interval. PATH: the
-    store (default: $FLEETSTORE_URL, else the default store).
+    store (default: $FLEETSTORE_URL, else the default store); a sharded store
+    (sqlite+sharded:///DIR, or DIR) adds its shard files on disk, the shards the
+    processes have open and the largest shard WAL.
     """
     from fleetstore.ops import top as top_view
 

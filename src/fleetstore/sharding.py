@@ -318,7 +318,11 @@ class Router:
 
         existed = self.shards.exists(key)
         try:
-            with self.shards.use(key) as db:
+            # Only a write that starts a tree makes its file; any other finding no file
+            # (a tree archived, a file removed by hand) is NotFound, not a new empty shard.
+            created = _created_id(op)
+            new_tree = created is not None and shard_key(created) == key
+            with self.shards.use(key, create=new_tree) as db:
                 outcome: tuple[dict[str, Any], dict[str, Any]] = db.run_write(run)
                 return outcome
         except Exception as exc:

@@ -388,6 +388,8 @@ class Lock:
 
 
 def _lock_names(role: str, kind: str, mode: str, start: int, end: int | None) -> tuple[str, ...]:
+    # A role may be qualified ("shard:KEY:shm"): the file's kind is its last part.
+    role = role.rsplit(":", 1)[-1]
     hi = end if end is not None else 2**63
 
     def covers(lo_b: int, hi_b: int) -> bool:
@@ -498,6 +500,33 @@ def open_by_processes(paths: dict[str, str]) -> dict[int, list[OpenFile]]:
     return found
 
 
+def users_of(paths: Sequence[str]) -> dict[str, set[int]]:
+    """Who uses each of *paths* now (those that exist): the processes, this one
+    included, with it open (``/proc/*/fd``: this user's processes, every process as
+    root) or holding a lock on it (``/proc/locks``: every process of every user; an
+    open SQLite WAL connection always holds a lock on its ``-shm``, a fleetstore
+    writer's gate a flock).  A lock whose owner the kernel does not name counts as
+    pid -1.  Paths nobody uses are left out."""
+    facts = {p: FileFacts.of(p) for p in paths}
+    found: dict[str, set[int]] = {}
+    roles = {p: f.ident for p, f in facts.items() if f.exists}
+    for lk in locks_on(roles):
+        found.setdefault(lk.file, set()).add(lk.pid if lk.pid > 0 else -1)
+    wanted = {p: p for p in roles}
+    for pid, files in open_by_processes(wanted).items():
+        for f in files:
+            found.setdefault(f.role, set()).add(pid)
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target in roles:
+                found.setdefault(target, set()).add(os.getpid())
+    return found
+
+
 def command_line(pid: int) -> str:
     return _command(pid)
 
@@ -591,5 +620,6 @@ __all__ = [
     "read_shm_index",
     "read_wal_header",
     "sqlite_libraries",
+    "users_of",
     "wal_reset_bug",
 ]

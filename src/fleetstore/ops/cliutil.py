@@ -8,8 +8,9 @@ from typing import Any
 import click
 
 STORE_HELP = (
-    "The store: its file, a directory holding fleetstore.db, or sqlite:///absolute/path. "
-    "Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db."
+    "The store: its file, a directory holding fleetstore.db, sqlite:///absolute/path, or "
+    "a sharded store (sqlite+sharded:///absolute/dir, or the directory holding its "
+    "catalog.db). Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db."
 )
 store_option = click.option(
     "--store",
@@ -22,15 +23,29 @@ store_option = click.option(
 
 
 def existing_store(command: str, store: str | None, *, server: bool = True) -> str:
-    """The store's path, or a PostgreSQL store's URL (where *server*); exit 2 if there
-    is no store file (commands that read a store never create one)."""
+    """What to pass to ``fleetstore.open``: the store file's path, a sharded store's
+    ``sqlite+sharded:///DIR`` URL (it exists iff ``DIR/catalog.db`` is a file), or a
+    PostgreSQL store's URL (where *server*); exit 2 if there is no store (commands
+    that read a store never create one)."""
+    from fleetstore.engine.sharded import CATALOG
     from fleetstore.errors import ConfigError
-    from fleetstore.store import parse_target
+    from fleetstore.store import SHARDED_SCHEME, parse_target
 
     try:
-        _kind, target = parse_target(store)
+        kind, target = parse_target(store)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    if kind == "sharded":
+        assert not isinstance(target, str)
+        directory = target.expanduser().absolute()
+        if not (directory / CATALOG).is_file():
+            click.echo(
+                f"fleetstore {command}: no sharded store at {directory} (no {CATALOG}; "
+                "nothing was created)",
+                err=True,
+            )
+            sys.exit(2)
+        return f"{SHARDED_SCHEME}://{directory}"
     if isinstance(target, str):
         if not server:
             click.echo(

@@ -14,6 +14,11 @@ What it looks at, in order (docs/doctor.md has the findings and the ``--json`` s
 
 Nothing is written, created, checkpointed or switched: the database's bytes are the
 same after (tests/test_doctor.py hashes them, with a live writer and reader).
+
+A sharded store (``sqlite+sharded:///DIR``): the catalog is looked at as above, every
+shard file gets the same per-file checks in the same two looks at the locks, and the
+catalog's index is held against the files on disk (``_diagnose_sharded``;
+tests/test_sharded_ops.py hashes every file under DIR).
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ BACKLOG_AGE_SECONDS = 300.0
 QUICK_CHECK_ROWS = 20
 
 FLEETSTORE_TABLES = {"sessions", "applied_ops", "fleetstore_migrations"}
+SHARD_TABLES = {"shard_sessions", "shard_intents"}
+#: Shards named one by one under a finding code; the rest are counted.
+SHARDS_NAMED = 5
+#: Largest shards listed.
+SHARDS_LARGEST = 5
 EFFECT_STATES = ("pending", "running", "succeeded", "dead", "cancelled")
 
 
@@ -141,6 +151,41 @@ def resolve(path: str | os.PathLike[str] | None) -> str:
     return os.path.realpath(target)
 
 
+@dataclass(slots=True)
+class _Probe:
+    """One database file: its side files' facts and headers (read before anything is
+    opened), then what was read from it and its facts again after."""
+
+    db: str
+    sides: dict[str, str]
+    before: dict[str, FileFacts]
+    header: inspect.Header | None
+    shm_index: inspect.ShmIndex | None
+    wal_header: inspect.WalHeader | None
+    contents: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, FileFacts] = field(default_factory=dict)
+
+
+def _sides(db: str) -> dict[str, str]:
+    return {
+        "database": db,
+        "wal": db + "-wal",
+        "shm": db + "-shm",
+        "journal": db + "-journal",
+        "gate": db + ".gate",
+    }
+
+
+def _probe(db: str) -> _Probe:
+    """The files' facts and headers (``InspectFailed`` if *db* is not SQLite)."""
+    sides = _sides(db)
+    before = {role: FileFacts.of(p) for role, p in sides.items()}
+    header = inspect.read_header(db)
+    shm_index = inspect.read_shm_index(sides["shm"]) if before["shm"].exists else None
+    wal_header = inspect.read_wal_header(sides["wal"]) if before["wal"].exists else None
+    return _Probe(db, sides, before, header, shm_index, wal_header)
+
+
 def diagnose(
     path: str | os.PathLike[str] | None,
     *,
@@ -148,25 +193,26 @@ def diagnose(
     quick_check: bool = True,
     now: Callable[[], float] = time.time,
 ) -> Report:
-    """Look at the SQLite file *path* without changing it and return the report.
+    """Look at the SQLite file *path* without changing it and return the report.  A
+    sharded store (``sqlite+sharded:///DIR``, or its directory): its catalog as a
+    file, plus the ``sharded`` section (every shard file checked, see
+    ``_diagnose_sharded``).
 
     ``NotFound`` if there is no file; ``InspectFailed`` (reason ``not-a-database``) if it
     is not SQLite; ``PermanentError`` if this very process has it open (run doctor from
     another process: see ``inspect.check_not_open_here``)."""
+    from fleetstore.store import parse_target
+
+    kind, target = parse_target(path)
+    if kind == "sharded":
+        assert isinstance(target, Path)
+        return _diagnose_sharded(target, interval=interval, quick_check=quick_check, now=now)
     db = resolve(path)
-    sides = {
-        "database": db,
-        "wal": db + "-wal",
-        "shm": db + "-shm",
-        "journal": db + "-journal",
-        "gate": db + ".gate",
-    }
+    sides = _sides(db)
     inspect.check_not_open_here([db, sides["wal"], sides["shm"]])
     report = Report(db, {})
-    before = {role: FileFacts.of(p) for role, p in sides.items()}
-    header = inspect.read_header(db)
-    shm_index = inspect.read_shm_index(sides["shm"]) if before["shm"].exists else None
-    wal_header = inspect.read_wal_header(sides["wal"]) if before["wal"].exists else None
+    probe = _probe(db)
+    before, header = probe.before, probe.header
     spool_dir = db + ".spool"
     watched = {role: facts.ident for role, facts in before.items()}
     watched.update(_spool_idents(spool_dir))
@@ -195,13 +241,385 @@ def diagnose(
         },
         "files": {role: _file_json(facts) for role, facts in before.items()},
         "database": contents["database"],
-        "wal": _wal_json(header, before, shm_index, wal_header),
+        "wal": _wal_json(header, before, probe.shm_index, probe.wal_header),
         "processes": processes,
         "locks_interval": round(waited, 3),
         "fleetstore": _fleetstore_json(db, contents.get("fleetstore"), spool),
     }
-    _findings(report, header, before, after, contents, processes, shm_index, waited)
+    _findings(report, header, before, after, contents, processes, probe.shm_index, waited)
     return report
+
+
+def _diagnose_sharded(
+    directory: Path, *, interval: float, quick_check: bool, now: Callable[[], float]
+) -> Report:
+    """A sharded store: the catalog as one file (its report is the body of this one),
+    then each shard file with the same per-file checks (pragmas, ``quick_check``, the
+    WAL, who has it open, which locks), all files' locks looked at in the same two
+    looks; and what ties the files together: the catalog's index of shards against
+    the files on disk, and the catalog+shard intents not finished.
+
+    The files are listed before the catalog is read: a tree created meanwhile is then
+    seen with its intent or its index row, never as an orphan; an index row whose
+    file is not in the list is looked for again after the read."""
+    from fleetstore.engine.sharded import CATALOG, SHARDS, shard_key
+    from fleetstore.store import SHARDED_SCHEME
+
+    root = Path(os.path.realpath(directory))
+    catalog_path = root / CATALOG
+    if not catalog_path.is_file():
+        raise errors.NotFound(f"{root}: no sharded store here (no {CATALOG})")
+    db = str(catalog_path)
+    shard_files = [
+        (p.name[:-3], str(p))
+        for p in sorted((root / SHARDS).glob("*/*.db"))
+        if shard_key(p.name[:-3]) == p.name[:-3]
+    ]
+    sides = _sides(db)
+    inspect.check_not_open_here(
+        [p for f in [db, *(path for _k, path in shard_files)] for p in (f, f + "-wal", f + "-shm")]
+    )
+    report = Report(db, {})
+    probe = _probe(db)
+    shards: list[tuple[str, _Probe | None, str | None]] = []
+    for key, path in shard_files:
+        try:
+            shards.append((key, _probe(path), None))
+        except inspect.InspectFailed as exc:
+            shards.append((key, None, str(exc)))
+        except OSError:
+            continue  # gone meanwhile (removed by maintain): not a shard any more
+    spool_dir = db + ".spool"
+    watched = {role: facts.ident for role, facts in probe.before.items()}
+    watched.update(_spool_idents(spool_dir))
+    paths = {**sides, "spool": spool_dir + "/"}
+    for key, shard, _error in shards:
+        if shard is not None:
+            for role, facts in shard.before.items():
+                watched[f"shard:{key}:{role}"] = facts.ident
+                paths[f"shard:{key}:{role}"] = shard.sides[role]
+    first_look = time.monotonic()
+    locks_first = inspect.locks_on(watched)
+    opened = inspect.open_by_processes(paths)
+
+    checked_at = now()
+    contents = _read_contents(db, probe.header, probe.before, quick_check, checked_at, catalog=True)
+    for _key, shard, _error in shards:
+        if shard is not None:
+            shard.contents = _read_contents(
+                shard.db, shard.header, shard.before, quick_check, checked_at
+            )
+
+    inspect_time = time.monotonic() - first_look
+    if interval > inspect_time:
+        time.sleep(interval - inspect_time)
+    locks_second = inspect.locks_on(watched)
+    waited = time.monotonic() - first_look
+    after = {role: FileFacts.of(p) for role, p in sides.items()}
+    for _key, shard, _error in shards:
+        if shard is not None:
+            shard.after = {role: FileFacts.of(p) for role, p in shard.sides.items()}
+
+    libraries: dict[int, list[inspect.SqliteLibrary]] = {}
+
+    def of_file(prefix: str | None) -> list[dict[str, Any]]:
+        """The processes using one file: the catalog (prefix None) or a shard."""
+
+        def mine(role: str) -> str | None:
+            if prefix is None:
+                return None if role.startswith("shard:") else role
+            return role[len(prefix) :] if role.startswith(prefix) else None
+
+        first = [dataclasses.replace(lk, file=r) for lk in locks_first if (r := mine(lk.file))]
+        second = [dataclasses.replace(lk, file=r) for lk in locks_second if (r := mine(lk.file))]
+        files = {
+            pid: [dataclasses.replace(f, role=r) for f in fs if (r := mine(f.role))]
+            for pid, fs in opened.items()
+        }
+        files = {pid: fs for pid, fs in files.items() if fs}
+        pids = sorted({lk.pid for lk in first + second if lk.pid > 0} | set(files))
+        return _processes(pids, files, first, second, libraries)
+
+    processes = of_file(None)
+    spool = _spool(spool_dir, locks_second) if contents.get("fleetstore") else None
+    report.data = {
+        "checked_at": checked_at,
+        "layout": "sharded",
+        "sqlite": {
+            "library_version": inspect.library_version(),
+            "wal_reset_bug": inspect.wal_reset_bug(inspect.library_version()),
+        },
+        "files": {role: _file_json(facts) for role, facts in probe.before.items()},
+        "database": contents["database"],
+        "wal": _wal_json(probe.header, probe.before, probe.shm_index, probe.wal_header),
+        "processes": processes,
+        "locks_interval": round(waited, 3),
+        "fleetstore": _fleetstore_json(db, contents.get("fleetstore"), spool),
+    }
+    _findings(
+        report,
+        probe.header,
+        probe.before,
+        after,
+        contents,
+        processes,
+        probe.shm_index,
+        waited,
+    )
+
+    # -- each shard, as a file
+    known = _known_schema_version()
+    entries: list[dict[str, Any]] = []
+    flagged: dict[tuple[Severity, str], list[tuple[str, Finding]]] = {}
+    for key, shard, error in shards:
+        entry: dict[str, Any] = {"key": key, "path": str(root / SHARDS / key[-2:] / f"{key}.db")}
+        if shard is None:
+            entry.update(bytes=None, findings=[])
+            found = [
+                Finding(
+                    Severity.PROBLEM,
+                    "unreadable",
+                    f"SQLite cannot read the database: {error}",
+                    "restore this shard from a backup (its sessions are unreachable)",
+                )
+            ]
+        else:
+            sub = Report(shard.db, {})
+            figures = shard.contents.get("fleetstore")
+            if figures is not None:
+                sub.data["fleetstore"] = {
+                    **figures,
+                    "known_schema_version": known,
+                    "settings_error": None,
+                    "spool": None,
+                }
+            procs = of_file(f"shard:{key}:")
+            _findings(
+                sub,
+                shard.header,
+                shard.before,
+                shard.after,
+                shard.contents,
+                procs,
+                shard.shm_index,
+                waited,
+                shard=True,
+            )
+            found = [f for f in sub.findings if f.severity is not Severity.OK]
+            database = shard.contents["database"]
+            entry.update(
+                bytes=shard.before["database"].size,
+                wal_bytes=shard.before["wal"].size if shard.before["wal"].exists else 0,
+                shm_bytes=shard.before["shm"].size if shard.before["shm"].exists else 0,
+                sessions=figures["sessions"] if figures else None,
+                schema_version=figures["schema_version"] if figures else None,
+                journal_mode=database["journal_mode"],
+                open_mode=database["open_mode"],
+                quick_check=database["quick_check"],
+                not_read_reason=database["not_read_reason"],
+                processes=[p["pid"] for p in procs],
+            )
+        entry["findings"] = [f.to_json() for f in found]
+        for f in found:
+            flagged.setdefault((f.severity, f.code), []).append((key, f))
+        entries.append(entry)
+    for (_severity, _code), hits in flagged.items():
+        for key, f in hits[:SHARDS_NAMED]:
+            report.add(f.severity, f.code, f"shard {key}: {f.message}", f.fix)
+        if len(hits) > SHARDS_NAMED:
+            rest = [k for k, _f in hits[SHARDS_NAMED:]]
+            first = hits[0][1]
+            report.add(
+                first.severity,
+                first.code,
+                f"and {len(rest)} more shard(s) with this finding: {', '.join(rest[:20])}"
+                + (" ..." if len(rest) > 20 else ""),
+                first.fix,
+            )
+
+    # -- the catalog's index against the files, and the intents
+    url = f"{SHARDED_SCHEME}://{root}"
+    section = _shard_section(root, url, contents, entries, checked_at)
+    report.data["sharded"] = section
+    _shard_findings(report, section, url)
+    return report
+
+
+def _known_schema_version() -> int:
+    from fleetstore import sql
+
+    return max((m.version for m in sql.migrations("sqlite")), default=0)
+
+
+def _shard_section(
+    root: Path,
+    url: str,
+    contents: dict[str, Any],
+    entries: list[dict[str, Any]],
+    now: float,
+) -> dict[str, Any]:
+    from fleetstore.sharding import owner_alive
+    from fleetstore.spool import decode_line
+
+    index: dict[str, int] | None = contents.get("shard_index")
+    on_disk = {e["key"]: e for e in entries}
+    intents: list[dict[str, Any]] = []
+    for op_id, key, text, owner, created in contents.get("shard_intents") or []:
+        try:
+            name = decode_line(str(text).encode("utf-8")).name
+        except Exception:  # a damaged record: shown, not decoded
+            name = None
+        pid_text = str(owner).partition(":")[0]
+        intents.append(
+            {
+                "op_id": str(op_id),
+                "shard": str(key),
+                "operation": name,
+                "owner": str(owner),
+                "pid": int(pid_text) if pid_text.isdigit() else None,
+                "alive": owner_alive(str(owner)),
+                "age": round(now - float(created), 3),
+                "shard_file": str(key) in on_disk,
+            }
+        )
+    intended = {i["shard"] for i in intents}
+    missing: list[dict[str, Any]] = []
+    orphans: list[dict[str, Any]] = []
+    empty: list[str] = []
+    if index is not None:
+        for key, count in sorted(index.items()):
+            if key in on_disk:
+                continue
+            path = root / "shards" / key[-2:] / f"{key}.db"
+            if not path.is_file():  # not made since the listing
+                missing.append({"key": key, "path": str(path), "sessions": count})
+        for key, e in sorted(on_disk.items()):
+            if key in index or key in intended:
+                continue
+            if e.get("sessions") == 0:
+                empty.append(key)
+            else:
+                orphans.append(
+                    {
+                        "key": key,
+                        "path": e["path"],
+                        "sessions": e.get("sessions"),
+                        "bytes": e.get("bytes"),
+                    }
+                )
+    sized = [e for e in entries if e.get("bytes") is not None]
+    total = sum(e["bytes"] + e["wal_bytes"] + e["shm_bytes"] for e in sized)
+    largest = sorted(sized, key=lambda e: (-(e["bytes"] + e["wal_bytes"]), e["key"]))
+    return {
+        "directory": str(root),
+        "url": url,
+        "shard_files": len(entries),
+        "total_bytes": total,
+        "wal_bytes": sum(e["wal_bytes"] for e in sized),
+        "indexed_shards": None if index is None else len(index),
+        "indexed_sessions": None if index is None else sum(index.values()),
+        "largest": [
+            {
+                "key": e["key"],
+                "bytes": e["bytes"],
+                "wal_bytes": e["wal_bytes"],
+                "sessions": e.get("sessions"),
+            }
+            for e in largest[:SHARDS_LARGEST]
+        ],
+        "missing": missing,
+        "orphans": orphans,
+        "empty": empty,
+        "intents": intents,
+        "with_findings": sum(1 for e in entries if e["findings"]),
+        "shards": entries,
+    }
+
+
+def _shard_findings(report: Report, section: dict[str, Any], url: str) -> None:
+    add = report.add
+    files = section["shard_files"]
+    if section["indexed_shards"] is None:
+        add(
+            Severity.WARNING,
+            "shard-index-not-read",
+            "the catalog's index of shards could not be read: missing and orphan shard files "
+            "were not looked for",
+            "see the catalog's findings above; run doctor again",
+        )
+    if not section["with_findings"]:
+        add(
+            Severity.OK,
+            "shards",
+            f"{files} shard file(s), {_mb(section['total_bytes'])}: every one checked, "
+            "nothing found",
+        )
+    else:
+        add(
+            Severity.OK,
+            "shards",
+            f"{files} shard file(s), {_mb(section['total_bytes'])}: {section['with_findings']} "
+            "with findings (listed with their shard)",
+        )
+    missing = section["missing"]
+    if missing:
+        named = ", ".join(f"{m['key']} ({m['sessions']} sessions)" for m in missing[:SHARDS_NAMED])
+        more = f" and {len(missing) - SHARDS_NAMED} more" if len(missing) > SHARDS_NAMED else ""
+        add(
+            Severity.WARNING,
+            "shard-missing",
+            f"{len(missing)} shard file(s) that the catalog lists sessions in are missing: "
+            f"{named}{more}; reading those sessions fails (NotFound)",
+            "put the file back at its path (shards/<last 2 characters>/<key>.db) if it was "
+            "moved by hand, or restore it from a backup; if it is lost, `fleetstore sessions "
+            f"rm ID --yes --store {url}` on its top-level session drops the catalog's rows",
+        )
+    orphans = section["orphans"]
+    if orphans:
+        named = ", ".join(f"{o['key']} ({o['sessions']} sessions)" for o in orphans[:SHARDS_NAMED])
+        more = f" and {len(orphans) - SHARDS_NAMED} more" if len(orphans) > SHARDS_NAMED else ""
+        add(
+            Severity.WARNING,
+            "shard-orphan",
+            f"{len(orphans)} shard file(s) hold sessions that the catalog does not list, and "
+            f"no unfinished write names them: {named}{more}; they are not listed and cannot "
+            "be read by id",
+            "a crash between a shard's write and the catalog's leaves an intent that "
+            f"`fleetstore recover {url}` (or any fleetstore.open) finishes, and none is "
+            "left here: export the sessions from a copy of the file, or put back the "
+            "catalog from a backup",
+        )
+    if section["empty"]:
+        add(
+            Severity.OK,
+            "shard-empty",
+            f"{len(section['empty'])} shard file(s) hold no session (their trees were "
+            "deleted); `fleetstore maintain` removes them",
+        )
+    stale = [i for i in section["intents"] if not i["alive"]]
+    live = [i for i in section["intents"] if i["alive"]]
+    if stale:
+        named = ", ".join(
+            f"{i['operation'] or '?'} on shard {i['shard']} (pid {i['pid']}, "
+            f"{i['age']:.0f}s ago{'' if i['shard_file'] else ', no shard file yet'})"
+            for i in stale[:SHARDS_NAMED]
+        )
+        add(
+            Severity.WARNING,
+            "shard-intent-stale",
+            f"{len(stale)} catalog+shard write(s) of processes that are gone were left "
+            f"half done: {named}; until finished, the catalog may not list what the shard "
+            "holds (or list what it lost)",
+            f"`fleetstore recover {url}`, or any fleetstore.open() of the store, finishes "
+            "them (it applies each to its shard again, idempotently, then to the catalog)",
+        )
+    if live:
+        add(
+            Severity.OK,
+            "shard-intents",
+            f"{len(live)} catalog+shard write(s) under way in live processes "
+            f"(oldest {max(i['age'] for i in live):.0f}s)",
+        )
 
 
 def _file_json(facts: FileFacts) -> dict[str, Any] | None:
@@ -244,9 +662,13 @@ def _read_contents(
     files: dict[str, FileFacts],
     quick_check: bool,
     now: float,
+    *,
+    catalog: bool = False,
 ) -> dict[str, Any]:
     """The database's pragmas and, for a fleetstore store, its own figures, read in one
-    read-only transaction.  A read that SQLite refuses is recorded, not raised."""
+    read-only transaction (a sharded store's *catalog*: its index of shards and the
+    catalog+shard intents too, as ``shard_index`` and ``shard_intents``).  A read
+    that SQLite refuses is recorded, not raised."""
     database: dict[str, Any] = {
         "journal_mode": None,
         "page_size": header.page_size if header else None,
@@ -295,6 +717,17 @@ def _read_contents(
                 database["quick_check"] = [str(r[0]) for r in rows]
             if FLEETSTORE_TABLES.issubset(tables):
                 out["fleetstore"] = _store_figures(conn, tables, now)
+            if catalog and SHARD_TABLES.issubset(tables):
+                out["shard_index"] = {
+                    str(k): int(n)
+                    for k, n in conn.query(
+                        "SELECT shard, count(*) FROM shard_sessions GROUP BY shard"
+                    )
+                }
+                out["shard_intents"] = conn.query(
+                    "SELECT op_id, shard, op, owner, created_at FROM shard_intents "
+                    "ORDER BY created_at, op_id"
+                )
     except inspect.InspectFailed as exc:
         database["not_read"], database["not_read_reason"] = str(exc), exc.reason
     pages = database["page_count"] or 0
@@ -416,10 +849,9 @@ def _fleetstore_json(
 ) -> dict[str, Any] | None:
     if figures is None:
         return None
-    from fleetstore import sql
     from fleetstore.settings import Settings
 
-    known = max((m.version for m in sql.migrations("sqlite")), default=0)
+    known = _known_schema_version()
     settings: dict[str, Any] | None
     try:
         settings = dataclasses.asdict(Settings.load())
@@ -441,7 +873,10 @@ def _processes(
     opened: dict[int, list[inspect.OpenFile]],
     first: list[Lock],
     second: list[Lock],
+    libraries: dict[int, list[inspect.SqliteLibrary]] | None = None,
 ) -> list[dict[str, Any]]:
+    """Each process's open files and locks (seen in the first look, the second, or
+    both); *libraries* caches each PID's SQLite libraries across files."""
     keys_first = {lk.key for lk in first}
     keys_second = {lk.key for lk in second}
     out: list[dict[str, Any]] = []
@@ -465,11 +900,14 @@ def _processes(
                 }
             )
         files = opened.get(pid, [])
-        libraries = (
-            inspect.sqlite_libraries(pid)
-            if any(f.role in ("database", "wal", "shm") for f in files)
-            else []
-        )
+        libs: list[inspect.SqliteLibrary] = []
+        if any(f.role in ("database", "wal", "shm") for f in files):
+            if libraries is None:
+                libs = inspect.sqlite_libraries(pid)
+            else:
+                if pid not in libraries:
+                    libraries[pid] = inspect.sqlite_libraries(pid)
+                libs = libraries[pid]
         out.append(
             {
                 "pid": pid,
@@ -484,7 +922,7 @@ def _processes(
                         "version": lib.version,
                         "wal_reset_bug": bool(lib.version and inspect.wal_reset_bug(lib.version)),
                     }
-                    for lib in libraries
+                    for lib in libs
                 ],
             }
         )
@@ -517,6 +955,8 @@ def _findings(
     processes: list[dict[str, Any]],
     shm: inspect.ShmIndex | None,
     waited: float,
+    *,
+    shard: bool = False,
 ) -> None:
     add = report.add
     database = contents["database"]
@@ -524,7 +964,9 @@ def _findings(
     db_size = before["database"].size
 
     version = inspect.library_version()
-    if inspect.wal_reset_bug(version):
+    if shard:
+        pass  # said once, for the catalog
+    elif inspect.wal_reset_bug(version):
         add(
             Severity.WARNING,
             "sqlite-wal-reset-bug",
@@ -557,7 +999,7 @@ def _findings(
             )
     directory = os.path.dirname(report.path)
     dmode = FileFacts.of(directory).mode
-    if dmode & stat.S_IWOTH and not dmode & stat.S_ISVTX:
+    if dmode & stat.S_IWOTH and not dmode & stat.S_ISVTX and not shard:
         add(
             Severity.WARNING,
             "directory-world-writable",
@@ -881,7 +1323,10 @@ _MARK = {Severity.OK: "ok", Severity.WARNING: "WARNING", Severity.PROBLEM: "PROB
 def format_report(report: Report) -> str:
     """The report as text for a person: sections, then the findings with their fixes."""
     data = report.to_json()
-    lines = [f"fleetstore doctor: {report.path}", ""]
+    title = report.path
+    if data.get("sharded"):
+        title = f"{data['sharded']['url']} (sharded store; its catalog: {report.path})"
+    lines = [f"fleetstore doctor: {title}", ""]
     files = data["files"]
     lines.append("Files")
     for role in ("database", "wal", "shm", "journal", "gate"):
@@ -957,6 +1402,9 @@ def format_report(report: Report) -> str:
             lines.append(
                 "  settings here: " + ", ".join(f"{k}={v}" for k, v in store["settings"].items())
             )
+    sharded = data.get("sharded")
+    if sharded:
+        lines += _shard_lines(sharded)
     lines += ["", "Findings"]
     for f in sorted(report.findings, key=lambda f: -f.severity.rank):
         lines.append(f"  [{_MARK[f.severity]}] {f.code}: {f.message}")
@@ -969,6 +1417,53 @@ def format_report(report: Report) -> str:
     }[report.verdict]
     lines += ["", f"verdict: {verdict} (exit {report.exit_code})"]
     return "\n".join(lines)
+
+
+def _shard_lines(section: dict[str, Any]) -> list[str]:
+    """The sharded section as text: a few summary lines however many shards; the
+    shards with findings are named in the findings."""
+    lines = ["", f"Shards ({section['directory']}/shards)"]
+    indexed = section["indexed_shards"]
+    lines.append(
+        f"  {section['shard_files']:,} shard files, {_mb(section['total_bytes'])} "
+        f"(WAL {_mb(section['wal_bytes'])}); "
+        + (
+            f"the catalog's index names {indexed:,} ({section['indexed_sessions']:,} sessions)"
+            if indexed is not None
+            else "the catalog's index could not be read"
+        )
+    )
+    if section["largest"]:
+        lines.append(
+            "  largest: "
+            + ", ".join(
+                f"{e['key']} {_mb(e['bytes'])}"
+                + (f" (WAL {_mb(e['wal_bytes'])})" if e["wal_bytes"] else "")
+                for e in section["largest"]
+            )
+        )
+    for name, items in (("missing", section["missing"]), ("orphan", section["orphans"])):
+        if items:
+            lines.append(
+                f"  {name} files: "
+                + ", ".join(f"{i['key']} ({i['sessions']} sessions)" for i in items[:SHARDS_NAMED])
+                + (f" and {len(items) - SHARDS_NAMED} more" if len(items) > SHARDS_NAMED else "")
+            )
+    if section["empty"]:
+        lines.append(f"  empty files (no session): {len(section['empty'])}")
+    intents = section["intents"]
+    if intents:
+        alive = sum(1 for i in intents if i["alive"])
+        lines.append(
+            f"  catalog+shard writes unfinished: {len(intents)} ({alive} of live processes, "
+            f"{len(intents) - alive} of processes that are gone)"
+        )
+    lines.append(
+        f"  checked: {section['shard_files']:,} files, "
+        f"{section['shard_files'] - section['with_findings']:,} fine, "
+        f"{section['with_findings']:,} with findings"
+    )
+    return lines
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -1016,7 +1511,10 @@ def doctor_command(path: str | None, as_json: bool, interval: float, quick_check
     """Check any SQLite database, fleetstore's or another program's, strictly read-only.
 
     PATH is a database file, a directory holding fleetstore.db, or sqlite:///absolute/path;
-    default $FLEETSTORE_URL, else DATA_DIR/fleetstore.db. Reports the journal mode, page
+    default $FLEETSTORE_URL, else DATA_DIR/fleetstore.db. A sharded store
+    (sqlite+sharded:///DIR, or DIR) is checked whole: its catalog, every shard file, the
+    catalog's index against the files (missing, orphan and empty shards) and the
+    catalog+shard writes left unfinished. Reports the journal mode, page
     size, sizes of the database/WAL/SHM files, freelist share, auto_vacuum, the SQLite
     library version (flagging the WAL-reset bug), which processes hold the file open and
     which locks they hold (naming the WAL write lock's holder and readers that keep the

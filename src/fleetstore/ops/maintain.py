@@ -15,6 +15,12 @@ run (checkpoint, optimize, incremental vacuum when the file has incremental
 auto-vacuum), and only when asked to (``yes``).  A foreign file that is not in WAL
 mode is refused: opening it through ``fleetstore.Database`` would switch it to WAL.
 
+A sharded store (``sqlite+sharded:///DIR``) gets every step on every file: the
+catalog, then each shard through ``router.each`` (one open at a time, within the
+store's bound on open files), a tree's deletion through the router, blob rows per
+file and blob files only once no file refers to them, then the removal of empty
+shard files (``_empty_shards``).  tests/test_sharded_ops.py.
+
 Blob garbage collection and its race
 ------------------------------------
 A writer stores a payload's file (``BlobStore.put``, which reuses an existing
@@ -61,6 +67,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -76,11 +83,13 @@ from fleetstore import errors, operations, sql
 from fleetstore.blobs import TOUCH_AFTER
 from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.sqlite import Database, WriteTx
+from fleetstore.ids import new_id
 from fleetstore.operations import Operation
 from fleetstore.ops.cliutil import size as _size
 from fleetstore.settings import Settings
 
 T = TypeVar("T")
+log = logging.getLogger("fleetstore")
 
 #: The lock hold each batched transaction aims at (seconds).
 TARGET_HOLD = 0.02
@@ -93,6 +102,8 @@ FIRST_VACUUM_PAGES = 256
 
 #: ``progress(stage, done, total)``.
 Progress = Callable[[str, int, int], None]
+#: Maintenance operations that a sharded store routes to a session tree's shard.
+_ROUTED = frozenset({"mnt_delete_tree"})
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -227,10 +238,18 @@ class NotConfirmed(errors.PermanentError):
 
 class Writer:
     """Runs write transactions through ``db.write()``, timing each: the wait (entering
-    ``write()`` to the start of the block) and the hold (the block and its commit)."""
+    ``write()`` to the start of the block) and the hold (the block and its commit).
 
-    def __init__(self, db: Engine) -> None:
+    Given a sharded *store*, the operations that change a session tree
+    (``mnt_delete_tree``) go through ``store.apply``: the router applies them in the
+    tree's shard and then brings the catalog's index up to date (three short
+    transactions: the intent, the shard, the index).  Their recorded hold is the
+    whole of it, an upper bound of each transaction's, and their wait is not
+    separated from it (recorded as 0)."""
+
+    def __init__(self, db: Engine, store: Any = None) -> None:
         self.db = db
+        self.store = store if getattr(store, "router", None) is not None else None
         self.queries = sql.queries(db.dialect)
 
     def run(self, step: Step, fn: Callable[[Any], T]) -> T:
@@ -246,6 +265,12 @@ class Writer:
         return result
 
     def apply(self, step: Step, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        if self.store is not None and name in _ROUTED:
+            # A fresh op id: the router keys its catalog+shard intent by it.
+            started = time.monotonic()
+            result: dict[str, Any] = self.store.apply(Operation(name, args, new_id()))
+            step.record(0.0, time.monotonic() - started)
+            return result
         op = Operation(name, args, "maintenance")
         return self.run(step, lambda tx: operations.apply(tx, self.queries, op, tx.now))
 
@@ -295,11 +320,16 @@ def _is_store(db: Database) -> bool:
 
 
 def maintain(config: Config, progress: Progress | None = None) -> Report:
-    """Run every maintenance step on the database at ``config.path`` and report."""
-    from fleetstore.store import Store, migrations
+    """Run every maintenance step on the database at ``config.path`` (a sharded store:
+    on its catalog and every shard) and report."""
+    from fleetstore.store import Store, migrations, parse_target
     from fleetstore.store import open as open_store
 
     config.validate()
+    kind, target = parse_target(config.path)
+    if kind == "sharded":
+        assert isinstance(target, Path)
+        return _maintain_sharded(config, target, progress)
     path = resolve(config.path)
     if not _check_file(path):
         raise errors.ConfigError(
@@ -348,6 +378,76 @@ def maintain(config: Config, progress: Progress | None = None) -> Report:
     return report
 
 
+def _maintain_sharded(config: Config, directory: Path, progress: Progress | None) -> Report:
+    """``maintain`` on a sharded store: the store steps through the Store API (a
+    tree's deletion goes through the router), the per-file steps on the catalog and
+    then each shard, one open at a time (``router.each``: linear in shards, with a
+    bounded number of files open), then the removal of empty shard files."""
+    from fleetstore.engine.sharded import CATALOG, ShardSet
+    from fleetstore.store import SHARDED_SCHEME, Store, migrations
+    from fleetstore.store import open as open_store
+
+    directory = directory.expanduser().absolute()
+    catalog = directory / CATALOG
+    if not catalog.is_file():
+        raise errors.NotFound(f"no sharded store at {directory} (no {CATALOG})")
+    if not _check_file(str(catalog)):
+        raise errors.ConfigError(f"{catalog} is not in WAL mode: not a fleetstore catalog")
+    url = f"{SHARDED_SCHEME}://{directory}"
+    settings = Settings.load(**config.settings)
+    report = Report(url, "fleetstore", config.dry_run)
+    store: Store
+    if config.dry_run:
+        # No migrations (nor of a shard on first use here), no replay, no recovery of
+        # intents: a dry run writes nothing.
+        shards = ShardSet(directory, [], dataclasses.asdict(settings), settings.max_open_shards)
+        try:
+            store = Store(shards.catalog, settings, shards=shards)
+        except BaseException:
+            shards.close()
+            raise
+        latest = max(m.version for m in migrations())
+        version = shards.catalog.schema_version
+        if version < latest:
+            report.steps.append(
+                Step(
+                    "migrate",
+                    "dry-run",
+                    f"the catalog would be migrated from {version} to {latest} (each shard "
+                    "on its first use)",
+                )
+            )
+    else:
+        store = open_store(url, **config.settings)
+    try:
+        _store_steps(store, config, report, progress)
+        _generic_steps_each(store, config, report, progress)
+    finally:
+        store.close(timeout=0)
+    # After the store is closed: this process must hold no shard file open (see
+    # _empty_shards).
+    _timed(
+        report,
+        Step("shards"),
+        lambda s: _empty_shards(directory, settings, s, config.dry_run, progress),
+    )
+    return report
+
+
+def each_file(store: Any, fn: Callable[[str | None, Database], None]) -> None:
+    """``fn(key, database)`` for every database file of *store*: its one file (key
+    None), or a sharded store's catalog (key None) and then each shard, one at a time
+    through ``router.each`` (a bounded cache of open files: linear in shards)."""
+    if store.router is not None:
+        store.router.each(fn)
+    else:
+        fn(None, store.db)
+
+
+def file_count(store: Any) -> int:
+    return 1 + len(store.router.shards.keys()) if store.router is not None else 1
+
+
 def _timed(report: Report, step: Step, fn: Callable[[Step], None]) -> None:
     started = time.monotonic()
     report.steps.append(step)
@@ -370,6 +470,124 @@ def _generic_steps(db: Database, config: Config, report: Report, progress: Progr
     _timed(report, Step("optimize"), lambda s: _optimize(writer, s, config.dry_run))
     _timed(report, Step("vacuum"), lambda s: _vacuum(writer, s, config.dry_run, progress))
     _timed(report, Step("checkpoint"), lambda s: _checkpoint(db, s, config.dry_run))
+
+
+def _generic_steps_each(
+    store: Any, config: Config, report: Report, progress: Progress | None
+) -> None:
+    """The generic steps on every file of a sharded store, one file at a time, each
+    step's figures summed over the files."""
+    steps = {name: Step(name) for name in ("optimize", "vacuum", "checkpoint")}
+    started = time.monotonic()
+    for step in steps.values():
+        report.steps.append(step)
+    total = file_count(store)
+    done = [0]
+
+    def visit(_key: str | None, db: Database) -> None:
+        writer = Writer(db)
+        runs: list[tuple[str, Callable[[Step], None]]] = [
+            ("optimize", lambda s: _optimize(writer, s, config.dry_run)),
+            ("vacuum", lambda s: _vacuum(writer, s, config.dry_run, None)),
+            ("checkpoint", lambda s: _checkpoint(db, s, config.dry_run)),
+        ]
+        for name, run in runs:
+            one = Step(name)
+            try:
+                run(one)
+            except errors.FleetstoreError as exc:
+                one.status = "failed"
+                one.summary = f"{db.path}: {type(exc).__name__}: {exc}"
+            _merge(steps[name], one)
+        done[0] += 1
+        if progress is not None:
+            progress("files", done[0], total)
+
+    try:
+        each_file(store, visit)
+    except errors.FleetstoreError as exc:
+        for step in steps.values():
+            step.status = "failed"
+            step.summary = f"{type(exc).__name__}: {exc}"
+    seconds = time.monotonic() - started
+    for step in steps.values():
+        step.seconds = seconds
+        _sum_up(step, done[0])
+
+
+def _merge(total: Step, one: Step) -> None:
+    """Add one file's run of a step to the step's figures over every file."""
+    total.transactions += one.transactions
+    total.max_wait = max(total.max_wait, one.max_wait)
+    total.max_hold = max(total.max_hold, one.max_hold)
+    total.total_hold += one.total_hold
+    total.last_hold = one.last_hold
+    statuses = total.detail.setdefault("files_by_status", {})
+    statuses[one.status] = statuses.get(one.status, 0) + 1
+    for key in _SUMMED:
+        value = one.detail.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            total.detail[key] = total.detail.get(key, 0) + value
+    if one.name == "vacuum":
+        page = int(one.detail.get("page_size", 0))
+        for key in ("free", "freed"):
+            pages = int(one.detail.get(f"{key}_pages", 0))
+            total.detail[f"{key}_bytes"] = total.detail.get(f"{key}_bytes", 0) + pages * page
+    if one.status == "failed":
+        total.status = "failed"
+        failures = total.detail.setdefault("failures", [])
+        if len(failures) < 20:
+            failures.append(one.summary)
+
+
+#: Figures of a per-file step that add up over the files of a sharded store.
+_SUMMED = (
+    "pages",
+    "free_pages",
+    "freed_pages",
+    "wal_frames",
+    "checkpointed",
+    "wal_bytes_before",
+    "wal_bytes_after",
+    "checkpoint_seconds",
+)
+
+
+def _sum_up(step: Step, files: int) -> None:
+    """The summary of a step run on every file of a sharded store."""
+    d = step.detail
+    by = d.get("files_by_status", {})
+    if step.status != "failed":
+        if by.get("dry-run"):
+            step.status = "dry-run"
+        elif not by.get("done"):
+            step.status = "nothing" if by.get("nothing") or not by else "skipped"
+    if step.name == "optimize":
+        text = ("would run" if step.status == "dry-run" else "ran") + " PRAGMA optimize"
+    elif step.name == "vacuum":
+        if step.status == "dry-run":
+            text = (
+                f"would return {d.get('free_pages', 0)} free pages "
+                f"({_size(d.get('free_bytes', 0))})"
+            )
+        elif step.status == "nothing":
+            text = "no free pages"
+        else:
+            freed = int(d.get("freed_pages", 0))
+            text = f"returned {freed} pages ({_size(d.get('freed_bytes', 0))})"
+        if by.get("skipped"):
+            text += f"; {by['skipped']} file(s) without incremental auto-vacuum"
+    else:
+        wal = _size(d.get("wal_bytes_before", 0))
+        if step.status == "dry-run":
+            text = f"would checkpoint {wal} of WAL"
+        else:
+            text = f"checkpointed {wal} of WAL, {_size(d.get('wal_bytes_after', 0))} left"
+    step.summary = f"{text} in {files} file(s)" + (
+        f"; FAILED in {by['failed']}: {'; '.join(d.get('failures', [])[:3])}"
+        if by.get("failed")
+        else ""
+    )
 
 
 def _optimize(writer: Writer, step: Step, dry_run: bool) -> None:
@@ -464,7 +682,7 @@ def _file_size(path: str) -> int:
 
 
 def _store_steps(store: Any, config: Config, report: Report, progress: Progress | None) -> None:
-    writer = Writer(store.db)
+    writer = Writer(store.db, store)
     now = time.time()
     if config.archive_older_than is not None and config.archive_to is not None:
         cutoff = now - config.archive_older_than
@@ -485,7 +703,9 @@ def _store_steps(store: Any, config: Config, report: Report, progress: Progress 
         )
     if config.ops_older_than is not None:
         horizon = now - config.ops_older_than
-        _timed(report, Step("ops"), lambda s: _prune_ops(store, writer, s, horizon, config.dry_run))
+        _timed(
+            report, Step("ops"), lambda s: _prune_ops(store, s, horizon, config.dry_run, progress)
+        )
     else:
         report.steps.append(Step("ops", "skipped", "applied_ops pruning turned off"))
     grace = config.blob_grace
@@ -494,7 +714,7 @@ def _store_steps(store: Any, config: Config, report: Report, progress: Progress 
     _timed(
         report,
         Step("blobs"),
-        lambda s: _collect_blobs(store, writer, s, grace, config.dry_run, progress),
+        lambda s: _collect_blobs(store, s, grace, config.dry_run, progress),
     )
 
 
@@ -517,8 +737,16 @@ class Tree:
     newest: float
 
 
-def session_trees(store: Any) -> list[Tree]:
-    """Every top-level session's tree, with its newest write (sessions and state)."""
+def session_trees(store: Any, older_than: float | None = None) -> list[Tree]:
+    """Every top-level session's tree, with its newest write (sessions and state);
+    with *older_than*, only the trees whose newest write is before it.
+
+    A sharded store lists the trees from its catalog's index, whose ``updated_at``
+    may lag the shards' (by about a second, longer after a writer was killed) and
+    which holds no state of sharded sessions: so each tree the index shows as old
+    enough is looked at again in its own file (``mnt_tree_freshness``), and the
+    tree's newest write is the later of the two.  The deletion re-checks the tree's
+    shard in every batch anyway."""
     q = store.queries
 
     def run(tx: Tx) -> tuple[list[tuple[Any, ...]], dict[str, float]]:
@@ -541,7 +769,25 @@ def session_trees(store: Any) -> list[Tree]:
             members.append(sid)
             stack.extend(children.get(sid, []))
         trees.append(Tree(root, tuple(members), max(fresh[m] for m in members)))
+    if older_than is not None:
+        trees = [t for t in trees if t.newest < older_than]
+    if store.router is not None:
+        trees = [_in_its_file(store, t) for t in trees]
+        if older_than is not None:
+            trees = [t for t in trees if t.newest < older_than]
     return trees
+
+
+def _in_its_file(store: Any, tree: Tree) -> Tree:
+    """*tree* with its newest write as its own file (a shard, or the catalog) has it."""
+    q = store.queries
+
+    def run(tx: Tx) -> tuple[Any, ...]:
+        return tuple(tx.execute(q["mnt_tree_freshness"], {"id": tree.id})[0])
+
+    _count, newest_session, newest_state = store.read(run, session_id=tree.id)
+    newest = max(tree.newest, float(newest_session or 0.0), float(newest_state or 0.0))
+    return Tree(tree.id, tree.sessions, newest)
 
 
 @dataclass(slots=True)
@@ -588,15 +834,35 @@ def delete_tree(
 
 
 def _old_trees(store: Any, cutoff: float) -> list[Tree]:
-    return [t for t in session_trees(store) if t.newest < cutoff]
+    return session_trees(store, older_than=cutoff)
 
 
-def _message_counts(store: Any) -> dict[str, int]:
+def message_counts(store: Any, session_ids: Sequence[str] | None = None) -> dict[str, int]:
+    """Messages per session: of the whole store, or (a sharded store) of the files
+    that hold *session_ids*, each file read once."""
     q = store.queries
-    return {str(s): int(n) for s, n in store.read(lambda tx: tx.execute(q["mnt_stats_messages"]))}
+
+    def run(tx: Tx) -> dict[str, int]:
+        return {str(s): int(n) for s, n in tx.execute(q["mnt_stats_messages"])}
+
+    if store.router is None:
+        return dict(store.read(run))
+    counts: dict[str, int] = {}
+    if session_ids is None:
+        each_file(store, lambda _key, db: counts.update(db.read(run)))
+        return counts
+    read: set[str | None] = set()
+    for sid in session_ids:
+        home = store.router.home(sid)
+        if home in read:
+            continue
+        read.add(home)
+        counts.update(store.read(run, session_id=sid))
+    return counts
 
 
-def _describe(trees: Sequence[Tree], counts: dict[str, int]) -> tuple[int, int]:
+def _describe(store: Any, trees: Sequence[Tree]) -> tuple[int, int]:
+    counts = message_counts(store, [t.id for t in trees] if store.router is not None else None)
     sessions = sum(len(t.sessions) for t in trees)
     messages = sum(counts.get(s, 0) for t in trees for s in t.sessions)
     return sessions, messages
@@ -614,7 +880,7 @@ def _archive(
     from fleetstore import transfer
 
     trees = _old_trees(store, cutoff)
-    sessions, messages = _describe(trees, _message_counts(store))
+    sessions, messages = _describe(store, trees)
     step.detail.update(trees=len(trees), sessions=sessions, messages=messages, file=target)
     if not trees:
         step.status = "nothing"
@@ -719,7 +985,7 @@ def _delete_old(
     progress: Progress | None,
 ) -> None:
     trees = _old_trees(store, cutoff)
-    sessions, messages = _describe(trees, _message_counts(store))
+    sessions, messages = _describe(store, trees)
     step.detail.update(trees=len(trees), sessions=sessions, messages=messages)
     if not trees:
         step.status = "nothing"
@@ -810,8 +1076,11 @@ def _uuid7_bound(t: float) -> str:
     return f"{text[:8]}-{text[8:]}"
 
 
-def _prune_ops(store: Any, writer: Writer, step: Step, horizon: float, dry_run: bool) -> None:
-    q = store.queries
+def _prune_ops(
+    store: Any, step: Step, horizon: float, dry_run: bool, progress: Progress | None
+) -> None:
+    """Prune every file's applied_ops (a sharded store: the catalog's and each
+    shard's; its one spool beside the catalog bounds them all)."""
     found = read_journals(store.spool_dir)
     step.detail["journals"] = found.count
     if found.doubt:
@@ -822,21 +1091,46 @@ def _prune_ops(store: Any, writer: Writer, step: Step, horizon: float, dry_run: 
         step.detail["lowered_to_journal"] = True
         horizon = found.oldest_op
     step.detail["horizon"] = horizon
-    total, oldest = store.read(lambda tx: tx.execute(q["mnt_ops_count"])[0])
-    step.detail.update(rows=total)
-    if not total or oldest is None or oldest >= horizon:
-        step.status = "nothing"
-        step.summary = f"{total} applied_ops row(s), none older than the horizon"
-        return
     # Ids are UUIDv7 (time-ordered): an operation applied before the horizon was
     # created before it, so its id sorts below the horizon's prefix and the scan stops
     # there.  (A row whose id is not a UUIDv7 and sorts above it is kept.)
     bound = _uuid7_bound(horizon)
-    if dry_run:
-        n = store.read(lambda tx: tx.execute(q["mnt_ops_old_count"], (bound, horizon))[0][0])
-        step.status = "dry-run"
-        step.summary = f"would prune {n} of {total} applied_ops row(s)"
+    files = file_count(store)
+    seen = {"rows": 0, "old": 0, "pruned": 0, "files": 0, "visited": 0}
+
+    def visit(_key: str | None, db: Database) -> None:
+        q = sql.queries(db.dialect)
+        total, oldest = db.read(lambda tx: tx.execute(q["mnt_ops_count"])[0])
+        seen["rows"] += int(total)
+        seen["visited"] += 1
+        if total and oldest is not None and oldest < horizon:
+            seen["files"] += 1
+            if dry_run:
+                seen["old"] += int(
+                    db.read(lambda tx: tx.execute(q["mnt_ops_old_count"], (bound, horizon))[0][0])
+                )
+            else:
+                seen["pruned"] += _prune_file(Writer(db), step, horizon, bound)
+        if progress is not None and files > 1:
+            progress("ops", seen["visited"], files)
+
+    each_file(store, visit)
+    total = seen["rows"]
+    step.detail.update(rows=total)
+    where = f" in {files} files" if store.router is not None else ""
+    if not seen["files"]:
+        step.status = "nothing"
+        step.summary = f"{total} applied_ops row(s){where}, none older than the horizon"
         return
+    if dry_run:
+        step.status = "dry-run"
+        step.summary = f"would prune {seen['old']} of {total} applied_ops row(s){where}"
+        return
+    step.detail["pruned"] = seen["pruned"]
+    step.summary = f"pruned {seen['pruned']} of {total} applied_ops row(s){where}"
+
+
+def _prune_file(writer: Writer, step: Step, horizon: float, bound: str) -> int:
     batch = Batch(500, 100_000)
     deleted, after = 0, ""
     while True:
@@ -845,21 +1139,25 @@ def _prune_ops(store: Any, writer: Writer, step: Step, horizon: float, dry_run: 
             "mnt_prune_ops",
             {"applied_before": horizon, "after": after, "below": bound, "limit": batch.size},
         )
-        deleted += result["deleted"]
+        deleted += int(result["deleted"])
         batch.update(result["scanned"], step.last_hold)
         if result["done"]:
-            break
+            return deleted
         after = result["last"]
-    step.detail["pruned"] = deleted
-    step.summary = f"pruned {deleted} of {total} applied_ops row(s)"
 
 
 # -- blobs ---------------------------------------------------------------------------------------
 
 
 def _collect_blobs(
-    store: Any, writer: Writer, step: Step, grace: float, dry_run: bool, progress: Progress | None
+    store: Any, step: Step, grace: float, dry_run: bool, progress: Progress | None
 ) -> None:
+    """Blob garbage collection over every file of the store.  A sharded store's
+    files share one blob directory, and each file has its own ``blobs`` rows for the
+    payloads its rows refer to: a row is garbage when nothing in *its* file refers to
+    it (deleted in that file's transaction, re-checked there), and a file only when
+    no file has a row for it any more, every file read after ``started`` (the
+    argument of the module docstring holds for each file's rows alike)."""
     started = time.time()
     found = read_journals(store.spool_dir)
     step.detail.update(grace=grace, journals=found.count, protected=len(found.blobs))
@@ -869,62 +1167,93 @@ def _collect_blobs(
         return
     threshold = started - grace
     blobs = store.blobs
-    restored = _settle_trash(store, found.blobs, threshold, dry_run)
-    garbage, sizes = _unreferenced_rows(store, found.blobs)
     on_disk = dict(_blob_files(blobs.directory))
-    orphans = sorted(set(on_disk) - set(sizes) - _all_rows(store) - found.blobs)
     stale_tmp = [p for p in _tmp_files(blobs.directory) if _mtime(p) < threshold]
-    old = [sha for sha in garbage if _mtime(on_disk.get(sha)) < threshold]
+    files = file_count(store)
+    sizes: dict[str, int] = {}
+    #: Rows left in some file after its pass (a dry run: the rows it would leave).
+    remaining: set[str] = set()
+    deleted: set[str] = set()
+    tally = {"garbage": 0, "old": 0, "rows": 0, "visited": 0, "old_bytes": 0}
+
+    def visit(_key: str | None, db: Database) -> None:
+        garbage, file_sizes = _unreferenced_rows(db, found.blobs)
+        sizes.update(file_sizes)
+        old = [sha for sha in garbage if _mtime(on_disk.get(sha)) < threshold]
+        tally["garbage"] += len(garbage)
+        tally["old"] += len(old)
+        tally["old_bytes"] += sum(file_sizes[sha] for sha in old)
+        if dry_run:
+            remaining.update(set(file_sizes) - set(old))
+            deleted.update(old)
+        else:
+            writer = Writer(db)
+            batch = Batch(200, 5000)
+            i = 0
+            while i < len(old):
+                chunk = old[i : i + batch.size]
+                i += len(chunk)
+                result = writer.apply(step, "mnt_delete_blobs", {"shas": chunk})
+                batch.update(len(chunk), step.last_hold)
+                tally["rows"] += len(result["deleted"])
+                deleted.update(result["deleted"])
+            # Read after this file's deletions (and after ``started``).
+            remaining.update(_all_rows(db))
+        tally["visited"] += 1
+        if progress is not None:
+            progress("blobs", tally["visited"], files + 1)
+
+    each_file(store, visit)
+    restored = _settle_trash(store, found.blobs | remaining, threshold, dry_run)
+    # Files of collected rows, and files with no row at all (crash leftovers).
+    candidates = sorted(((set(on_disk) | deleted) - remaining) - found.blobs)
+    orphans = [sha for sha in candidates if sha not in deleted]
     step.detail.update(
-        unreferenced_rows=len(garbage),
-        young_unreferenced=len(garbage) - len(old),
+        unreferenced_rows=tally["garbage"],
+        young_unreferenced=tally["garbage"] - tally["old"],
         orphan_files=len(orphans),
         stale_tmp_files=len(stale_tmp),
         restored=restored,
     )
+    if store.router is not None:
+        step.detail["files"] = files
+        # A row collected in one file whose blob another file still refers to.
+        step.detail["shared_kept"] = len(deleted & remaining)
+    young = tally["garbage"] - tally["old"]
     if dry_run:
         young_orphans = sum(1 for s in orphans if _mtime(on_disk[s]) >= threshold)
         step.status = "dry-run"
         step.summary = (
-            f"would delete {len(old)} unreferenced blob(s) ({_size(sum(sizes[s] for s in old))}), "
+            f"would delete {tally['old']} unreferenced blob(s) ({_size(tally['old_bytes'])}), "
             f"{len(orphans) - young_orphans} file(s) with no row and {len(stale_tmp)} stale "
-            f"temporary file(s); {len(garbage) - len(old) + young_orphans} younger than the grace "
-            "are left"
+            f"temporary file(s); {young + young_orphans} younger than the grace are left"
         )
         return
-    deleted_rows = deleted_files = freed = 0
-    batch = Batch(200, 5000)
-    total = len(old) + len(orphans)
-    i = 0
-    while i < len(old):
-        chunk = old[i : i + batch.size]
-        i += len(chunk)
-        result = writer.apply(step, "mnt_delete_blobs", {"shas": chunk})
-        batch.update(len(chunk), step.last_hold)
-        deleted_rows += len(result["deleted"])
-        for sha in result["deleted"]:
-            if _retire(blobs.path(sha), sha, threshold):
-                deleted_files += 1
-                freed += sizes.get(sha, 0)
-        if progress is not None:
-            progress("blobs", i, total)
-    for n, sha in enumerate(orphans, 1):
-        size = _file_size(str(on_disk[sha]))
-        if _retire(on_disk[sha], sha, threshold):
+    deleted_files = freed = 0
+    for sha in candidates:
+        path = on_disk.get(sha) or blobs.path(sha)
+        size = _file_size(str(path))
+        if _retire(path, sha, threshold):
             deleted_files += 1
             freed += size
-        if progress is not None:
-            progress("blobs", len(old) + n, total)
+    if progress is not None:
+        progress("blobs", files + 1, files + 1)
     for tmp in stale_tmp:
         with contextlib.suppress(OSError):
             tmp.unlink()
-    step.detail.update(deleted_rows=deleted_rows, deleted_files=deleted_files, freed_bytes=freed)
+    step.detail.update(deleted_rows=tally["rows"], deleted_files=deleted_files, freed_bytes=freed)
     step.summary = (
-        f"deleted {deleted_rows} unreferenced blob row(s) and {deleted_files} file(s) "
+        f"deleted {tally['rows']} unreferenced blob row(s) and {deleted_files} file(s) "
         f"({_size(freed)}), {len(stale_tmp)} stale temporary file(s)"
     )
-    if len(garbage) > len(old):
-        step.summary += f"; {len(garbage) - len(old)} younger than the grace left for later"
+    if store.router is not None:
+        step.summary += f" in {files} files"
+        if step.detail["shared_kept"]:
+            step.summary += (
+                f"; {step.detail['shared_kept']} file(s) kept: another file refers to them"
+            )
+    if young:
+        step.summary += f"; {young} younger than the grace left for later"
 
 
 def _mtime(path: Path | None) -> float:
@@ -962,9 +1291,10 @@ def _retire(path: Path, sha: str, threshold: float) -> bool:
     return True
 
 
-def _settle_trash(store: Any, protected: set[str], threshold: float, dry_run: bool) -> int:
+def _settle_trash(store: Any, wanted_shas: set[str], threshold: float, dry_run: bool) -> int:
     """Files a collector killed mid-way renamed aside: put back those still wanted
-    (referenced, protected, or touched), delete the rest.  Returns how many were put back."""
+    (a row in some file, or a journal, wants them, or they were touched), delete the
+    rest.  Returns how many were put back."""
     restored = 0
     directory = store.blobs.directory
     if not directory.is_dir():
@@ -978,9 +1308,8 @@ def _settle_trash(store: Any, protected: set[str], threshold: float, dry_run: bo
     ]
     if not trash or dry_run:
         return 0
-    rows = _all_rows(store)
     for sha, path in trash:
-        wanted = sha in protected or sha in rows or _mtime(path) >= threshold
+        wanted = sha in wanted_shas or _mtime(path) >= threshold
         if wanted:
             with contextlib.suppress(FileExistsError):
                 os.link(path, store.blobs.path(sha))
@@ -990,16 +1319,16 @@ def _settle_trash(store: Any, protected: set[str], threshold: float, dry_run: bo
     return restored
 
 
-def _all_rows(store: Any) -> set[str]:
-    return {str(r[0]) for r in store.read(lambda tx: tx.execute("SELECT sha256 FROM blobs"))}
+def _all_rows(db: Database) -> set[str]:
+    return {str(r[0]) for r in db.read(lambda tx: tx.execute("SELECT sha256 FROM blobs"))}
 
 
-def _unreferenced_rows(store: Any, protected: set[str]) -> tuple[list[str], dict[str, int]]:
-    """Blob rows no row refers to (and no journal), page by page in short reads;
-    returns them and every row's stored size."""
+def _unreferenced_rows(db: Database, protected: set[str]) -> tuple[list[str], dict[str, int]]:
+    """Blob rows of the file *db* no row of it refers to (and no journal), page by
+    page in short reads; returns them and every row's stored size."""
     from fleetstore.maintenance import referenced
 
-    q = store.queries
+    q = sql.queries(db.dialect)
     garbage: list[str] = []
     sizes: dict[str, int] = {}
     after = ""
@@ -1009,7 +1338,7 @@ def _unreferenced_rows(store: Any, protected: set[str]) -> tuple[list[str], dict
             rows = tx.execute(q["mnt_blob_rows"], (after, 1000))
             return rows, referenced(tx, q, [str(r[0]) for r in rows])
 
-        rows, used = store.read(page)
+        rows, used = db.read(page)
         for sha, stored in rows:
             sizes[sha] = int(stored)
             if sha not in used and sha not in protected:
@@ -1039,6 +1368,228 @@ def _tmp_files(directory: Path) -> list[Path]:
         for name in os.listdir(sub)
         if _TMP.fullmatch(name)
     ]
+
+
+# -- empty shard files ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _ShardFile:
+    key: str
+    path: Path
+
+    def sides(self, base: Path | None = None) -> list[tuple[Path, Path]]:
+        """(the file, where it goes aside) for the database, its -wal, -shm and gate."""
+        trash = base or self.path.with_name(f".{self.path.name}.gc-{os.getpid()}")
+        return [
+            (Path(f"{self.path}{suffix}"), Path(f"{trash}{suffix}"))
+            for suffix in ("", "-wal", "-shm", ".gate")
+        ]
+
+
+def _shard_contents(path: Path) -> tuple[int, float] | None:
+    """(sessions, newest applied_ops time) of a shard file, read read-only; None if it
+    cannot be read without side effects."""
+    from fleetstore.engine import inspect
+
+    try:
+        header = inspect.read_header(str(path))
+        if header is None:
+            return 0, 0.0
+        mode, _why = inspect.choose_open_mode(
+            header.wal,
+            inspect.FileFacts.of(f"{path}-wal"),
+            inspect.FileFacts.of(f"{path}-shm"),
+        )
+        if mode is None:
+            return None
+        with inspect.open_readonly(str(path), mode) as conn:
+            sessions, newest = conn.query(
+                "SELECT (SELECT count(*) FROM sessions), "
+                "(SELECT coalesce(max(applied_at), 0) FROM applied_ops)"
+            )[0]
+    except (OSError, errors.FleetstoreError):
+        return None
+    return int(sessions), float(newest)
+
+
+def _empty_shards(
+    directory: Path, settings: Settings, step: Step, dry_run: bool, progress: Progress | None
+) -> None:
+    """Remove the shard files that hold no session, that the catalog's index does not
+    name and that no catalog+shard intent names, once nothing was applied in them for
+    the applied_ops horizon (their exactly-once log goes with them: as for pruning,
+    at least ``MIN_OPS_AGE``, lowered to the oldest operation in a spool journal).
+
+    A concurrent first use of the shard is either a write that makes a session there,
+    which the router starts by recording an intent in the catalog, or a process that
+    still has the file open from before (its cache of open shards).  So each removal
+    happens inside a catalog write transaction (no intent can be recorded meanwhile;
+    the index and the intents are read again there), and goes: rename the file (with
+    its -wal, -shm and gate) aside, so that no process can open it any more by its
+    name (a later first use creates a fresh shard, as for a key never used); look for
+    any process holding one of them open or locked (``inspect.users_of``: an open
+    SQLite WAL connection always holds a lock on the -shm, seen in /proc/locks for
+    every user); read it again (still empty?); only then delete.  Otherwise it is put
+    back, never over a file made meanwhile.  This process holds none of them: the
+    store was closed before this step."""
+    from fleetstore.engine import inspect
+    from fleetstore.engine.sharded import CATALOG, SHARDS, shard_key
+
+    files = [
+        _ShardFile(p.name[:-3], p)
+        for p in sorted((directory / SHARDS).glob("*/*.db"))
+        if shard_key(p.name[:-3]) == p.name[:-3]
+    ]
+    step.detail.update(files=len(files))
+    found = read_journals(directory / f"{CATALOG}.spool")
+    if found.doubt:
+        step.status = "skipped"
+        step.summary = f"empty shard files left: {found.doubt}"
+        return
+    horizon = time.time() - MIN_OPS_AGE
+    if found.oldest_op is not None:
+        horizon = min(horizon, found.oldest_op)
+    catalog = Database.open(directory / CATALOG, **dataclasses.asdict(settings))
+    try:
+        q = sql.queries("sqlite")
+        indexed, intended = catalog.read(lambda tx: _named_shards(tx, q))
+        unnamed = [f for f in files if f.key not in indexed and f.key not in intended]
+        empty: list[_ShardFile] = []
+        young = unreadable = 0
+        for f in unnamed:
+            contents = _shard_contents(f.path)
+            if contents is None:
+                unreadable += 1
+            elif contents[0] == 0 and contents[1] < horizon:
+                empty.append(f)
+            elif contents[0] == 0:
+                young += 1
+        step.detail.update(
+            unnamed=len(unnamed),
+            empty=len(empty),
+            empty_young=young,
+            unreadable=unreadable,
+            orphans=len(unnamed) - len(empty) - young - unreadable,
+        )
+        notes = []
+        if young:
+            notes.append(f"{young} empty but applied to within the horizon, left for later")
+        if step.detail["orphans"]:
+            notes.append(
+                f"{step.detail['orphans']} hold sessions the catalog does not list (see "
+                "`fleetstore doctor`)"
+            )
+        tail = "".join(f"; {n}" for n in notes)
+        if not empty:
+            step.status = "nothing"
+            step.summary = f"no empty shard file to remove (of {len(files)}){tail}"
+            return
+        if dry_run:
+            step.status = "dry-run"
+            step.summary = f"would remove {len(empty)} empty shard file(s) (of {len(files)}){tail}"
+            return
+        removed: list[str] = []
+        kept: list[str] = []
+        batch = Batch(16, 256)
+        i = 0
+        while i < len(empty):
+            chunk = empty[i : i + batch.size]
+            i += len(chunk)
+            # Files in use now are left without being touched; the look inside the
+            # transaction is for a process that opens one meanwhile.
+            users = inspect.users_of([str(p) for f in chunk for p, _t in f.sides()])
+            busy = [f for f in chunk if any(str(p) in users for p, _t in f.sides())]
+            kept.extend(f.key for f in busy)
+            chunk = [f for f in chunk if f not in busy]
+            if not chunk:
+                continue
+            entered = time.monotonic()
+            with catalog.write() as tx:
+                began = time.monotonic()
+                intended = {str(r[1]) for r in tx.execute(q["shard_intents"])}
+                todo = [
+                    f
+                    for f in chunk
+                    if f.key not in intended and not tx.execute(q["shard_index_ids"], (f.key,))
+                ]
+                kept.extend(f.key for f in chunk if f not in todo)
+                _remove_unused(todo, horizon, inspect, removed, kept)
+            step.record(began - entered, time.monotonic() - began)
+            batch.update(len(chunk), step.last_hold)
+            if progress is not None:
+                progress("shards", i, len(empty))
+    finally:
+        catalog.close()
+    step.detail.update(removed=len(removed), kept_in_use=len(kept))
+    step.summary = f"removed {len(removed)} empty shard file(s) (of {len(files)})" + (
+        f"; {len(kept)} in use or written meanwhile, kept" if kept else ""
+    )
+    step.summary += tail
+
+
+def _named_shards(tx: Tx, q: dict[str, str]) -> tuple[set[str], set[str]]:
+    """The shard keys the catalog's index names, and those an intent names."""
+    indexed = {str(r[0]) for r in tx.execute(q["shard_list"])}
+    intended = {str(r[1]) for r in tx.execute(q["shard_intents"])}
+    return indexed, intended
+
+
+def _remove_unused(
+    todo: list[_ShardFile], horizon: float, inspect: Any, removed: list[str], kept: list[str]
+) -> None:
+    """Inside the catalog's write transaction: rename each file aside, look for users,
+    read it again, then delete it or put it back (see ``_empty_shards``)."""
+    moved: list[_ShardFile] = []
+    for f in todo:
+        done = []
+        try:
+            for src, dst in f.sides():
+                try:
+                    os.rename(src, dst)
+                except FileNotFoundError:
+                    continue
+                done.append((src, dst))
+        except OSError:
+            _put_back(done)
+            kept.append(f.key)
+            continue
+        moved.append(f)
+    trashed = [str(dst) for f in moved for _src, dst in f.sides() if dst.exists()]
+    users = inspect.users_of(trashed)
+    for f in moved:
+        sides = f.sides()
+        busy = any(str(dst) in users for _src, dst in sides)
+        contents = None if busy else _shard_contents(sides[0][1])
+        if busy or contents is None or contents[0] or contents[1] >= horizon:
+            if not _put_back([(src, dst) for src, dst in sides if dst.exists()]):
+                log.error(
+                    "%s: a process made a new file at its name while an empty shard was "
+                    "set aside and found in use; the old one is kept at %s",
+                    f.path,
+                    sides[0][1],
+                )
+            kept.append(f.key)
+            continue
+        for _src, dst in sides:
+            with contextlib.suppress(FileNotFoundError):
+                dst.unlink()
+        removed.append(f.key)
+
+
+def _put_back(moved: list[tuple[Path, Path]]) -> bool:
+    """Rename files set aside back, never over a file made at the name meanwhile."""
+    ok = True
+    for src, dst in moved:
+        try:
+            os.link(dst, src)
+        except FileExistsError:
+            ok = False
+            continue
+        except FileNotFoundError:
+            continue
+        dst.unlink()
+    return ok
 
 
 # -- text ----------------------------------------------------------------------------------------

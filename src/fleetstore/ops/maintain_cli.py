@@ -44,9 +44,9 @@ Exit codes:
      archive could not be written or read back (nothing was deleted), a session
      tree written to while it was being deleted was left partly deleted; or the
      file is not a SQLite database, or not in WAL mode (it is left alone)
-  2  bad usage: no database at PATH (nothing is created), a bad age, an archive
-     FILE that exists, --delete-older-than without --yes, a database that is not
-     a fleetstore store without --yes"""
+  2  bad usage: no database or sharded store at PATH (nothing is created), a bad
+     age, an archive FILE that exists, --delete-older-than without --yes, a
+     database that is not a fleetstore store without --yes"""
 
 
 @click.command(name="maintain", epilog=_EXIT)
@@ -130,6 +130,11 @@ def maintain_command(
     gives each step's transactions and longest lock hold. PATH is the store's file,
     a directory holding fleetstore.db, or sqlite:///absolute/path. On a database
     that is not a fleetstore store only the generic steps run, with --yes.
+
+    A sharded store (sqlite+sharded:///DIR, or DIR): every step on every file, the
+    catalog then each shard, one open at a time; a blob file goes only when no file
+    refers to it; then the shard files that hold no session and that nothing names are
+    removed, once nothing was applied in them for an hour and no process has them open.
     """
     config = _maintain.Config(
         path=path,

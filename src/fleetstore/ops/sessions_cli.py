@@ -141,6 +141,10 @@ def sessions_list(
     with _opened("sessions list", store) as opened:
         q = opened.queries
         rows = opened.read(lambda tx: tx.execute(q["mnt_sessions_list"], params))
+        if opened.router is not None:
+            # The catalog lists every session; their messages are in their shards.
+            counts = _maintain.message_counts(opened, [str(r[0]) for r in rows])
+            rows = [(*r[:7], counts.get(str(r[0]), 0)) for r in rows]
     for sid, parent, proj, title, status, created, updated, messages in rows:
         if as_json:
             record = {
@@ -213,7 +217,7 @@ def session_facts(store: fleetstore.Store, session_id: str) -> SessionFacts:
         blobs = tx.execute(q["mnt_session_blob_bytes"], {"id": session_id})[0]
         return messages, children, states, state_bytes + parts + chunks, blobs
 
-    messages, children, states, inline, blobs = store.read(run)
+    messages, children, states, inline, blobs = store.read(run, session_id=session_id)
     return SessionFacts(
         session=session,
         messages=[
@@ -314,7 +318,9 @@ def sessions_rm(session_ids: Sequence[str], yes: bool, store: str | None) -> Non
                 err=True,
             )
             sys.exit(2)
-        writer = _maintain.Writer(opened.db)
+        # A sharded store: each batch goes through the router (the tree's shard, then
+        # the catalog's index).
+        writer = _maintain.Writer(opened.db, opened)
         step = _maintain.Step("rm")
         bars = ProgressBars()
         for i, sid in enumerate(session_ids, 1):
@@ -340,25 +346,79 @@ def _exists(store: fleetstore.Store, sid: str) -> bool:
 # -- stats ---------------------------------------------------------------------------------------
 
 
+_PER_SESSION = (
+    "mnt_stats_parts",
+    "mnt_stats_chunks",
+    "mnt_stats_state",
+    "mnt_stats_messages",
+    "mnt_stats_session_blobs",
+)
+
+
+@dataclass(slots=True)
+class _Figures:
+    """What ``store_stats`` reads from each database file, added up."""
+
+    per_session: dict[str, dict[str, tuple[Any, ...]]]
+    counts: list[int]
+    #: sha256 -> (stored, original) bytes: a blob shared by files counts once.
+    blobs: dict[str, tuple[int, int]]
+    db_bytes: int = 0
+    free_bytes: int = 0
+    wal_bytes: int = 0
+    files: int = 0
+
+
+def _read_file(figures: _Figures, db: Any, q: dict[str, str], sessions_here: bool) -> None:
+    def run(tx: Tx) -> tuple[Any, ...]:
+        per = {name: tx.execute(q[name]) for name in _PER_SESSION}
+        counts = tx.execute(q["mnt_stats_counts"])[0]
+        blobs = tx.execute(q["mnt_stats_blob_rows"])
+        pages = tx.execute(q["mnt_pages"])[0]
+        return per, counts, blobs, pages
+
+    per, counts, blobs, (page_size, pages, free) = db.read(run)
+    for name, rows in per.items():
+        target = figures.per_session[name]
+        for r in rows:
+            sid = str(r[0])
+            old = target.get(sid)
+            # A session's rows are in one file; adding keeps that true if not.
+            target[sid] = (
+                r[1:]
+                if old is None
+                else tuple((a or 0) + (b or 0) for a, b in zip(old, r[1:], strict=True))
+            )
+    for i, c in enumerate(counts):
+        if i == 0 and not sessions_here:
+            continue  # a shard's sessions rows are in the catalog's index too
+        figures.counts[i] += int(c)
+    for sha, stored, original in blobs:
+        figures.blobs[str(sha)] = (int(stored), int(original))
+    figures.db_bytes += int(page_size) * int(pages)
+    figures.free_bytes += int(page_size) * int(free)
+    figures.wal_bytes += _maintain._file_size(str(db.path) + "-wal")
+    figures.files += 1
+
+
 def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
     """Counts, bytes per session (inline + the stored size of the blobs it refers to),
-    the *top* largest sessions and the blobs' share of the store's bytes."""
+    the *top* largest sessions and the blobs' share of the store's bytes.  A sharded
+    store: sessions from the catalog's index, everything else read from every file
+    (the catalog, then each shard) and added up; a blob that several files refer to
+    counts once in the store's figures, and in each session that refers to it."""
     q = store.queries
-
-    def per_session(name: str) -> dict[str, tuple[Any, ...]]:
-        return {str(r[0]): r[1:] for r in store.read(lambda tx: tx.execute(q[name]))}
-
-    parts = per_session("mnt_stats_parts")
-    chunks = per_session("mnt_stats_chunks")
-    state = per_session("mnt_stats_state")
-    messages = per_session("mnt_stats_messages")
-    blobs = per_session("mnt_stats_session_blobs")
-    rows = store.read(lambda tx: tx.execute(q["mnt_stats_sessions"]))
-    counts = store.read(lambda tx: tx.execute(q["mnt_stats_counts"])[0])
-    blob_rows, blob_stored, blob_original = store.read(
-        lambda tx: tx.execute(q["mnt_stats_blobs"])[0]
+    store.sync_catalog()
+    figures = _Figures({name: {} for name in _PER_SESSION}, [0] * 6, {})
+    _maintain.each_file(
+        store, lambda key, db: _read_file(figures, db, q, sessions_here=key is None)
     )
-    page_size, pages, free = store.read(lambda tx: tx.execute(q["mnt_pages"])[0])
+    parts, chunks, state, messages, blobs = (figures.per_session[n] for n in _PER_SESSION)
+    rows = store.read(lambda tx: tx.execute(q["mnt_stats_sessions"]))
+    counts = figures.counts
+    blob_rows = len(figures.blobs)
+    blob_stored = sum(v[0] for v in figures.blobs.values())
+    blob_original = sum(v[1] for v in figures.blobs.values())
     per: list[dict[str, Any]] = []
     for sid, parent, title, project, status, updated in rows:
         inline = sum(int(d.get(sid, (0,))[0] or 0) for d in (parts, chunks, state))
@@ -379,11 +439,12 @@ def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
             }
         )
     per.sort(key=lambda r: (-r["bytes"], r["id"]))
-    db_bytes = int(page_size) * int(pages)
-    wal = _maintain._file_size(str(store.path) + "-wal")
+    db_bytes = figures.db_bytes
     total = db_bytes + int(blob_stored)
     return {
-        "path": str(store.path),
+        "path": str(store.path) if store.router is None else store.url,
+        "layout": store.layout,
+        "database_files": figures.files,
         "counts": dict(
             zip(
                 ("sessions", "messages", "parts", "chunks", "state", "applied_ops"),
@@ -393,8 +454,8 @@ def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
         )
         | {"top_level_sessions": sum(1 for r in per if r["parent_id"] is None)},
         "database_bytes": db_bytes,
-        "free_bytes": int(page_size) * int(free),
-        "wal_bytes": wal,
+        "free_bytes": figures.free_bytes,
+        "wal_bytes": figures.wal_bytes,
         "blobs": {
             "rows": int(blob_rows),
             "stored_bytes": int(blob_stored),
@@ -444,6 +505,11 @@ def stats_command(top: int, as_json: bool, store: str | None) -> None:
     click.echo(
         f"fleetstore stats: {figures['path']}: database {_size(figures['database_bytes'])} "
         f"({_size(figures['free_bytes'])} free), WAL {_size(figures['wal_bytes'])}"
+        + (
+            f" in {figures['database_files']} files (catalog and shards)"
+            if figures["layout"] == "sharded"
+            else ""
+        )
     )
     click.echo(
         f"  {c['sessions']} sessions ({c['top_level_sessions']} top-level), {c['messages']} "

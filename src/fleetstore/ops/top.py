@@ -4,10 +4,17 @@ Each frame reads what the processes publish (``<db>.procs/<pid>.json``, see
 ``fleetstore.procstats``), the sizes of the database, WAL and SHM files, and the
 outbox by state; rates and the lock-wait p99 are over the last interval (the
 difference of two snapshots), not over each process's lifetime.
+
+A sharded store (``sqlite+sharded:///DIR``) publishes under ``DIR/catalog.db.procs/``
+and its files are the catalog's; a frame adds the shard files on disk (a directory
+listing and a ``stat`` of each ``-wal``: linear in shards, no database opened), the
+largest shard WAL, and the shards the processes have open (their published
+``shards_open``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -15,6 +22,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from fleetstore.metrics import Histogram
@@ -29,6 +37,8 @@ class Sample:
     files: dict[str, int]
     outbox: dict[str, int] | None
     outbox_error: str | None = None
+    #: A sharded store's shard files (``shard_files``), else None.
+    shards: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -44,6 +54,8 @@ class ProcRow:
     spool_pending: int
     spooled: int
     age: float
+    #: Shard databases the process has open (a sharded store), else None.
+    shards_open: int | None = None
 
 
 @dataclass(slots=True)
@@ -58,13 +70,17 @@ class Frame:
     writes_per_s: float | None = None
     wait_p99: float | None = None
     stale: int = 0
+    #: A sharded store: shard files on disk, their WAL, shards open (None: one file).
+    shards: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
+            "layout": "file" if self.shards is None else "sharded",
             "at": self.at,
             "interval": self.interval,
             "files": self.files,
+            "shards": self.shards,
             "outbox": self.outbox,
             "outbox_error": self.outbox_error,
             "writes_per_s": self.writes_per_s,
@@ -81,6 +97,7 @@ class Frame:
                     "busy_timeouts": r.busy,
                     "spool_pending": r.spool_pending,
                     "spooled": r.spooled,
+                    "shards_open": r.shards_open,
                     "published_age": r.age,
                 }
                 for r in self.rows
@@ -98,8 +115,61 @@ def _file_sizes(path: str) -> dict[str, int]:
     return sizes
 
 
+def layout(path: str) -> tuple[str, Path | None]:
+    """(the file whose figures and sizes are shown, the shard directory or None) for a
+    store file's path or a ``sqlite+sharded:///DIR`` URL."""
+    from fleetstore.engine.sharded import CATALOG
+    from fleetstore.store import SHARDED_SCHEME
+
+    prefix = SHARDED_SCHEME + "://"
+    if path.startswith(prefix):
+        directory = Path(path[len(prefix) :])
+        return str(directory / CATALOG), directory
+    return path, None
+
+
+def shard_files(directory: Path) -> dict[str, Any]:
+    """The shard files under a sharded store's *directory*: how many, their bytes
+    (database and WAL) and the largest WAL.  Only ``stat``: nothing is opened."""
+    from fleetstore.engine.sharded import SHARDS
+
+    count = db_bytes = wal_bytes = 0
+    largest: dict[str, Any] | None = None
+    base = directory / SHARDS
+    try:
+        subdirs = [d for d in os.scandir(base) if d.is_dir()]
+    except OSError:
+        subdirs = []
+    for sub in subdirs:
+        try:
+            names = os.listdir(sub.path)
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(".db") or name.startswith("."):
+                continue
+            count += 1
+            full = os.path.join(sub.path, name)
+            with contextlib.suppress(OSError):
+                db_bytes += os.stat(full).st_size
+            try:
+                wal = os.stat(full + "-wal").st_size
+            except OSError:
+                continue
+            wal_bytes += wal
+            if largest is None or wal > largest["bytes"]:
+                largest = {"key": name[:-3], "bytes": wal}
+    return {
+        "on_disk": count,
+        "db_bytes": db_bytes,
+        "wal_bytes": wal_bytes,
+        "largest_wal": largest,
+    }
+
+
 def sample(path: str, outbox: Any = None) -> Sample:
-    """One reading.  *outbox*: a callable returning the outbox counts (or None)."""
+    """One reading of a store (its file's path, or a sharded store's URL).  *outbox*: a
+    callable returning the outbox counts (or None)."""
     counts: dict[str, int] | None = None
     error = None
     if outbox is not None:
@@ -107,7 +177,9 @@ def sample(path: str, outbox: Any = None) -> Sample:
             counts = outbox()
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-    return Sample(time.time(), tuple(read_published(path)), _file_sizes(path), counts, error)
+    db, directory = layout(path)
+    shards = shard_files(directory) if directory is not None else None
+    return Sample(time.time(), tuple(read_published(db)), _file_sizes(db), counts, error, shards)
 
 
 def _delta_hist(new: Published, old: Published | None, name: str) -> Histogram:
@@ -136,6 +208,7 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
     result = Frame(path, new.at, interval, new.files, new.outbox, new.outbox_error)
     merged = Histogram()
     total_rate = 0.0
+    shards_open = 0
     for proc in new.procs:
         if not proc.alive:
             result.stale += 1
@@ -165,12 +238,20 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
                 spool_pending=int(metrics.get("spool_pending", 0)),
                 spooled=int(metrics.get("spooled", 0)),
                 age=proc.age,
+                shards_open=_int_or_none(metrics.get("shards_open")),
             )
         )
+        shards_open += int(metrics.get("shards_open") or 0)
+    if new.shards is not None:
+        result.shards = {**new.shards, "open": shards_open}
     if interval:
         result.writes_per_s = total_rate
         result.wait_p99 = merged.quantile(0.99) if merged.export()["n"] else None
     return result
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _ms(seconds: float | None) -> str:
@@ -186,11 +267,20 @@ def render(f: Frame, width: int | None = None, height: int | None = None) -> lis
     width = width or shutil.get_terminal_size((100, 30)).columns
     lines = [
         f"fleetstore top  {f.path}  {time.strftime('%H:%M:%S', time.localtime(f.at))}",
-        f"files      db {_size(f.files['db'])}   WAL {_size(f.files['wal'])}   "
+        f"files      {'catalog ' if f.shards is not None else ''}db {_size(f.files['db'])}   "
+        f"WAL {_size(f.files['wal'])}   "
         f"SHM {_size(f.files['shm'])}",
         f"writes/s   {_rate(f.writes_per_s)}   lock wait p99 {_ms(f.wait_p99)}   "
         f"processes {len(f.rows)}" + (f" (+{f.stale} gone)" if f.stale else ""),
     ]
+    if f.shards is not None:
+        largest = f.shards["largest_wal"]
+        lines.insert(
+            2,
+            f"shards     {f.shards['on_disk']:,} on disk ({_size(f.shards['db_bytes'])}, "
+            f"WAL {_size(f.shards['wal_bytes'])})   open {f.shards['open']:,}   largest WAL "
+            + (f"{_size(largest['bytes'])} ({largest['key']})" if largest else "-"),
+        )
     if f.outbox is not None:
         states = ("pending", "running", "succeeded", "dead", "cancelled", "expired")
         lines.append("outbox     " + "   ".join(f"{s} {f.outbox.get(s, 0):,}" for s in states))
@@ -295,4 +385,4 @@ def _show(f: Frame, out: TextIO, live: bool, as_json: bool) -> None:
     out.flush()
 
 
-__all__ = ["Frame", "Sample", "frame", "render", "run", "sample"]
+__all__ = ["Frame", "Sample", "frame", "layout", "render", "run", "sample", "shard_files"]

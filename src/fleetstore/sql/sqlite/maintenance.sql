@@ -140,8 +140,8 @@ GROUP BY x.session_id
 -- mnt_stats_sessions: every session's id, parent, title, project, status and last update
 SELECT id, parent_id, title, project, status, updated_at FROM sessions
 
--- mnt_stats_blobs: blob rows: count, stored and original bytes
-SELECT count(*), coalesce(sum(stored_size), 0), coalesce(sum(size), 0) FROM blobs
+-- mnt_stats_blob_rows: every blob row's hash, stored and original bytes
+SELECT sha256, stored_size, size FROM blobs
 
 -- mnt_stats_counts: rows of the main tables
 SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM messages),
