@@ -214,3 +214,17 @@ def test_lock_cli_holds_the_catalog_and_every_shard(tmp_path: Path) -> None:
             assert proc.wait(30) == 0
         store.messages.append(s.id, "user", "after")
         assert [m.text for m in store.messages.list(s.id)] == ["x", "after"]
+
+
+def test_reindex_puts_a_shard_file_back_into_the_catalog(tmp_path: Path) -> None:
+    with sharded(tmp_path) as store:
+        assert store.router is not None
+        a = store.sessions.create("a")
+        sub = store.sessions.create("sub", parent_id=a.id)
+        with store.db.write() as tx:  # the index lost, as if the file came from elsewhere
+            tx.execute("DELETE FROM shard_sessions")
+            tx.execute("DELETE FROM sessions")
+        assert store.sessions.list() == []
+        assert store.router.reindex() == 1
+        assert {s.id for s in store.sessions.list()} == {a.id, sub.id}
+        assert store.router.home(sub.id, fresh=True) == shard_key(a.id)

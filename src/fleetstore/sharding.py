@@ -417,6 +417,21 @@ class Router:
             except Exception as exc:  # the store is busy or closing: try again later
                 log.warning("%s: refreshing the catalog's index failed: %s", self.shards.root, exc)
 
+    def reindex(self, keys: list[str] | None = None) -> int:
+        """Make the catalog's index of each shard in *keys* (default: every shard file
+        on disk) equal to the shard's sessions: for a shard file put back by hand or
+        restored from an archive.  Returns the number of shards indexed."""
+        todo = self.shards.keys() if keys is None else list(keys)
+        for i in range(0, len(todo), 64):  # short catalog transactions
+            part = todo[i : i + 64]
+
+            def run(tx: Tx, part: list[str] = part) -> None:
+                for key in part:
+                    self._sync_index(tx, key)
+
+            self.catalog.run_write(run)
+        return len(todo)
+
     def sync_dirty(self) -> int:
         """Copy the session rows of the shards this process wrote into the catalog's
         index; the number of shards refreshed."""
