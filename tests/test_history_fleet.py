@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 import fleetstore
-from conftest import Barrier, Proc
+from conftest import Barrier, Proc, read_everywhere
 from fleetstore import Message, Reasoning, Text, ToolCall, ToolResult
 from fleetstore.spool import journals
 from history_agent import BIG, output_digest, value_sha
@@ -233,8 +233,16 @@ def check_store(path: str, logs: list[AgentLog]) -> Tally:
     try:
         threshold = store.settings.blob_threshold
         if store.dialect == "sqlite":  # PostgreSQL enforces its constraints as it writes
-            assert store.read(lambda tx: tx.execute("PRAGMA integrity_check")) == [("ok",)]
-            assert store.read(lambda tx: tx.execute("PRAGMA foreign_key_check")) == []
+
+            def intact(key: str | None, db: Any) -> None:  # every file of a sharded store
+                where = key or "the catalog"
+                assert db.read(lambda tx: tx.execute("PRAGMA integrity_check")) == [("ok",)], where
+                assert db.read(lambda tx: tx.execute("PRAGMA foreign_key_check")) == [], where
+
+            if store.router is not None:
+                store.router.each(intact)
+            else:
+                intact(None, store.db)
 
         sessions = store.sessions.list(include_archived=True, limit=1_000_000)
         stored_sessions = {s.id: s for s in sessions}
@@ -282,12 +290,11 @@ def check_store(path: str, logs: list[AgentLog]) -> Tally:
                 assert version in planned_states, (s.id, version)
                 assert value_sha(value.value) == planned_states[version]["sha"], (s.id, version)
 
-        counted = store.read(
-            lambda tx: tx.execute(
-                "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM parts)"
-            )
-        )
-        assert counted == [(tally.messages, tally.parts)], "rows outside the listed sessions"
+        counted = [
+            read_everywhere(store, "SELECT count(*) FROM messages")[0][0],
+            read_everywhere(store, "SELECT count(*) FROM parts")[0][0],
+        ]
+        assert counted == [tally.messages, tally.parts], "rows outside the listed sessions"
         for log in logs:
             allowed = 1 if log.killed else 0
             n = tally.unacked_applied[log.agent]
@@ -297,12 +304,11 @@ def check_store(path: str, logs: list[AgentLog]) -> Tally:
         files = set(store.blobs)
         bad = [sha for sha in files if not store.blobs.verify(sha)]
         assert not bad, f"blob files that do not verify: {bad}"
-        named = store.read(
-            lambda tx: tx.execute(
-                "SELECT blob_sha FROM parts WHERE blob_sha IS NOT NULL "
-                "UNION SELECT blob_sha FROM state WHERE blob_sha IS NOT NULL "
-                "UNION SELECT sha256 FROM blobs"
-            )
+        named = read_everywhere(
+            store,
+            "SELECT blob_sha FROM parts WHERE blob_sha IS NOT NULL "
+            "UNION SELECT blob_sha FROM state WHERE blob_sha IS NOT NULL "
+            "UNION SELECT sha256 FROM blobs",
         )
         missing = {sha for (sha,) in named} - files
         assert not missing, f"blobs named by rows but absent: {sorted(missing)}"

@@ -74,6 +74,29 @@ def test_run_under_faults_passes_with_every_turn_read_back(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+def test_sharded_target_passes_under_kills_and_an_outside_lock(tmp_path: Path) -> None:
+    """``--url sqlite+sharded:///DIR``: the agents' trees in shard files, effects in the
+    catalog; the read-back checks every file and the catalog's index against them."""
+    store = tmp_path / "sharded"
+    code, report, stderr = stress(
+        tmp_path, "--url", f"sqlite+sharded://{store}", "--agents", "4", "--duration", "3",
+        "--workers", "1", "--kill-rate", "0.7", "--external-lock", "1@0.5",
+        "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    (fs,) = report["targets"]
+    assert code == 0, (report["problems"], fs["crashed"], stderr)
+    assert fs["url"] == f"sqlite+sharded://{store}" and fs["layout"] == "sharded"
+    assert fs["acknowledged"] > 0 and fs["failed"] == fs["lost"] == fs["duplicated"] == 0
+    assert fs["integrity"] == "ok" and fs["index_problems"] == 0
+    assert fs["files_checked"] == 1 + 4  # the catalog and a shard per agent's session
+    assert len(list((store / "shards").glob("*/*.db"))) == 4
+    assert fs["effects"].get("succeeded", 0) > 0 and fs["kills"]
+    assert fs["engine"]["agent_writes"] > 0 and fs["engine"]["lock_wait_ms"]["p99"] > 0
+    (lock,) = fs["external_locks"]
+    assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
+
+
+@pytest.mark.slow
 def test_a_target_that_drops_every_100th_write_fails_the_run(tmp_path: Path) -> None:
     code, report, stderr = stress(
         tmp_path, "--agents", "3", "--duration", "3", "--think-ms", "2", "--workers", "1",

@@ -25,6 +25,11 @@ from fleetstore.ops.cliutil import store_option as _store_option
 from fleetstore.ops.doctor import doctor_command
 from fleetstore.ops.maintain_cli import maintain_command
 from fleetstore.ops.migrate_cli import migrate_command
+from fleetstore.ops.reshard_cli import (
+    archive_tree_command,
+    reshard_command,
+    restore_tree_command,
+)
 from fleetstore.ops.sessions_cli import sessions, stats_command
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -114,8 +119,9 @@ Exit codes:
        exactly once, in order, intact; no effect stuck; integrity ok (the peers of
        --compare are reported, their failures do not change the exit code)
   1    fleetstore failed a turn, lost, duplicated, reordered or damaged a write, left
-       an effect stuck, a process crashed, integrity_check failed, or the run could
-       not be carried out
+       an effect stuck, a process crashed, integrity_check failed (any file of a
+       sharded store), a sharded store's catalog disagreed with its shards, or the
+       run could not be carried out
   2    bad usage (an option out of range, unparsable --external-lock)
   130  interrupted (Ctrl-C or SIGTERM); every child process is killed first""",
 )
@@ -152,7 +158,8 @@ Exit codes:
     default=None,
     envvar="FLEETSTORE_STRESS_URL",
     show_envvar=True,
-    help="The fleetstore target: a path, sqlite:///path or postgresql://... "
+    help="The fleetstore target: a path, sqlite:///path, sqlite+sharded:///directory or "
+    "postgresql://... "
     "Default: a fresh fleetstore.db under --dir.",
 )
 @click.option(
@@ -1162,5 +1169,8 @@ def top(path: str | None, interval: float, count: int | None, as_json: bool) -> 
 main.add_command(doctor_command, "doctor")
 main.add_command(maintain_command)
 main.add_command(migrate_command)
+main.add_command(reshard_command)
+sessions.add_command(archive_tree_command)
+sessions.add_command(restore_tree_command)
 main.add_command(sessions)
 main.add_command(stats_command)

@@ -225,16 +225,28 @@ class Router:
             # The tree was archived (its file moved away) since this process opened it.
             self.shards.drop(key)
             sid = op.args.get("source_id") if op.name == "fork_session" else op.session_id
-            if isinstance(sid, str):
-                self.home(sid, fresh=True)
+            if (
+                isinstance(sid, str)
+                and self.home(sid, fresh=True) is None
+                and not self._in_catalog(sid)
+            ):
+                raise errors.NotFound(
+                    f"session {sid!r}: its tree's file was moved out of the store (archived?)"
+                ) from None
             return self.apply(op, single_statement)
         except errors.NotFound:
-            # A session deleted and made again in another tree since this process
-            # looked it up: look again, once.
             sid = op.args.get("source_id") if op.name == "fork_session" else op.session_id
-            if not isinstance(sid, str) or self.home(sid, fresh=True) == key:
+            if not isinstance(sid, str):
                 raise
-            return self.apply(op, single_statement)
+            if self.home(sid, fresh=True) != key:
+                # A session deleted and made again in another tree since this process
+                # looked it up: look again, once.
+                return self.apply(op, single_statement)
+            if self._recover_quietly():
+                # A process that died half-way through making it left an intent that
+                # no open has finished yet: finish it, then try once more.
+                return self._apply_to_shard(key, op, cross)
+            raise
 
     def _apply_in(self, db: Any, op: Operation, single_statement: bool = False) -> dict[str, Any]:
         q = self.q
@@ -464,6 +476,8 @@ class Router:
             assert session_id is not None
             fresh = self.home(session_id, fresh=True)
             if fresh == key:
+                if self._recover_quietly():  # a dead process's half-made session (see apply)
+                    return self._read_shard(key, fn)
                 raise
             return self.catalog.read(fn) if fresh is None else self._read_shard(fresh, fn)
 
@@ -502,6 +516,13 @@ class Router:
                 fn(key, db)
 
     # -- crashes ---------------------------------------------------------------------------
+
+    def _recover_quietly(self) -> int:
+        try:
+            return self.recover()
+        except errors.FleetstoreError as exc:
+            log.warning("%s: finishing intents of dead processes failed: %s", self.shards.root, exc)
+            return 0
 
     def recover(self, *, all_owners: bool = False, own: bool = False) -> int:
         """Finish the catalog+shard writes whose process died (every one, with

@@ -1628,9 +1628,37 @@ class _Reader:
 # -- importing -------------------------------------------------------------------------------
 
 
+def _item_session(store: Store, item: _OpItem) -> str:
+    """The session whose file an operation of the file is checked in: its own, or,
+    for a session the store does not hold yet, its parent's (a sharded store keeps
+    a subagent in its parent's tree)."""
+    parsed = item.parsed
+    if item.op.name != "import_session":
+        return str(parsed.session_id)
+    sid = str(parsed.id)
+    if store.router is not None and parsed.parent_id is not None and store.router.home(sid) is None:
+        return str(parsed.parent_id)
+    return sid
+
+
 def _check_against_store(store: Store, reader: _Reader, batch: list[_OpItem]) -> None:
     """Dry-run a batch of operations against the store: a conflict is found
-    before anything is written."""
+    before anything is written.  A sharded store checks each operation in the file
+    of its session's tree, the operations of one file in one read transaction."""
+    if store.router is None:
+        _check_in(store, reader, batch, None)
+        return
+    groups: dict[str | None, tuple[str, list[_OpItem]]] = {}
+    for item in batch:
+        sid = _item_session(store, item)
+        key = store.router.home(sid)
+        groups.setdefault(key, (sid, []))[1].append(item)
+    # In the order of each file's first operation; within a file, in file order.
+    for sid, items in groups.values():
+        _check_in(store, reader, items, sid)
+
+
+def _check_in(store: Store, reader: _Reader, batch: list[_OpItem], session_id: str | None) -> None:
     q = store.queries
 
     def run(tx: Tx) -> None:
@@ -1651,7 +1679,7 @@ def _check_against_store(store: Store, reader: _Reader, batch: list[_OpItem]) ->
                     "the store (export the parent's tree, or import its export first)",
                 )
 
-    store.read(run)
+    store.read(run, session_id=session_id)
 
 
 def import_file(

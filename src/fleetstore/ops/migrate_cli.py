@@ -10,17 +10,20 @@ import click
 from fleetstore import errors
 from fleetstore import migrate as _migrate
 from fleetstore.ops.cliutil import ProgressBars, env
+from fleetstore.ops.reshard_cli import raise_open_file_limit
 
 _EXIT = """\b
 Exit codes:
   0  every table copied (or already copied by an earlier run) and verified equal;
      with --verify-only: the two stores are equal
-  1  the stores differ (the table, its row counts and SHA-256s are named), a blob is
-     missing or damaged, the schemas differ, another migrate writes to DST, or a store
-     failed or stayed busy past the write budget (run it again: it carries on)
+  1  the stores differ (the table, its row counts and SHA-256s are named, or a
+     session of a sharded store), a blob is missing or damaged, the schemas differ,
+     another migrate writes to DST, or a store failed or stayed busy past the write
+     budget (run it again: it carries on)
   2  bad usage: SRC does not exist (nothing is created), SRC and DST are the same
-     store, DST holds data that is not an interrupted migrate of SRC (nothing is
-     written), with --verify-only a SQLite DST that does not exist, a bad --batch-rows"""
+     store, DST holds data that is not an interrupted migrate of SRC, or is a directory
+     holding other files (nothing is written), with --verify-only a SQLite DST that
+     does not exist, a bad --batch-rows"""
 
 
 @click.command(name="migrate", epilog=_EXIT)
@@ -53,15 +56,21 @@ def migrate_command(src: str, dst: str, batch_rows: int, verify_only: bool, as_j
     """Copy a whole store from SRC to DST, SQLite or PostgreSQL either way, and verify.
 
     SRC and DST are store paths or URLs: /path/store.db, a directory holding
-    fleetstore.db, sqlite:///absolute/path, postgresql://user@host:port/db. DST (a
-    SQLite file is created if needed) must be empty. Every table is copied in key
+    fleetstore.db, sqlite:///absolute/path, a sharded store (sqlite+sharded:///DIR, or
+    the directory holding its catalog.db), postgresql://user@host:port/db. DST (a
+    SQLite file or sharded directory is created if needed) must be empty. A sharded
+    store is read file by file, and written with each row in the file its layout
+    keeps it in (as fleetstore reshard does). Every table is copied in key
     order, parents first, in batches, each batch one transaction through the normal
     write path; blob payloads go before the rows that refer to them. Interrupted
     (even by kill -9), the same command carries on where it stopped. Then both
     stores are compared: per table the row count and a SHA-256 over every row, and
     every blob of DST is read back against its hash. Stop the fleet writing to SRC
-    first: writes made meanwhile make the verification fail.
+    first: writes made meanwhile make the verification fail. When either store is
+    sharded, rows are compared per table by a digest that does not depend on their
+    order, and every session's content digest is compared too.
     """
+    raise_open_file_limit()
     bars = ProgressBars()
     try:
         if verify_only:

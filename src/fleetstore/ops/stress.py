@@ -13,7 +13,11 @@ sizes, up to ``--large-bytes``), usage, a state checkpoint and an outbox effect 
 
 Afterwards a separate process reads every target back from disk against the agents'
 journals: every acknowledged turn present exactly once, in order, its tool output
-intact, its state checkpoint and effect there; no effect ``running`` past its lease.
+intact, its state checkpoint and effect there; no effect ``running`` past its lease;
+``integrity_check`` of every file (a sharded store: the catalog and each shard) and,
+on a sharded store, the catalog's index equal to the shards.  The processes that
+finish their run also report their CPU time and fleetstore's write figures (lock
+wait and hold histograms), summed per target.
 The verdict (and exit code) is fleetstore's; the other targets are shown beside it.
 """
 
@@ -40,7 +44,8 @@ from typing import Any, TextIO
 import fleetstore
 from fleetstore import Settings
 from fleetstore.engine.base import redact
-from fleetstore.ops.stress_agent import read_journal
+from fleetstore.metrics import Histogram
+from fleetstore.ops.stress_agent import figures_path, read_journal
 
 _START_DELAY = 0.25  # seconds between "start" being sent and the common start time
 _POLL = 0.05
@@ -333,6 +338,8 @@ class _Fleet:
         cfg = dict(self.cfg)
         if role == "agent":
             cfg.update(agent=index, journal=str(self.journal(index)), restart=restart)
+        else:
+            cfg.update(worker=index, figures=str(figures_path(self.journal(0))))
         errfile = self.workdir / f"{role}-{index}.err"
         with open(errfile, "ab") as err:
             proc = subprocess.Popen(
@@ -585,8 +592,8 @@ def _run_target(
 ) -> dict[str, Any]:
     tdir = run_dir / target
     tdir.mkdir(parents=True, exist_ok=True)
-    for old in tdir.glob("agent-*.jsonl"):
-        old.unlink()  # journals of an earlier run in the same directory
+    for old in [*tdir.glob("agent-*.jsonl"), figures_path(tdir / "agent-0.jsonl")]:
+        old.unlink(missing_ok=True)  # journals and figures of an earlier run here
     url = _target_url(config, target, tdir)
     cfg: dict[str, Any] = {
         "target": target,
@@ -743,6 +750,11 @@ def _summarize(
     integrity = verified.get("integrity", "ok")
     if integrity != "ok":
         problems.append(f"integrity_check: {integrity}")
+    if verified.get("index_problems"):
+        problems.append(
+            f"{verified['index_problems']} disagreements between the sharded store's "
+            "catalog and its shards"
+        )
     points = []
     for b in sorted(series):
         waits = sorted(series[b])
@@ -769,7 +781,11 @@ def _summarize(
         "stuck_effects": verified.get("stuck_effects", 0),
         "effects": verified.get("effects", {}),
         "integrity": integrity,
+        "layout": verified.get("layout"),
+        "files_checked": verified.get("files", 0),
+        "index_problems": verified.get("index_problems", 0),
         "turns_per_s": round(acknowledged / elapsed, 1) if elapsed > 0 else 0.0,
+        "engine": _engine_figures(fleet, elapsed),
         "latency_ms": {
             "p50": _ms(_percentile(lats, 0.50)),
             "p99": _ms(_percentile(lats, 0.99)),
@@ -784,6 +800,48 @@ def _summarize(
         "maintenance": fleet.maintenance,
         "external_locks": [r.as_dict() for r in fleet.locks],
         "samples": {**verified.get("samples", {}), "failures": failure_samples[:10]},
+    }
+
+
+def _engine_figures(fleet: _Fleet, elapsed: float) -> dict[str, Any]:
+    """What the processes that finished their run reported (figures.jsonl): their CPU
+    time over the run and, for fleetstore, the write transactions they committed and
+    the lock wait and hold of those writes (histograms summed across processes, so
+    the percentiles are the fleet's).  A process killed by --kill-rate reports nothing."""
+    rows = read_journal(figures_path(fleet.journal(0)))
+    out: dict[str, Any] = {"processes": len(rows)}
+    for role in ("agent", "worker"):
+        out[f"{role}_cpu_s"] = round(sum(float(r["cpu_s"]) for r in rows if r["role"] == role), 3)
+    engine = [r for r in rows if "histograms" in r]
+    if not engine:
+        return out
+    agents = [r for r in engine if r["role"] == "agent"]
+    writes = sum(int(r["writes"]) for r in agents)
+    out["agent_writes"] = writes
+    out["worker_writes"] = sum(int(r["writes"]) for r in engine if r["role"] == "worker")
+    out["writes_per_s"] = round(writes / elapsed, 1) if elapsed > 0 else 0.0
+    out["busy_timeouts"] = sum(int(r["busy_timeouts"]) for r in engine)
+    out["spooled"] = sum(int(r["spooled"]) for r in engine)
+    for name in ("lock_wait", "lock_hold"):
+        hist = Histogram()
+        for r in agents:
+            hist.merge_export(_run_part(r["histograms"][name], r["histograms_before"][name]))
+        out[f"{name}_ms"] = {
+            "p50": _ms(hist.quantile(0.50)),
+            "p99": _ms(hist.quantile(0.99)),
+        }
+    return out
+
+
+def _run_part(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The samples a histogram (``Histogram.export()``) gained between two exports."""
+    old = {k: int(v) for k, v in dict(before.get("buckets", {})).items()}
+    gained = {k: int(v) - old.get(k, 0) for k, v in dict(after.get("buckets", {})).items()}
+    return {
+        "buckets": {k: v for k, v in gained.items() if v > 0},
+        "n": int(after.get("n", 0)) - int(before.get("n", 0)),
+        "sum": float(after.get("sum", 0.0)) - float(before.get("sum", 0.0)),
+        "max": float(after.get("max", 0.0)),  # only bounds the quantiles from above
     }
 
 

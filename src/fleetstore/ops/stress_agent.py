@@ -128,6 +128,10 @@ class _Target:
         """Write turn *t*; returns the sha256 of the tool output as written."""
         raise NotImplementedError
 
+    def figures(self) -> dict[str, Any] | None:
+        """The engine's write figures so far (fleetstore only)."""
+        return None
+
     def close(self) -> None:
         pass
 
@@ -188,8 +192,23 @@ class _Fleetstore(_Target):
                 )
         return sha(output)
 
+    def figures(self) -> dict[str, Any] | None:
+        return store_figures(self.store)
+
     def close(self) -> None:
         self.store.close()
+
+
+def store_figures(store: Any) -> dict[str, Any]:
+    """A fleetstore's write counters and raw lock histograms in this process (every
+    file of a sharded store: they share one set of figures)."""
+    m = store.metrics()
+    return {
+        "writes": int(m.get("writes", 0)),
+        "busy_timeouts": int(m.get("busy_timeouts", 0)),
+        "spooled": int(m.get("spooled", 0)),
+        "histograms": store.db.histograms(),
+    }
 
 
 @contextmanager
@@ -529,6 +548,8 @@ def agent_main(cfg: dict[str, Any]) -> int:
             journal.write(json.dumps({"n": first - 1, "killed": True}) + "\n")
             journal.flush()
         _sleep_until(start)
+        cpu_began = time.process_time()
+        before = target.figures()
         n = first
         parent = os.getppid()
         while os.getppid() == parent:
@@ -555,8 +576,37 @@ def agent_main(cfg: dict[str, Any]) -> int:
             journal.write(json.dumps(entry) + "\n")
             journal.flush()
             n += 1
+    _write_figures(cfg, "agent", agent, time.process_time() - cpu_began, before, target.figures())
     target.close()
     return 0
+
+
+def figures_path(journal: str | Path) -> Path:
+    """Where the processes of a target append their figures (one JSON line per
+    process that finished its run; a process killed by --kill-rate writes none)."""
+    return Path(journal).with_name("figures.jsonl")
+
+
+def _write_figures(
+    cfg: dict[str, Any],
+    role: str,
+    index: int,
+    cpu_s: float,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> None:
+    """This process's CPU time over the run and, on fleetstore, its engine's write
+    figures (lock wait and hold histograms, counters) accrued over the run."""
+    line: dict[str, Any] = {"role": role, "index": index, "pid": os.getpid(), "cpu_s": cpu_s}
+    if before is not None and after is not None:
+        line["writes"] = after["writes"] - before["writes"]
+        line["busy_timeouts"] = after["busy_timeouts"] - before["busy_timeouts"]
+        line["spooled"] = after["spooled"] - before["spooled"]
+        line["histograms"] = after["histograms"]
+        line["histograms_before"] = before["histograms"]
+    path = figures_path(cfg["journal"]) if "journal" in cfg else Path(cfg["figures"])
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def worker_main(cfg: dict[str, Any]) -> int:
@@ -567,8 +617,13 @@ def worker_main(cfg: dict[str, Any]) -> int:
 
     with fleetstore.open(cfg["url"], **cfg["settings"]) as store:
         worker = fleetstore.Worker(store, {EFFECT_KIND: notify}, concurrency=2, lease=5.0)
+        before, cpu_began = store_figures(store), time.process_time()
         print("ready", flush=True)
-        return worker.run()
+        code = worker.run()
+        if "figures" in cfg:
+            cpu = time.process_time() - cpu_began
+            _write_figures(cfg, "worker", cfg.get("worker", 0), cpu, before, store_figures(store))
+        return code
 
 
 def _sleep_until(when: float) -> None:
@@ -637,6 +692,7 @@ def verify_main(cfg: dict[str, Any]) -> dict[str, Any]:
         extra = _verify_agents_sdk(cfg, journals, check)
     elif kind == "langgraph":
         extra = _verify_langgraph(cfg, journals, check)
+    index_samples = extra.pop("samples_index", [])
     return {
         "acked_turns": sum(len(_acked(j)) for j in journals.values()),
         "lost": check.counts["lost"],
@@ -648,6 +704,7 @@ def verify_main(cfg: dict[str, Any]) -> dict[str, Any]:
             "duplicated": check.duplicated,
             "out_of_order": check.out_of_order,
             "corrupt": check.corrupt,
+            "index": index_samples,
         },
         **extra,
     }
@@ -707,16 +764,70 @@ def _verify_fleetstore(
             if len(page) < 10_000:
                 break
             after = page[-1]
-        integrity = "ok"
-        if store.dialect == "sqlite":
-            rows = store.db.read(lambda tx: tx.execute("PRAGMA integrity_check"))
-            integrity = "; ".join(str(r[0]) for r in rows[:10])
+        integrity, files = _integrity(store)
+        index = _index_problems(store)
     return {
         "effects": dict(effects),
         "stuck_effects": len(stuck),
         "state_behind": state_behind,
         "integrity": integrity,
+        "layout": store.layout,
+        "files": files,
+        "index_problems": len(index),
+        "samples_index": index[:10],
     }
+
+
+def _integrity(store: Any) -> tuple[str, int]:
+    """``integrity_check`` of every SQLite file of the store (a sharded store: the
+    catalog and each shard), "ok" or the first problems named by file; and the
+    number of files checked."""
+    if store.dialect != "sqlite":
+        return "ok", 0
+    found: list[str] = []
+    files = 0
+
+    def check(key: str | None, db: Any) -> None:
+        nonlocal files
+        files += 1
+        rows = [str(r[0]) for r in db.read(lambda tx: tx.execute("PRAGMA integrity_check"))]
+        if rows != ["ok"]:
+            found.extend(f"{key or 'catalog'}: {r}" if store.router else r for r in rows)
+
+    if store.router is not None:
+        store.router.each(check)
+    else:
+        check(None, store.db)
+    return ("; ".join(found[:10]) if found else "ok"), files
+
+
+def _index_problems(store: Any) -> list[str]:
+    """A sharded store: where the catalog's index and the shards disagree (a session
+    in a shard but not indexed there, indexed but not in its shard, a shard file the
+    index names that is missing) and catalog+shard writes left unfinished."""
+    router = store.router
+    if router is None:
+        return []
+    q = store.queries
+    catalog = router.catalog
+    problems: list[str] = []
+    indexed = {str(r[0]) for r in catalog.read(lambda tx: tx.execute(q["shard_list"]))}
+    on_disk = set(router.shards.keys())
+
+    def compare(key: str | None, db: Any) -> None:
+        if key is None:
+            return
+        held = {str(r[0]) for r in db.read(lambda tx: tx.execute(q["shard_session_rows"]))}
+        rows = catalog.read(lambda tx: tx.execute(q["shard_index_ids"], (key,)))
+        listed = {str(r[0]) for r in rows}
+        problems.extend(f"{key}: session {sid} not in the index" for sid in sorted(held - listed))
+        problems.extend(f"{key}: indexed session {sid} missing" for sid in sorted(listed - held))
+
+    router.each(compare)
+    problems.extend(f"{key}: shard file missing" for key in sorted(indexed - on_disk))
+    intents = router.catalog.read(lambda tx: tx.execute(q["shard_intents"]))
+    problems.extend(f"{r[1]}: intent {r[0]} unfinished" for r in intents)
+    return problems
 
 
 def _verify_opencode(
