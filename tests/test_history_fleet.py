@@ -318,6 +318,39 @@ def check_store(path: str, logs: list[AgentLog]) -> Tally:
     return tally
 
 
+def run_clean_fleet(
+    url: str, procs: list[Proc], barrier: Barrier, tmp_path: Path, agents: int, run: float
+) -> list[AgentLog]:
+    """*agents* history agents on the store at *url* for *run* seconds, nobody killed
+    (two of them with a 7-8 MB tool output in their first reply): every process exits
+    0, and each one's count of returned calls matches its log.  Returns the logs."""
+    stop = tmp_path / "stop"
+    logs = [tmp_path / f"agent-{i}.log" for i in range(agents)]
+    for i in range(agents):
+        args = ["--agent", str(i), "--log", str(logs[i]), "--seed", "7", "--big-prob", "0.002"]
+        args += ["--barrier", barrier.path, "--stop", str(stop), "--duration", "600"]
+        if i < 2:
+            args += ["--big-at", "1"]
+        procs.append(Proc([sys.executable, AGENT, url, *args], name=f"agent {i}"))
+    for p in procs:
+        p.wait_line("ready", timeout=120)
+    t0 = barrier.release()
+    time.sleep(max(0.0, t0 + run - time.time()))
+    stop.touch()
+    summaries: list[dict[str, Any]] = []
+    for p in procs:
+        rc = p.finish(timeout=120)
+        assert rc == 0, (p.name, rc, p.stderr_tail())
+        summaries.append(json.loads(p.last_line()))
+    parsed = [read_log(logs[i], i, killed=False) for i in range(agents)]
+    for log, counts in zip(parsed, summaries, strict=True):
+        # Each agent's own count of returned calls matches its log: the log is what it did.
+        for kind in ("session", "user", "open", "reply", "whole", "state"):
+            assert log.ack_counts[kind] == counts.get(kind, 0), (log.agent, kind)
+        assert log.reply_ack_times, f"agent {log.agent} finished no reply"
+    return parsed
+
+
 def inflight_big_output(log: AgentLog, blobs: Path) -> str | None:
     """Where a victim's 4-8 MB output that it was recording when killed got to:
     "blob" (the file was written), "tmp" (a temporary file left), "none"."""

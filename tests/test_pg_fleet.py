@@ -15,27 +15,23 @@ SQLite fleet tests' own checkers:
 from __future__ import annotations
 
 import json
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import fleetstore
 import test_outbox_fleet as outbox_fleet
 from conftest import Barrier, Proc
-from test_history_fleet import check_store, read_log
+from test_history_fleet import check_store, run_clean_fleet
 
 #: Per-host state of the PostgreSQL stores (spool journals) under tmp_path.
 pytestmark = pytest.mark.usefixtures("data_dir")
 
-HISTORY_AGENT = str(Path(__file__).with_name("history_agent.py"))
 PG_OUTBOX_AGENT = str(Path(__file__).with_name("pg_outbox_agent.py"))
 AGENTS = 32
 RUN = 16.0  # seconds the fleet writes
-SURE_BIG = 2  # agents whose first reply carries a 7-8 MB output
+SURE_BIG = 2  # agents whose first reply carries a 7-8 MB output (run_clean_fleet)
 
 
 @pytest.mark.slow
@@ -44,30 +40,7 @@ def test_32_agents_on_one_postgresql_store_lose_and_duplicate_nothing(
     pg_url: str, procs: list[Proc], barrier: Barrier, tmp_path: Path
 ) -> None:
     fleetstore.open(pg_url).close()  # the schema exists before the fleet starts
-    stop = tmp_path / "stop"
-    logs = [tmp_path / f"agent-{i}.log" for i in range(AGENTS)]
-    for i in range(AGENTS):
-        args = ["--agent", str(i), "--log", str(logs[i]), "--seed", "7", "--big-prob", "0.002"]
-        args += ["--barrier", barrier.path, "--stop", str(stop), "--duration", "600"]
-        if i < SURE_BIG:  # a 7-8 MB tool output in its first reply: a blob of 8 chunks
-            args += ["--big-at", "1"]
-        procs.append(Proc([sys.executable, HISTORY_AGENT, pg_url, *args], name=f"agent {i}"))
-    for p in procs:
-        p.wait_line("ready", timeout=120)
-    t0 = barrier.release()
-    time.sleep(max(0.0, t0 + RUN - time.time()))
-    stop.touch()
-    summaries: list[dict[str, Any]] = []
-    for p in procs:
-        rc = p.finish(timeout=120)
-        assert rc == 0, (p.name, rc, p.stderr_tail())
-        summaries.append(json.loads(p.last_line()))
-    parsed = [read_log(logs[i], i, killed=False) for i in range(AGENTS)]
-    for log, counts in zip(parsed, summaries, strict=True):
-        # Each agent's own count of returned calls matches its log: the log is what it did.
-        for kind in ("session", "user", "open", "reply", "whole", "state"):
-            assert log.ack_counts[kind] == counts.get(kind, 0), (log.agent, kind)
-        assert log.reply_ack_times, f"agent {log.agent} finished no reply"
+    parsed = run_clean_fleet(pg_url, procs, barrier, tmp_path, AGENTS, RUN)
     tally = check_store(pg_url, parsed)
     assert tally.messages >= 2 * AGENTS and tally.big_outputs >= SURE_BIG, tally.counts()
     print("pg fleet:", json.dumps({"agents": AGENTS, "run_s": RUN, **tally.counts()}))

@@ -13,22 +13,18 @@ acknowledged write exactly once and nothing unacknowledged; tests/test_sharded.p
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import fleetstore
 from conftest import Barrier, Proc
-from test_history_fleet import check_store, read_log
+from test_history_fleet import check_store, run_clean_fleet
 from test_sharded import check_consistent
 
-HISTORY_AGENT = str(Path(__file__).with_name("history_agent.py"))
 AGENTS = 32
 RUN = 6.0  # seconds the fleet writes
-SURE_BIG = 2  # agents whose first reply carries a 7-8 MB output
+SURE_BIG = 2  # agents whose first reply carries a 7-8 MB output (run_clean_fleet)
 
 
 @pytest.mark.slow
@@ -39,30 +35,7 @@ def test_32_agents_on_one_sharded_store_lose_and_duplicate_nothing(
     root = tmp_path / "store"
     url = f"sqlite+sharded://{root}"
     fleetstore.open(url).close()  # the catalog exists before the fleet starts
-    stop = tmp_path / "stop"
-    logs = [tmp_path / f"agent-{i}.log" for i in range(AGENTS)]
-    for i in range(AGENTS):
-        args = ["--agent", str(i), "--log", str(logs[i]), "--seed", "7", "--big-prob", "0.002"]
-        args += ["--barrier", barrier.path, "--stop", str(stop), "--duration", "600"]
-        if i < SURE_BIG:  # a 7-8 MB tool output in its first reply
-            args += ["--big-at", "1"]
-        procs.append(Proc([sys.executable, HISTORY_AGENT, url, *args], name=f"agent {i}"))
-    for p in procs:
-        p.wait_line("ready", timeout=120)
-    t0 = barrier.release()
-    time.sleep(max(0.0, t0 + RUN - time.time()))
-    stop.touch()
-    summaries: list[dict[str, Any]] = []
-    for p in procs:
-        rc = p.finish(timeout=120)
-        assert rc == 0, (p.name, rc, p.stderr_tail())
-        summaries.append(json.loads(p.last_line()))
-    parsed = [read_log(logs[i], i, killed=False) for i in range(AGENTS)]
-    for log, counts in zip(parsed, summaries, strict=True):
-        # Each agent's own count of returned calls matches its log: the log is what it did.
-        for kind in ("session", "user", "open", "reply", "whole", "state"):
-            assert log.ack_counts[kind] == counts.get(kind, 0), (log.agent, kind)
-        assert log.reply_ack_times, f"agent {log.agent} finished no reply"
+    parsed = run_clean_fleet(url, procs, barrier, tmp_path, AGENTS, RUN)
 
     lay = check_consistent(root)
     roots = {sid for log in parsed for sid, rec in log.sessions.items() if rec["parent"] is None}

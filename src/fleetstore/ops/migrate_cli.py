@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 import click
 
 from fleetstore import errors
 from fleetstore import migrate as _migrate
 from fleetstore.ops.cliutil import ProgressBars, env
-from fleetstore.ops.reshard_cli import raise_open_file_limit
 
 _EXIT = """\b
 Exit codes:
@@ -24,6 +25,21 @@ Exit codes:
      store, DST holds data that is not an interrupted migrate of SRC, or is a directory
      holding other files (nothing is written), with --verify-only a SQLite DST that
      does not exist, a bad --batch-rows"""
+
+
+def raise_open_file_limit() -> None:
+    """Let this process open as many files as it may (the hard limit, at most 65536):
+    a sharded store is a file per session tree, and copying one is faster with many
+    of them open at once (fleetstore.migrate sizes its cache of open shards by it)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 @click.command(name="migrate", epilog=_EXIT)
@@ -70,34 +86,58 @@ def migrate_command(src: str, dst: str, batch_rows: int, verify_only: bool, as_j
     sharded, rows are compared per table by a digest that does not depend on their
     order, and every session's content digest is compared too.
     """
+    run_copy(
+        "migrate",
+        _migrate.migrate,
+        _migrate.verify_report,
+        src,
+        dst,
+        batch_rows,
+        verify_only,
+        as_json,
+    )
+
+
+__all__ = ["migrate_command"]
+
+
+def run_copy(
+    command: str,
+    copy: Callable[..., _migrate.MigrateReport],
+    verify: Callable[..., _migrate.MigrateReport],
+    src: str,
+    dst: str,
+    batch_rows: int,
+    verify_only: bool,
+    as_json: bool,
+) -> NoReturn:
+    """``fleetstore migrate`` and ``fleetstore reshard``: copy (or only verify) with
+    progress bars, print the report, exit 0 (equal), 1 (differ, failed) or 2 (usage)."""
     raise_open_file_limit()
     bars = ProgressBars()
     try:
         if verify_only:
-            report = _migrate.verify_report(src, dst, batch_rows=batch_rows, progress=bars)
+            report = verify(src, dst, batch_rows=batch_rows, progress=bars)
         else:
-            report = _migrate.migrate(src, dst, batch_rows=batch_rows, progress=bars)
+            report = copy(src, dst, batch_rows=batch_rows, progress=bars)
     except _migrate.VerificationFailed as exc:
         bars.close()
         report = exc.report
     except (errors.InvalidInput, errors.NotFound, errors.ConfigError, errors.AlreadyExists) as exc:
         bars.close()
-        click.echo(f"fleetstore migrate: {exc}", err=True)
+        click.echo(f"fleetstore {command}: {exc}", err=True)
         sys.exit(2)
     except (errors.FleetstoreError, OSError) as exc:
         bars.close()
-        click.echo(f"fleetstore migrate: {exc}", err=True)
+        click.echo(f"fleetstore {command}: {exc}", err=True)
         sys.exit(1)
     bars.close()
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        click.echo(_migrate.format_report(report))
+        click.echo(_migrate.format_report(report, command))
     if not report.ok:
         for problem in report.problems:
-            click.echo(f"fleetstore migrate: MISMATCH: {problem}", err=True)
+            click.echo(f"fleetstore {command}: MISMATCH: {problem}", err=True)
         sys.exit(1)
     sys.exit(0)
-
-
-__all__ = ["migrate_command"]

@@ -14,8 +14,9 @@ import fleetstore
 from fleetstore import errors
 from fleetstore import migrate as _migrate
 from fleetstore import reshard as _reshard
-from fleetstore.ops.cliutil import ProgressBars, env, existing_store
+from fleetstore.ops.cliutil import env, existing_store
 from fleetstore.ops.cliutil import store_option as _store_option
+from fleetstore.ops.migrate_cli import raise_open_file_limit, run_copy
 
 _EXIT = """\b
 Exit codes:
@@ -26,21 +27,6 @@ Exit codes:
   2  bad usage: SRC does not exist (nothing is created), SRC or DST is PostgreSQL (use
      fleetstore migrate), SRC and DST are the same store, DST exists and is neither
      empty nor an interrupted reshard of SRC (nothing is written), a bad --batch-rows"""
-
-
-def raise_open_file_limit() -> None:
-    """Let this process open as many files as it may (the hard limit, at most 65536):
-    a sharded store is a file per session tree, and copying one is faster with many
-    of them open at once (fleetstore.migrate sizes its cache of open shards by it)."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
-        if soft != resource.RLIM_INFINITY and soft < want:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    except (ImportError, OSError, ValueError):
-        pass
 
 
 @click.command(name="reshard", epilog=_EXIT)
@@ -85,34 +71,16 @@ def reshard_command(src: str, dst: str, batch_rows: int, verify_only: bool, as_j
     sides) and the catalog's index of each shard are checked. Stop the fleet writing
     to SRC first.
     """
-    raise_open_file_limit()
-    bars = ProgressBars()
-    try:
-        if verify_only:
-            report = _reshard.verify_report(src, dst, batch_rows=batch_rows, progress=bars)
-        else:
-            report = _reshard.reshard(src, dst, batch_rows=batch_rows, progress=bars)
-    except _migrate.VerificationFailed as exc:
-        bars.close()
-        report = exc.report
-    except (errors.InvalidInput, errors.NotFound, errors.ConfigError, errors.AlreadyExists) as exc:
-        bars.close()
-        click.echo(f"fleetstore reshard: {exc}", err=True)
-        sys.exit(2)
-    except (errors.FleetstoreError, OSError) as exc:
-        bars.close()
-        click.echo(f"fleetstore reshard: {exc}", err=True)
-        sys.exit(1)
-    bars.close()
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        click.echo(_migrate.format_report(report, "reshard"))
-    if not report.ok:
-        for problem in report.problems:
-            click.echo(f"fleetstore reshard: MISMATCH: {problem}", err=True)
-        sys.exit(1)
-    sys.exit(0)
+    run_copy(
+        "reshard",
+        _reshard.reshard,
+        _reshard.verify_report,
+        src,
+        dst,
+        batch_rows,
+        verify_only,
+        as_json,
+    )
 
 
 @contextmanager
