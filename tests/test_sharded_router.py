@@ -228,3 +228,25 @@ def test_reindex_puts_a_shard_file_back_into_the_catalog(tmp_path: Path) -> None
         assert store.router.reindex() == 1
         assert {s.id for s in store.sessions.list()} == {a.id, sub.id}
         assert store.router.home(sub.id, fresh=True) == shard_key(a.id)
+
+
+@pytest.mark.timeout(40)
+def test_a_listing_does_not_wait_out_a_locked_catalog(tmp_path: Path) -> None:
+    """The index refresh a listing asks for is a write: with the catalog locked from
+    outside it must not hold the listing for the write budget (60 s here, past this
+    test's timeout); the listing returns what the index has."""
+    import apsw
+
+    with sharded(tmp_path) as store:
+        s = store.sessions.create("s")
+        outside = apsw.Connection(str(store.path))  # the catalog only, not the shards
+        outside.execute("BEGIN IMMEDIATE")
+        try:
+            store.messages.append(s.id, "user", "a write to the shard only")
+            assert [x.id for x in store.sessions.list()] == [s.id]
+            assert store.sync_catalog(timeout=0.2) is False  # still locked: not refreshed
+        finally:
+            outside.execute("ROLLBACK")
+            outside.close()
+        assert store.sync_catalog(timeout=30) is True
+        assert store.sessions.list()[0].updated_at == store.sessions.get(s.id).updated_at

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from fleetstore import errors
-from fleetstore.history import encode_parts, messages_from_rows
+from fleetstore.history import LISTING_SYNC_WAIT, encode_parts, messages_from_rows
 from fleetstore.ids import derived_id, is_valid_id, new_id
 from fleetstore.models import Message, Text
 from fleetstore.operations import (
@@ -482,7 +482,7 @@ def list_sessions(store: Store, *, limit: int = 100, cursor: str | None = None) 
     before_at, before_id = _parse_cursor(cursor) if cursor is not None else (None, None)
     params = {"before_at": before_at, "before_id": before_id, "limit": limit + 1}
     q = store.queries
-    store.sync_catalog()
+    store.sync_catalog(LISTING_SYNC_WAIT)
     rows = store.read(lambda tx: tx.execute(q["agt_session_list"], params))
     if store.router is not None:
         # A sharded store's catalog indexes sessions; their items are in the shards.

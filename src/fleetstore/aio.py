@@ -215,9 +215,9 @@ class AsyncStore:
         """``Store.read_first``: a lookup by an id that does not name its session."""
         return await self._run(lambda: self.sync.read_first(fn))
 
-    async def sync_catalog(self) -> None:
+    async def sync_catalog(self, timeout: float | None = None) -> bool:
         """``Store.sync_catalog``: a sharded store's sessions index brought up to date."""
-        await self._run(self.sync.sync_catalog)
+        return await self._run(lambda: self.sync.sync_catalog(timeout))
 
     async def flush(self, timeout: float | None = None) -> bool:
         """Wait for the calls started before this one (cancelled ones included),

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
     from fleetstore.store import Store
 
+#: Seconds a listing waits for this process's recent writes to reach a sharded
+#: store's catalog index (its background refresh); past it, it lists what is there.
+LISTING_SYNC_WAIT = 0.5
+
 
 # -- payload encoding ------------------------------------------------------------------------
 
@@ -371,7 +375,7 @@ class Sessions:
         }
         # A sharded store lists from its catalog: first bring this process's own
         # writes' updated_at into it.
-        self._store.sync_catalog()
+        self._store.sync_catalog(LISTING_SYNC_WAIT)
         rows = self._store.read(lambda tx: tx.execute(self._store.queries["session_list"], params))
         return [session_from_row(r) for r in rows]
 

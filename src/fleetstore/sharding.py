@@ -127,6 +127,8 @@ class Router:
         self._lock = threading.Lock()
         self._homes: collections.OrderedDict[str, str | None] = collections.OrderedDict()
         self._dirty: set[str] = set()
+        #: Shards whose refresh is under way (taken from _dirty, not yet committed).
+        self._syncing = 0
         #: op ids of this process's catalog+shard writes under way, and whether one of
         #: them stopped after its intent was recorded.
         self._active: set[str] = set()
@@ -137,12 +139,16 @@ class Router:
         self.owner = f"{os.getpid()}:{_start_ticks(os.getpid())}"
         self._sync_cond = threading.Condition()
         self._sync_thread: threading.Thread | None = None
+        self._running = False
+        self._urgent = False
+        self._generation = 0
         self._stopped = False
 
     def after_fork(self) -> None:
         self.shards.after_fork()
         self._lock = threading.Lock()
         self._dirty = set()
+        self._syncing = 0
         self._active = set()
         self._stalled = False
         self._init_process()
@@ -399,21 +405,49 @@ class Router:
         with self._lock:
             self._dirty.add(key)
         with self._sync_cond:
-            if self._stopped or (self._sync_thread is not None and self._sync_thread.is_alive()):
-                return
-            self._sync_thread = threading.Thread(
-                target=self._sync_loop, name="fleetstore-catalog-sync", daemon=True
-            )
-            self._sync_thread.start()
+            self._ensure_thread()
+
+    def _ensure_thread(self) -> None:
+        # Under _sync_cond.  _running, not is_alive(): a thread that has decided to exit
+        # (under this lock) but not ended yet would leave a new dirty key unseen.
+        if self._stopped or self._running:
+            return
+        self._running = True
+        self._sync_thread = threading.Thread(
+            target=self._sync_loop, name="fleetstore-catalog-sync", daemon=True
+        )
+        self._sync_thread.start()
+
+    def request_sync(self, timeout: float) -> bool:
+        """Have the background thread refresh the index now and wait up to *timeout*
+        seconds for it (a read must not wait out a locked catalog's write budget).
+        True if the index holds this process's writes made before the call."""
+        with self._lock:
+            if not self._dirty and not self._syncing and not self._stalled:
+                return True
+        deadline = time.monotonic() + timeout
+        with self._sync_cond:
+            target = self._generation + 1
+            self._urgent = True
+            self._ensure_thread()
+            self._sync_cond.notify_all()
+            while self._generation < target and not self._stopped:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._sync_cond.wait(remaining)
+        return self._generation >= target
 
     def _sync_loop(self) -> None:
         while True:
             with self._sync_cond:
+                if not self._urgent and not self._stopped:
+                    self._sync_cond.wait(_SYNC_INTERVAL)
+                self._urgent = False
                 if self._stopped:
+                    self._running = False
                     return
-                self._sync_cond.wait(_SYNC_INTERVAL)
-                if self._stopped:
-                    return
+            synced = False
             try:
                 if self._stalled:
                     with self._lock:
@@ -424,10 +458,20 @@ class Router:
                         with self._lock:
                             self._stalled = True
                         raise
-                if not self.sync_dirty() and not self._stalled:
-                    return  # nothing written for a while: the next write starts another
+                self.sync_dirty()
+                synced = True
             except Exception as exc:  # the store is busy or closing: try again later
                 log.warning("%s: refreshing the catalog's index failed: %s", self.shards.root, exc)
+            with self._sync_cond:
+                if synced:
+                    self._generation += 1
+                    self._sync_cond.notify_all()
+                with self._lock:
+                    idle = not self._dirty and not self._stalled
+                if synced and idle and not self._urgent:
+                    # Nothing written for a while: the next write starts another.
+                    self._running = False
+                    return
 
     def reindex(self, keys: list[str] | None = None) -> int:
         """Make the catalog's index of each shard in *keys* (default: every shard file
@@ -449,19 +493,23 @@ class Router:
         index; the number of shards refreshed."""
         with self._lock:
             keys, self._dirty = sorted(self._dirty), set()
+            self._syncing += len(keys)
         if not keys:
             return 0
+
+        def run(tx: Tx) -> None:
+            for k in keys:
+                self._sync_index(tx, k)
+
         try:
-
-            def run(tx: Tx) -> None:
-                for k in keys:
-                    self._sync_index(tx, k)
-
             self.catalog.run_write(run)
         except BaseException:
             with self._lock:
                 self._dirty.update(keys)
             raise
+        finally:
+            with self._lock:
+                self._syncing -= len(keys)
         return len(keys)
 
     # -- reading ---------------------------------------------------------------------------

@@ -384,11 +384,19 @@ class Store:
             return self.router.read_first(fn)
         return self.read(fn)
 
-    def sync_catalog(self) -> None:
+    def sync_catalog(self, timeout: float | None = None) -> bool:
         """A sharded store: bring the catalog's sessions index up to date with what
-        this process wrote (``sessions.list`` does it first)."""
-        if self.router is not None:
+        this process wrote.  *timeout* None: now, in this thread (up to the write
+        budget); else wait at most *timeout* seconds for the background refresh
+        (``sessions.list`` waits 0.5 s: a listing does not wait for a locked
+        catalog).  True if the index is up to date with this process's writes."""
+        self._check_open()
+        if self.router is None:
+            return True
+        if timeout is None:
             self.router.sync_dirty()
+            return True
+        return self.router.request_sync(timeout)
 
     def _start_publisher(self) -> None:
         """This process's figures, published for ``fleetstore top`` (a child after
