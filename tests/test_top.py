@@ -167,7 +167,8 @@ def test_frame_rates_and_p99_cover_the_last_interval_merged_across_processes() -
 
 def test_top_json_frame_from_the_cli(tmp_path: Path) -> None:
     db = str(tmp_path / "t.db")
-    writer = start_writer(db, 6)
+    # Writing until stopped: on a loaded machine top may start seconds later.
+    writer = start_writer(db, 300)
     try:
         wait_for("the writer's figures", lambda: any(p.alive for p in read_published(db)))
         done = subprocess.run(
@@ -188,6 +189,7 @@ def test_top_json_frame_from_the_cli(tmp_path: Path) -> None:
             timeout=60,
         )
     finally:
+        writer.terminate()
         writer.wait(30)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
