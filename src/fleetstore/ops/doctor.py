@@ -60,6 +60,15 @@ FLEETSTORE_TABLES = {"sessions", "applied_ops", "fleetstore_migrations"}
 SHARD_TABLES = {"shard_sessions", "shard_intents"}
 #: Shards named one by one under a finding code; the rest are counted.
 SHARDS_NAMED = 5
+
+
+def _shards_named(items: list[dict[str, Any]]) -> str:
+    """``key (N sessions), ...`` for the first SHARDS_NAMED shards, then how many more."""
+    named = ", ".join(f"{i['key']} ({i['sessions']} sessions)" for i in items[:SHARDS_NAMED])
+    more = len(items) - SHARDS_NAMED
+    return named + (f" and {more} more" if more > 0 else "")
+
+
 #: Largest shards listed.
 SHARDS_LARGEST = 5
 EFFECT_STATES = ("pending", "running", "succeeded", "dead", "cancelled")
@@ -563,26 +572,24 @@ def _shard_findings(report: Report, section: dict[str, Any], url: str) -> None:
         )
     missing = section["missing"]
     if missing:
-        named = ", ".join(f"{m['key']} ({m['sessions']} sessions)" for m in missing[:SHARDS_NAMED])
-        more = f" and {len(missing) - SHARDS_NAMED} more" if len(missing) > SHARDS_NAMED else ""
+        named = _shards_named(missing)
         add(
             Severity.WARNING,
             "shard-missing",
             f"{len(missing)} shard file(s) that the catalog lists sessions in are missing: "
-            f"{named}{more}; reading those sessions fails (NotFound)",
+            f"{named}; reading those sessions fails (NotFound)",
             "put the file back at its path (shards/<last 2 characters>/<key>.db) if it was "
             "moved by hand, or restore it from a backup; if it is lost, `fleetstore sessions "
             f"rm ID --yes --store {url}` on its top-level session drops the catalog's rows",
         )
     orphans = section["orphans"]
     if orphans:
-        named = ", ".join(f"{o['key']} ({o['sessions']} sessions)" for o in orphans[:SHARDS_NAMED])
-        more = f" and {len(orphans) - SHARDS_NAMED} more" if len(orphans) > SHARDS_NAMED else ""
+        named = _shards_named(orphans)
         add(
             Severity.WARNING,
             "shard-orphan",
             f"{len(orphans)} shard file(s) hold sessions that the catalog does not list, and "
-            f"no unfinished write names them: {named}{more}; they are not listed and cannot "
+            f"no unfinished write names them: {named}; they are not listed and cannot "
             "be read by id",
             "a crash between a shard's write and the catalog's leaves an intent that "
             f"`fleetstore recover {url}` (or any fleetstore.open) finishes, and none is "
@@ -1444,11 +1451,7 @@ def _shard_lines(section: dict[str, Any]) -> list[str]:
         )
     for name, items in (("missing", section["missing"]), ("orphan", section["orphans"])):
         if items:
-            lines.append(
-                f"  {name} files: "
-                + ", ".join(f"{i['key']} ({i['sessions']} sessions)" for i in items[:SHARDS_NAMED])
-                + (f" and {len(items) - SHARDS_NAMED} more" if len(items) > SHARDS_NAMED else "")
-            )
+            lines.append(f"  {name} files: {_shards_named(items)}")
     if section["empty"]:
         lines.append(f"  empty files (no session): {len(section['empty'])}")
     intents = section["intents"]
