@@ -112,15 +112,22 @@ def apply(tx: Tx, q: Queries, op: Operation, now: float) -> Result:
     result = spec.fn(tx, q, args)
     if effects is not None and not result.get("duplicate"):
         enqueue = REGISTRY["enqueue_effect"].fn
-        if not spec.logged or not isinstance(effects, list):
-            raise errors.InvalidInput(f"{op.name}: effects must be a list, on a logged operation")
-        for effect in effects:
-            if not isinstance(effect, dict):
-                raise errors.InvalidInput(f"{op.name}: each effect must be an object")
+        for effect in check_effects(spec, effects):
             enqueue(tx, q, {**effect, "now": args["now"]})
     if spec.logged:
         tx.execute(q["op_record"], (op.op_id, op.name, op.session_id, now, _result_json(result)))
     return result
+
+
+def check_effects(spec: OpSpec, effects: object) -> list[dict[str, Any]]:
+    """The ``effects`` argument of a history operation: a list of objects, on a logged
+    operation (a duplicate must be recognised to add none), else ``InvalidInput``."""
+    if not spec.logged or not isinstance(effects, list):
+        raise errors.InvalidInput(f"{spec.name}: effects must be a list, on a logged operation")
+    for effect in effects:
+        if not isinstance(effect, dict):
+            raise errors.InvalidInput(f"{spec.name}: each effect must be an object")
+    return effects
 
 
 #: Results longer than this are not kept (a duplicate then returns only its flag);

@@ -40,7 +40,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetstore import errors, operations
@@ -124,8 +123,14 @@ class Router:
         self.shards = shards
         self.catalog = shards.catalog
         self.q = store.queries
-        self._lock = threading.Lock()
         self._homes: collections.OrderedDict[str, str | None] = collections.OrderedDict()
+        self._init_process()
+
+    def _init_process(self) -> None:
+        """The state of this process (a forked child starts its own: threads, locks
+        and writes under way do not survive a fork)."""
+        self.owner = f"{os.getpid()}:{_start_ticks(os.getpid())}"
+        self._lock = threading.Lock()
         self._dirty: set[str] = set()
         #: Shards whose refresh is under way (taken from _dirty, not yet committed).
         self._syncing = 0
@@ -133,10 +138,6 @@ class Router:
         #: them stopped after its intent was recorded.
         self._active: set[str] = set()
         self._stalled = False
-        self._init_process()
-
-    def _init_process(self) -> None:
-        self.owner = f"{os.getpid()}:{_start_ticks(os.getpid())}"
         self._sync_cond = threading.Condition()
         self._sync_thread: threading.Thread | None = None
         self._running = False
@@ -146,11 +147,6 @@ class Router:
 
     def after_fork(self) -> None:
         self.shards.after_fork()
-        self._lock = threading.Lock()
-        self._dirty = set()
-        self._syncing = 0
-        self._active = set()
-        self._stalled = False
         self._init_process()
 
     # -- where a session lives -------------------------------------------------------------
@@ -269,13 +265,7 @@ class Router:
             return result
         effects = op.args.get("effects")
         if effects is not None:
-            spec = operations.REGISTRY[op.name]
-            if not spec.logged or not isinstance(effects, list):
-                raise errors.InvalidInput(
-                    f"{op.name}: effects must be a list, on a logged operation"
-                )
-            if not all(isinstance(e, dict) for e in effects):
-                raise errors.InvalidInput(f"{op.name}: each effect must be an object")
+            operations.check_effects(operations.REGISTRY[op.name], effects)
         try:
             text = encode_line(op).decode("utf-8")
         except UnicodeEncodeError as exc:
@@ -655,7 +645,3 @@ def _parents_first(rows: list[Any]) -> list[Any]:
     for sid in by_id:
         visit(sid, 0)
     return out
-
-
-def shard_dir_of(path: Path) -> Path:
-    return path.parent

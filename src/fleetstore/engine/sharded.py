@@ -169,10 +169,6 @@ class ShardSet:
         with self._lock:
             return len(self._open)
 
-    def open_databases(self) -> list[Database]:
-        with self._lock:
-            return [self.catalog, *self._open.values()]
-
     def metrics(self) -> dict[str, Any]:
         """The write figures of the catalog and every shard this process used (one
         set: the files share their WriteMetrics)."""
