@@ -49,7 +49,7 @@ The outputs are hex text (zstd halves it).  Variants, in one invocation, same se
 
   lock hold      ``metrics()["lock_hold"]`` of every process (BEGIN IMMEDIATE acquired
                  to COMMIT done), over the measured window: the per-process histograms'
-                 bucket counts (log buckets 10 % wide, fleetstore.metrics) are summed
+                 bucket counts (log buckets 10 % wide, fleetstore.core.metrics) are summed
                  and the fleet's percentiles read from the sum, so one process's tail
                  weighs as much as its share of the writes.  The worst per-process
                  p99 is shown too.
@@ -366,7 +366,7 @@ def _merge_hists(parts: list[dict[str, Any] | None]) -> dict[str, float] | None:
     quantile rule (upper bound of the bucket, capped at the max)."""
     if not parts or any(p is None for p in parts):
         return None
-    from fleetstore.metrics import Histogram
+    from fleetstore.core.metrics import Histogram
 
     h = Histogram()
     counts = [0] * len(h._counts)
@@ -390,7 +390,7 @@ def _agent(
 
         import fleetstore
         from fleetstore import Text, ToolCall, ToolResult
-        from fleetstore.blobs import COMPRESSION_LEVEL
+        from fleetstore.domain.blobs import COMPRESSION_LEVEL
 
         rng = random.Random(seed)
         pid = os.getpid()

@@ -3,7 +3,7 @@ naive polling outbox, with 1, 4 and 8 worker processes, in one invocation.
 
 Strategies (each worker count runs them back to back, each cell on a fresh file):
 
-  fleetstore        ``fleetstore.worker.Worker(store, {"bench": handler}, concurrency=C,
+  fleetstore        ``fleetstore.domain.worker.Worker(store, {"bench": handler}, concurrency=C,
                     lease=L, poll_interval=P)`` in each worker process, default store
                     settings (write budget 60 s, busy_timeout 5000, synchronous NORMAL).
   naive             the outbox as it is usually written: a plain table ``jobs`` in its own
@@ -94,7 +94,7 @@ QUICK_STRATEGIES = ("fleetstore", "naive")
 MODES = ("backlog", "latency")
 WORKERS = (1, 4, 8)
 KIND = "bench"
-# Worker defaults (fleetstore.worker.Worker), used for every strategy unless overridden.
+# Worker defaults (fleetstore.domain.worker.Worker), used for every strategy unless overridden.
 POLL_S = 0.1
 CONCURRENCY = 4
 NAIVE_THREADS = 1
@@ -279,8 +279,8 @@ def _fleet_worker(
     path: str, index: int, cfg: dict[str, Any], jitter: float, conn: Connection
 ) -> dict[str, Any]:
     import fleetstore
+    from fleetstore.domain.worker import Worker
     from fleetstore.models import Effect
-    from fleetstore.worker import Worker
 
     log_counter = _LogCounter()
     logging.getLogger("fleetstore").addHandler(log_counter)

@@ -105,7 +105,7 @@ def _append_loop(
     store: Any, sid: str, text: str, start_at: float, seconds: float
 ) -> dict[str, Any]:
     from fleetstore import Text, ToolCall
-    from fleetstore.ids import new_id
+    from fleetstore.core.ids import new_id
 
     took: list[float] = []
     failed = 0

@@ -14,7 +14,7 @@ import pytest
 
 import fleetstore
 from fleetstore import errors
-from fleetstore.settings import env_var
+from fleetstore.core.settings import env_var
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -318,7 +318,7 @@ def test_reference_lists_every_store_metrics_key(tmp_path: Path) -> None:
 
 def test_reference_lists_every_operation() -> None:
     """Every registered operation is named, with whether applied_ops logs it."""
-    from fleetstore.operations import REGISTRY
+    from fleetstore.domain.operations import REGISTRY
 
     rows = table_rows(reference_text())
     for name, spec in REGISTRY.items():

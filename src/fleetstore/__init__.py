@@ -9,17 +9,12 @@ writer gate, a bounded lock wait and strict connection hygiene.
 """
 
 from fleetstore import errors
-from fleetstore.aio import (
-    AsyncClaim,
-    AsyncEffects,
-    AsyncMessages,
-    AsyncSessions,
-    AsyncState,
-    AsyncStore,
-    AsyncStream,
-    AsyncToolCallHandle,
-    open_async,
-)
+from fleetstore.core.settings import Settings, default_data_dir
+from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
+from fleetstore.domain.operations import Operation
+from fleetstore.domain.outbox import Claim, Effects, Swept
+from fleetstore.domain.state import State
+from fleetstore.domain.worker import FailEffect, Handler, RetryEffect, Worker
 from fleetstore.engine.sqlite import Database, Migration, ReadTx, WriteTx
 from fleetstore.errors import (
     AlreadyExists,
@@ -36,7 +31,6 @@ from fleetstore.errors import (
     TransientError,
     VersionConflict,
 )
-from fleetstore.history import Messages, Sessions, Stream, ToolCallHandle
 from fleetstore.models import (
     Effect,
     EffectError,
@@ -55,12 +49,18 @@ from fleetstore.models import (
     ToolResult,
     Usage,
 )
-from fleetstore.operations import Operation
-from fleetstore.outbox import Claim, Effects, Swept
-from fleetstore.settings import Settings, default_data_dir
-from fleetstore.state import State
-from fleetstore.store import Store, open
-from fleetstore.worker import FailEffect, Handler, RetryEffect, Worker
+from fleetstore.store.aio import (
+    AsyncClaim,
+    AsyncEffects,
+    AsyncMessages,
+    AsyncSessions,
+    AsyncState,
+    AsyncStore,
+    AsyncStream,
+    AsyncToolCallHandle,
+    open_async,
+)
+from fleetstore.store.facade import Store, open
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from fleetstore.ids import new_id
+from fleetstore.core.ids import new_id
 
 
 class SessionStatus(enum.StrEnum):

@@ -2,7 +2,7 @@
 and shared-memory index, a read-only connection for pragmas and queries, and which
 processes have it open or locked right now (``/proc``).  Knows nothing of sessions.
 
-Strictly read-only, measured with SQLite 3.54.1 (tests/test_doctor.py hashes the files):
+Strictly read-only, measured with SQLite 3.54.1 (tests/admin/test_doctor.py hashes the files):
 
 * a WAL database with both ``-wal`` and ``-shm`` is opened ``mode=ro&readonly_shm=1``.  A
   plain ``mode=ro`` reader maps the ``-shm`` writable and, after a crash, rewrites it

@@ -41,9 +41,9 @@ import psycopg
 import psycopg_pool
 
 from fleetstore import errors
+from fleetstore.core.metrics import WriteMetrics
+from fleetstore.core.settings import Settings
 from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations, redact
-from fleetstore.metrics import WriteMetrics
-from fleetstore.settings import Settings
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -615,7 +615,7 @@ class PgDatabase:
         # READ COMMITTED, not a snapshot level: the snapshot is taken before the
         # advisory lock is granted, so a process that waited for another's migrations
         # would not see them and apply them again ("relation already exists":
-        # test_pg_engine.py::test_eight_processes_migrating_*).  Read committed reads
+        # tests/engine/test_pg_engine.py::test_eight_processes_migrating_*).  Read committed reads
         # the version after the lock.
         return self._run(apply, "READ COMMITTED")
 
@@ -729,7 +729,7 @@ def outside_write_lock(url: str, *, exclusive: bool = False, wait: float = 30.0)
                 # The tables are locked one after another: a writer that holds one and
                 # waits for another is a deadlock PostgreSQL breaks by failing one of
                 # the two; when that is this lock, it lets go and tries again
-                # (test_stress.py::test_postgresql_target_passes_with_an_outside_lock).
+                # (tests/admin/test_stress.py::test_postgresql_target_passes_with_an_outside_lock).
                 conn.execute(f"LOCK TABLE {', '.join(tables)} IN {mode} MODE")
                 break
             except psycopg.Error as exc:

@@ -4,7 +4,7 @@ This layer knows files and keys, not what is in them: a shard is named by an
 opaque key, lives at ``<dir>/shards/<last two characters>/<key>.db``, is
 created and migrated on first use (``Database.open`` applies each migration
 once across processes starting together) and kept open in a bounded cache.
-Which rows go to which shard is decided above (``fleetstore.sharding``).
+Which rows go to which shard is decided above (``fleetstore.store.sharded``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.metrics import WriteMetrics
 from fleetstore.engine.sqlite import Database, Migration
-from fleetstore.metrics import WriteMetrics
 
 CATALOG = "catalog.db"
 SHARDS = "shards"

@@ -23,11 +23,11 @@ from typing import Any, TypeVar
 import apsw
 
 from fleetstore import errors
+from fleetstore.core.metrics import WriteMetrics
+from fleetstore.core.settings import Settings
 from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.proclocks import lock_holders
-from fleetstore.metrics import WriteMetrics
-from fleetstore.settings import Settings
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -89,7 +89,7 @@ class _Tx:
         Reading whole is what keeps a write statement from staying active: an
         ``UPDATE … RETURNING`` read in part makes COMMIT fail with "SQL
         statements in progress" and leaves the lock held
-        (tests/test_engine.py::test_returning_read_in_part_wedges_raw_apsw_but_not_the_api).
+        (tests/engine/test_engine.py::test_returning_read_in_part_wedges_raw_apsw_but_not_the_api).
         """
         cursor = self._cursor()
         try:
@@ -138,7 +138,7 @@ class _ForkGuard:
     using at the instant of the fork may be inside SQLite, holding its mutex: the
     child could neither close it (deadlock) nor keep it (its in-process lock state
     makes the child's own connections take no real lock, and the child's writes
-    were lost: test_spool.py::test_forked_child_neither_writes_nor_keeps_the_parents_journal).
+    were lost: tests/store/test_spool.py::test_forked_child_neither_writes_nor_keeps_the_parents_journal).
     With this guard no connection is ever inside SQLite at a fork, so the child
     closes them all.  Waiting for the gate or between BEGIN attempts does not count.
     """
@@ -409,7 +409,7 @@ class Database:
         the fork wait until none of them was inside SQLite.
         The inherited gate descriptor shares the parent's open file: it is closed, never
         unlocked, or a parent killed while holding the gate would leave it held by us.
-        tests/test_fleet.py: test_fork_child_*, test_kill9_of_writer_whose_forked_child_*
+        tests/engine/test_fleet.py: test_fork_child_*, test_kill9_of_writer_whose_forked_child_*
         """
         # (No self._lock here: a parent thread may have held it at fork time.)
         inherited = [*self._idle_readers, *self._busy_readers, self._writer, self._checkpointer]
@@ -746,7 +746,7 @@ class Database:
 
     def histograms(self) -> dict[str, Any]:
         """The raw ``lock_wait`` and ``lock_hold`` histograms of ``metrics()``, to be
-        merged with other processes' (``fleetstore.metrics.Histogram.from_buckets``)."""
+        merged with other processes' (``fleetstore.core.metrics.Histogram.from_buckets``)."""
         return self._metrics.export()
 
     def connection_report(self) -> list[dict[str, Any]]:

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fleetstore import errors
-from fleetstore.aio import AsyncStore
-from fleetstore.store import Store
-from fleetstore.store import open as open_store
+from fleetstore.store.aio import AsyncStore
+from fleetstore.store.facade import Store
+from fleetstore.store.facade import open as open_store
 
 
 def adopt_store(

@@ -67,14 +67,14 @@ from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
 from fleetstore import errors
-from fleetstore.adk_ops import adk_fs_id, adk_message_id
-from fleetstore.aio import AsyncStore, _bridge
+from fleetstore.core.ids import new_id
+from fleetstore.domain.frameworks.adk import adk_fs_id, adk_message_id
+from fleetstore.domain.history import decode_value, encode_payload
+from fleetstore.domain.operations import Operation, check_text, dump_json
 from fleetstore.engine.base import Tx
-from fleetstore.history import decode_value, encode_payload
-from fleetstore.ids import new_id
 from fleetstore.integrations import adopt_store, check_threads
-from fleetstore.operations import Operation, check_text, dump_json
-from fleetstore.store import Store
+from fleetstore.store.aio import AsyncStore, _bridge
+from fleetstore.store.facade import Store
 
 T = TypeVar("T")
 log = logging.getLogger("fleetstore.adk")
@@ -229,7 +229,7 @@ class FleetstoreSessionService(BaseSessionService):
         if self._closed:
             raise errors.StoreClosed(f"{self.store.path}: the session service was closed")
         # A call handed to a thread runs to its end even if the caller is cancelled
-        # (fleetstore.aio): a write is then applied, or not, whole.
+        # (fleetstore.store.aio): a write is then applied, or not, whole.
         return await _bridge(self._executor.submit(fn))
 
     def _submit(self, op: Operation, pending: _Pending) -> dict[str, Any] | None:

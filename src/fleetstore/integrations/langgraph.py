@@ -20,7 +20,7 @@ so none fails with "database is locked".  The saver implements the whole
 run in a small thread pool of the saver's, so the event loop never waits on
 the lock), including ``delete_for_runs``, ``copy_thread`` and ``prune``.
 
-What is stored how (see ``fleetstore.checkpoints``): the checkpoint without
+What is stored how (see ``fleetstore.domain.frameworks.langgraph``): the checkpoint without
 its channel values, serialised by the saver's ``serde``; each channel value
 once per version, shared by the checkpoints that did not change it; pending
 writes per (checkpoint, task, index); metadata as JSON, which ``list(filter=)``
@@ -63,14 +63,19 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from fleetstore import errors
-from fleetstore.aio import AsyncStore, _bridge
-from fleetstore.checkpoints import ChannelValue, Checkpoints, StoredCheckpoint, version_key
+from fleetstore.domain.frameworks.langgraph import (
+    ChannelValue,
+    Checkpoints,
+    StoredCheckpoint,
+    version_key,
+)
 from fleetstore.integrations import adopt_store, check_threads
-from fleetstore.store import Store
+from fleetstore.store.aio import AsyncStore, _bridge
+from fleetstore.store.facade import Store
 
 T = TypeVar("T")
 
-#: Threads per saver for the async methods (see ``fleetstore.aio``).
+#: Threads per saver for the async methods (see ``fleetstore.store.aio``).
 DEFAULT_THREADS = 4
 _ASYNC_PAGE = 64
 
@@ -287,7 +292,7 @@ class FleetstoreSaver(BaseCheckpointSaver[str]):
 
     async def _run(self, fn: Callable[[], T]) -> T:
         # A call handed to a thread runs to its end even if the awaiting task is
-        # cancelled (fleetstore.aio): a write then lands whole or not at all.
+        # cancelled (fleetstore.store.aio): a write then lands whole or not at all.
         return await _bridge(self._pool().submit(fn))
 
     def _pool(self) -> ThreadPoolExecutor:

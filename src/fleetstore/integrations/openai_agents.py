@@ -14,7 +14,7 @@ After::
 
 It implements the SDK's ``Session`` protocol (``get_items``, ``add_items``,
 ``pop_item``, ``clear_session``, ``session_settings``) over fleetstore history
-(see ``fleetstore.agents_ops`` for what is stored how), so a whole fleet of
+(see ``fleetstore.domain.frameworks.openai_agents`` for what is stored how), so a whole fleet of
 processes may share one store: writes go through fleetstore's write path (the
 writer gate, the write budget, the spool) and none fails with "database is
 locked".  ``list_sessions`` / ``alist_sessions`` page through the stored sessions.
@@ -50,15 +50,16 @@ from typing import Any, TypeVar, cast
 from agents.items import TResponseInputItem
 from agents.memory.session_settings import SessionSettings
 
-from fleetstore import agents_ops, errors
-from fleetstore.agents_ops import AgentSession, SessionPage
-from fleetstore.aio import AsyncStore, _bridge
+from fleetstore import errors
+from fleetstore.domain.frameworks import openai_agents as agents_ops
+from fleetstore.domain.frameworks.openai_agents import AgentSession, SessionPage
 from fleetstore.integrations import adopt_store
-from fleetstore.store import Store
+from fleetstore.store.aio import AsyncStore, _bridge
+from fleetstore.store.facade import Store
 
 T = TypeVar("T")
 
-#: Threads per store for the sessions' calls (see ``fleetstore.aio``).
+#: Threads per store for the sessions' calls (see ``fleetstore.store.aio``).
 DEFAULT_THREADS = 4
 
 _executors_lock = threading.Lock()

@@ -1,5 +1,5 @@
 -- The whole PostgreSQL schema of a fleetstore store: what migrations/0001..0006 build,
--- written out in one piece to read (tests/test_schema.py checks that the two agree).
+-- written out in one piece to read (tests/sql/test_schema.py checks that the two agree).
 -- A store is always built by its migrations; a new migration changes this file too.
 
 -- ---- from migrations/0001_history.sql
@@ -223,7 +223,7 @@ CREATE TRIGGER effects_notify AFTER INSERT OR UPDATE ON effects
 
 -- ---- from migrations/0003_checkpoints.sql
 
--- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.checkpoints),
+-- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.domain.frameworks.langgraph),
 -- the PostgreSQL mirror of sql/sqlite/migrations/0003_checkpoints.sql:
 -- a checkpoint row per (thread, namespace, checkpoint id), its channel values
 -- stored once per channel version and shared by the checkpoints that did not

@@ -1,5 +1,5 @@
 -- The whole SQLite schema of a fleetstore store: what migrations/0001..0006 build,
--- written out in one piece to read (tests/test_schema.py checks that the two agree).
+-- written out in one piece to read (tests/sql/test_schema.py checks that the two agree).
 -- A store is always built by its migrations; a new migration changes this file too.
 
 -- ---- from migrations/0001_history.sql
@@ -175,7 +175,7 @@ CREATE TABLE effect_kinds (
 
 -- ---- from migrations/0003_checkpoints.sql
 
--- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.checkpoints):
+-- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.domain.frameworks.langgraph):
 -- a checkpoint row per (thread, namespace, checkpoint id), its channel values
 -- stored once per channel version and shared by the checkpoints that did not
 -- change them, and the pending writes of the tasks run from a checkpoint.

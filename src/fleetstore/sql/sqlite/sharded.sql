@@ -1,4 +1,4 @@
--- The sharded layout's catalog (fleetstore.sharding).
+-- The sharded layout's catalog (fleetstore.store.sharded).
 
 -- shard_of: the shard holding a session (no row: the catalog holds it)
 SELECT shard FROM shard_sessions WHERE session_id = ?

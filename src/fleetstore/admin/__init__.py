@@ -1,0 +1,1 @@
+"""The operator tools as logic without click: doctor, maintain, lock, stress, top."""

@@ -1,0 +1,388 @@
+"""``fleetstore top``: a live view of a store and the processes using it.
+
+Each frame reads what the processes publish (``<db>.procs/<pid>.json``, see
+``fleetstore.store.procstats``), the sizes of the database, WAL and SHM files, and the
+outbox by state; rates and the lock-wait p99 are over the last interval (the
+difference of two snapshots), not over each process's lifetime.
+
+A sharded store (``sqlite+sharded:///DIR``) publishes under ``DIR/catalog.db.procs/``
+and its files are the catalog's; a frame adds the shard files on disk (a directory
+listing and a ``stat`` of each ``-wal``: linear in shards, no database opened), the
+largest shard WAL, and the shards the processes have open (their published
+``shards_open``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from fleetstore.cli.util import size as _size
+from fleetstore.core.metrics import Histogram
+from fleetstore.store.procstats import Published, read_published
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at: float
+    procs: tuple[Published, ...]
+    files: dict[str, int]
+    outbox: dict[str, int] | None
+    outbox_error: str | None = None
+    #: A sharded store's shard files (``shard_files``), else None.
+    shards: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class ProcRow:
+    pid: int
+    command: str
+    alive: bool
+    writes: int
+    writes_per_s: float | None
+    wait_p99: float | None
+    retries: int
+    busy: int
+    spool_pending: int
+    spooled: int
+    age: float
+    #: Shard databases the process has open (a sharded store), else None.
+    shards_open: int | None = None
+
+
+@dataclass(slots=True)
+class Frame:
+    path: str
+    at: float
+    interval: float | None
+    files: dict[str, int]
+    outbox: dict[str, int] | None
+    outbox_error: str | None
+    rows: list[ProcRow] = field(default_factory=list)
+    writes_per_s: float | None = None
+    wait_p99: float | None = None
+    stale: int = 0
+    #: A sharded store: shard files on disk, their WAL, shards open (None: one file).
+    shards: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "layout": "file" if self.shards is None else "sharded",
+            "at": self.at,
+            "interval": self.interval,
+            "files": self.files,
+            "shards": self.shards,
+            "outbox": self.outbox,
+            "outbox_error": self.outbox_error,
+            "writes_per_s": self.writes_per_s,
+            "lock_wait_p99": self.wait_p99,
+            "stale_files": self.stale,
+            "processes": [
+                {
+                    "pid": r.pid,
+                    "command": r.command,
+                    "writes": r.writes,
+                    "writes_per_s": r.writes_per_s,
+                    "lock_wait_p99": r.wait_p99,
+                    "retries": r.retries,
+                    "busy_timeouts": r.busy,
+                    "spool_pending": r.spool_pending,
+                    "spooled": r.spooled,
+                    "shards_open": r.shards_open,
+                    "published_age": r.age,
+                }
+                for r in self.rows
+            ],
+        }
+
+
+def _file_sizes(path: str) -> dict[str, int]:
+    sizes = {}
+    for name, suffix in (("db", ""), ("wal", "-wal"), ("shm", "-shm")):
+        try:
+            sizes[name] = os.stat(path + suffix).st_size
+        except OSError:
+            sizes[name] = 0
+    return sizes
+
+
+def layout(path: str) -> tuple[str, Path | None]:
+    """(the file whose figures and sizes are shown, the shard directory or None) for a
+    store file's path or a ``sqlite+sharded:///DIR`` URL."""
+    from fleetstore.engine.sharded import CATALOG
+    from fleetstore.store.facade import SHARDED_SCHEME
+
+    prefix = SHARDED_SCHEME + "://"
+    if path.startswith(prefix):
+        directory = Path(path[len(prefix) :])
+        return str(directory / CATALOG), directory
+    return path, None
+
+
+def shard_files(directory: Path) -> dict[str, Any]:
+    """The shard files under a sharded store's *directory*: how many, their bytes
+    (database and WAL) and the largest WAL.  Only ``stat``: nothing is opened."""
+    from fleetstore.engine.sharded import SHARDS
+
+    count = db_bytes = wal_bytes = 0
+    largest: dict[str, Any] | None = None
+    base = directory / SHARDS
+    try:
+        subdirs = [d for d in os.scandir(base) if d.is_dir()]
+    except OSError:
+        subdirs = []
+    for sub in subdirs:
+        try:
+            names = os.listdir(sub.path)
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(".db") or name.startswith("."):
+                continue
+            count += 1
+            full = os.path.join(sub.path, name)
+            with contextlib.suppress(OSError):
+                db_bytes += os.stat(full).st_size
+            try:
+                wal = os.stat(full + "-wal").st_size
+            except OSError:
+                continue
+            wal_bytes += wal
+            if largest is None or wal > largest["bytes"]:
+                largest = {"key": name[:-3], "bytes": wal}
+    return {
+        "on_disk": count,
+        "db_bytes": db_bytes,
+        "wal_bytes": wal_bytes,
+        "largest_wal": largest,
+    }
+
+
+def sample(path: str, outbox: Any = None) -> Sample:
+    """One reading of a store (its file's path, or a sharded store's URL).  *outbox*: a
+    callable returning the outbox counts (or None)."""
+    counts: dict[str, int] | None = None
+    error = None
+    if outbox is not None:
+        try:
+            counts = outbox()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    db, directory = layout(path)
+    shards = shard_files(directory) if directory is not None else None
+    return Sample(time.time(), tuple(read_published(db)), _file_sizes(db), counts, error, shards)
+
+
+def _delta_hist(new: Published, old: Published | None, name: str) -> Histogram:
+    """The histogram of what happened between two snapshots of one process."""
+    hist = new.histogram(name)
+    if old is None:
+        return hist
+    before = old.histogram(name).export()
+    after = hist.export()
+    diff: dict[str, Any] = {
+        "buckets": {
+            i: c - int(before["buckets"].get(i, 0))
+            for i, c in after["buckets"].items()
+            if c - int(before["buckets"].get(i, 0)) > 0
+        },
+        "n": after["n"] - before["n"],
+        "sum": after["sum"] - before["sum"],
+        "max": after["max"],
+    }
+    return Histogram.from_buckets(diff)
+
+
+def frame(path: str, new: Sample, old: Sample | None) -> Frame:
+    interval = new.at - old.at if old is not None else None
+    previous = {p.pid: p for p in old.procs} if old is not None else {}
+    result = Frame(path, new.at, interval, new.files, new.outbox, new.outbox_error)
+    merged = Histogram()
+    total_rate = 0.0
+    shards_open = 0
+    for proc in new.procs:
+        if not proc.alive:
+            result.stale += 1
+            continue
+        metrics = proc.record.get("metrics", {})
+        prev = previous.get(proc.pid)
+        prev_metrics = prev.record.get("metrics", {}) if prev is not None else {}
+        writes = int(metrics.get("writes", 0))
+        rate = None
+        wait = None
+        if prev is not None and interval:
+            rate = max(writes - int(prev_metrics.get("writes", 0)), 0) / interval
+            total_rate += rate
+            window = _delta_hist(proc, prev, "lock_wait")
+            merged.merge_export(window.export())
+            wait = window.quantile(0.99) if window.export()["n"] else None
+        result.rows.append(
+            ProcRow(
+                pid=proc.pid,
+                command=proc.command,
+                alive=proc.alive,
+                writes=writes,
+                writes_per_s=rate,
+                wait_p99=wait,
+                retries=int(metrics.get("begin_busy_retries", 0)),
+                busy=int(metrics.get("busy_timeouts", 0)),
+                spool_pending=int(metrics.get("spool_pending", 0)),
+                spooled=int(metrics.get("spooled", 0)),
+                age=proc.age,
+                shards_open=_int_or_none(metrics.get("shards_open")),
+            )
+        )
+        shards_open += int(metrics.get("shards_open") or 0)
+    if new.shards is not None:
+        result.shards = {**new.shards, "open": shards_open}
+    if interval:
+        result.writes_per_s = total_rate
+        result.wait_p99 = merged.quantile(0.99) if merged.export()["n"] else None
+    return result
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def render(f: Frame, width: int | None = None, height: int | None = None) -> list[str]:
+    """The frame as screen lines (no colour: it must read in any terminal and in logs)."""
+    width = width or shutil.get_terminal_size((100, 30)).columns
+    lines = [
+        f"fleetstore top  {f.path}  {time.strftime('%H:%M:%S', time.localtime(f.at))}",
+        f"files      {'catalog ' if f.shards is not None else ''}db {_size(f.files['db'])}   "
+        f"WAL {_size(f.files['wal'])}   "
+        f"SHM {_size(f.files['shm'])}",
+        f"writes/s   {_rate(f.writes_per_s)}   lock wait p99 {_ms(f.wait_p99)}   "
+        f"processes {len(f.rows)}" + (f" (+{f.stale} gone)" if f.stale else ""),
+    ]
+    if f.shards is not None:
+        largest = f.shards["largest_wal"]
+        lines.insert(
+            2,
+            f"shards     {f.shards['on_disk']:,} on disk ({_size(f.shards['db_bytes'])}, "
+            f"WAL {_size(f.shards['wal_bytes'])})   open {f.shards['open']:,}   largest WAL "
+            + (f"{_size(largest['bytes'])} ({largest['key']})" if largest else "-"),
+        )
+    if f.outbox is not None:
+        states = ("pending", "running", "succeeded", "dead", "cancelled", "expired")
+        lines.append("outbox     " + "   ".join(f"{s} {f.outbox.get(s, 0):,}" for s in states))
+    elif f.outbox_error:
+        lines.append(f"outbox     unavailable: {f.outbox_error}")
+    lines.append("")
+    header = (
+        f"{'PID':>7} {'WRITES/S':>9} {'WAIT P99':>10} {'WRITES':>9} {'RETRIES':>8} "
+        f"{'BUSY':>5} {'SPOOL':>6}  COMMAND"
+    )
+    lines.append(header)
+    for r in f.rows:
+        lines.append(
+            f"{r.pid:>7} {_rate(r.writes_per_s):>9} {_ms(r.wait_p99):>10} {r.writes:>9,} "
+            f"{r.retries:>8,} {r.busy:>5,} {r.spool_pending:>6,}  {r.command}"
+        )
+    if not f.rows:
+        lines.append("        (no process is publishing figures for this store)")
+    if f.interval is None:
+        lines.append("")
+        lines.append("rates appear from the second frame on")
+    clipped = [line[:width] for line in lines]
+    if height is not None and len(clipped) > height:
+        clipped = [*clipped[: height - 1], f"... {len(lines) - height + 1} more"]
+    return clipped
+
+
+class _Keys:
+    """Single keys from a terminal's stdin without Enter (cbreak), restored on exit."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._saved: Any = None
+
+    def __enter__(self) -> _Keys:
+        if sys.stdin.isatty():
+            import termios
+            import tty
+
+            self._fd = sys.stdin.fileno()
+            self._saved = termios.tcgetattr(self._fd)
+            tty.setcbreak(self._fd)
+        return self
+
+    def wait(self, seconds: float) -> str:
+        """Wait up to *seconds* for a key; the key, or ``""``."""
+        if self._fd is None:
+            time.sleep(seconds)
+            return ""
+        ready, _, _ = select.select([self._fd], [], [], seconds)
+        return os.read(self._fd, 1).decode("utf-8", "replace") if ready else ""
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            import termios
+
+            termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+
+
+def run(
+    path: str,
+    outbox: Any,
+    interval: float,
+    count: int | None,
+    out: TextIO,
+    as_json: bool = False,
+) -> None:
+    """Show frames on *out*: redrawn in place on a terminal (``q`` quits), one
+    after another otherwise; ``as_json`` prints one JSON object per frame."""
+    live = out.isatty() and not as_json
+    old = sample(path, outbox)
+    shown = 0
+    with _Keys() as keys:
+        if count is not None and count > 0 and not live:
+            # Rates need two samples: a frame printed once is the second.
+            time.sleep(interval)
+        else:
+            _show(frame(path, old, None), out, live, as_json)
+            shown += 1
+        while count is None or shown < count:
+            if live:
+                key = keys.wait(interval)
+                if key in ("q", "Q"):
+                    return
+            elif shown:
+                time.sleep(interval)
+            new = sample(path, outbox)
+            _show(frame(path, new, old), out, live, as_json)
+            old = new
+            shown += 1
+
+
+def _show(f: Frame, out: TextIO, live: bool, as_json: bool) -> None:
+    if as_json:
+        out.write(json.dumps(f.to_json()) + "\n")
+    elif live:
+        size = shutil.get_terminal_size((100, 30))
+        body = render(f, size.columns, size.lines - 1)
+        out.write("\x1b[H\x1b[2J" + "\n".join(body) + "\n(q quits)")
+    else:
+        out.write("\n".join(render(f, 200)) + "\n\n")
+    out.flush()
+
+
+__all__ = ["Frame", "Sample", "frame", "layout", "render", "run", "sample", "shard_files"]

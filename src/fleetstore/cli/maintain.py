@@ -1,0 +1,168 @@
+"""The ``fleetstore maintain`` command (the work is in fleetstore.admin.maintain)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from fleetstore import errors
+from fleetstore.admin import maintain as _maintain
+from fleetstore.cli.util import ProgressBars, env
+
+
+class Age(click.ParamType):  # type: ignore[type-arg]
+    """An age: 30d, 12h, 90m, 45s, 2w (a bare number is seconds)."""
+
+    name = "age"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            return value
+        try:
+            return _maintain.parse_age(str(value))
+        except errors.InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class OptionalAge(Age):
+    """An age, or ``off``."""
+
+    name = "age|off"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
+            return None
+        return super().convert(value, param, ctx)
+
+
+_EXIT = """\b
+Exit codes:
+  0  every step done (or nothing to do), or the dry run printed what would happen
+  1  a step failed: the store failed or stayed locked past the write budget, the
+     archive could not be written or read back (nothing was deleted), a session
+     tree written to while it was being deleted was left partly deleted; or the
+     file is not a SQLite database, or not in WAL mode (it is left alone)
+  2  bad usage: no database or sharded store at PATH (nothing is created), a bad
+     age, an archive FILE that exists, --delete-older-than without --yes, a
+     database that is not a fleetstore store without --yes"""
+
+
+@click.command(name="maintain", epilog=_EXIT)
+@click.argument("path", type=click.Path(path_type=str))
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print what each step would do; change nothing.",
+    **env("maintain", "dry-run"),
+)
+@click.option(
+    "--yes",
+    is_flag=True,
+    help="Confirm --delete-older-than, and maintenance of a database that is not a "
+    "fleetstore store (only the generic steps run on it).",
+    **env("maintain", "yes"),
+)
+@click.option(
+    "--archive-older-than",
+    "archive",
+    nargs=2,
+    type=(Age(), click.Path(dir_okay=False, path_type=str)),
+    default=None,
+    metavar="AGE FILE",
+    help="Export the session trees not written for AGE (e.g. 30d) to FILE (never "
+    "overwritten), read FILE back whole, then delete them.",
+    **env("maintain", "archive-older-than"),
+)
+@click.option(
+    "--delete-older-than",
+    type=Age(),
+    default=None,
+    metavar="AGE",
+    help="Delete the session trees not written for AGE, without archiving (needs --yes).",
+    **env("maintain", "delete-older-than"),
+)
+@click.option(
+    "--ops-older-than",
+    type=OptionalAge(),
+    default="30d",
+    show_default=True,
+    metavar="AGE|off",
+    help="Prune applied_ops rows (the exactly-once log) older than AGE, at least 1h; "
+    "never one a spool journal could still replay.",
+    **env("maintain", "ops-older-than"),
+)
+@click.option(
+    "--blob-grace",
+    type=Age(),
+    default=None,
+    metavar="AGE",
+    help="Blob files younger than this are never collected. Default: max(10m, 3 x the "
+    "write budget + 1m); must exceed every writer's write budget plus a minute.",
+    **env("maintain", "blob-grace"),
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the report as JSON on stdout.",
+    **env("maintain", "json"),
+)
+def maintain_command(
+    path: str,
+    dry_run: bool,
+    yes: bool,
+    archive: tuple[float, str] | None,
+    delete_older_than: float | None,
+    ops_older_than: float | None,
+    blob_grace: float | None,
+    as_json: bool,
+) -> None:
+    """Maintain a store while its fleet keeps writing.
+
+    Steps, in order: retention (--archive-older-than, --delete-older-than; top-level
+    sessions with their subagents, deleted in batches), pruning of old applied_ops
+    rows, blob garbage collection (rows and files nothing refers to, older than
+    --blob-grace), PRAGMA optimize, incremental vacuum in small batches, and a
+    checkpoint (passive; the WAL is truncated only when no reader blocks it). Every
+    step writes in short transactions through the normal write path; the report
+    gives each step's transactions and longest lock hold. PATH is the store's file,
+    a directory holding fleetstore.db, or sqlite:///absolute/path. On a database
+    that is not a fleetstore store only the generic steps run, with --yes.
+
+    A sharded store (sqlite+sharded:///DIR, or DIR): every step on every file, the
+    catalog then each shard, one open at a time; a blob file goes only when no file
+    refers to it; then the shard files that hold no session and that nothing names are
+    removed, once nothing was applied in them for an hour and no process has them open.
+    """
+    config = _maintain.Config(
+        path=path,
+        dry_run=dry_run,
+        yes=yes,
+        archive_older_than=archive[0] if archive else None,
+        archive_to=archive[1] if archive else None,
+        delete_older_than=delete_older_than,
+        ops_older_than=ops_older_than,
+        blob_grace=blob_grace,
+    )
+    bars = ProgressBars()
+    try:
+        report = _maintain.maintain(config, progress=bars)
+    except (errors.InvalidInput, errors.NotFound, _maintain.NotConfirmed) as exc:
+        bars.close()
+        click.echo(f"fleetstore maintain: {exc}", err=True)
+        sys.exit(2)
+    except (errors.FleetstoreError, OSError) as exc:
+        bars.close()
+        click.echo(f"fleetstore maintain: {exc}", err=True)
+        sys.exit(1)
+    bars.close()
+    if as_json:
+        click.echo(_maintain.report_json(report))
+    else:
+        click.echo(_maintain.format_report(report))
+    sys.exit(0 if report.ok else 1)
+
+
+__all__ = ["Age", "OptionalAge", "maintain_command"]

@@ -1,0 +1,107 @@
+"""What the ``fleetstore`` commands share: option helpers, sizes, progress bars."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+STORE_HELP = (
+    "The store: its file, a directory holding fleetstore.db, sqlite:///absolute/path, or "
+    "a sharded store (sqlite+sharded:///absolute/dir, or the directory holding its "
+    "catalog.db). Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db."
+)
+store_option = click.option(
+    "--store",
+    metavar="PATH",
+    default=None,
+    envvar="FLEETSTORE_URL",
+    show_envvar=True,
+    help=STORE_HELP,
+)
+
+
+def existing_store(command: str, store: str | None, *, server: bool = True) -> str:
+    """What to pass to ``fleetstore.open``: the store file's path, a sharded store's
+    ``sqlite+sharded:///DIR`` URL (it exists iff ``DIR/catalog.db`` is a file), or a
+    PostgreSQL store's URL (where *server*); exit 2 if there is no store (commands
+    that read a store never create one)."""
+    from fleetstore.engine.sharded import CATALOG
+    from fleetstore.errors import ConfigError
+    from fleetstore.store.facade import SHARDED_SCHEME, parse_target
+
+    try:
+        kind, target = parse_target(store)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    if kind == "sharded":
+        assert not isinstance(target, str)
+        directory = target.expanduser().absolute()
+        if not (directory / CATALOG).is_file():
+            click.echo(
+                f"fleetstore {command}: no sharded store at {directory} (no {CATALOG}; "
+                "nothing was created)",
+                err=True,
+            )
+            sys.exit(2)
+        return f"{SHARDED_SCHEME}://{directory}"
+    if isinstance(target, str):
+        if not server:
+            click.echo(
+                f"fleetstore {command}: works on SQLite store files, not on a PostgreSQL "
+                "store (see docs/postgresql.md)",
+                err=True,
+            )
+            sys.exit(2)
+        return target
+    path = target
+    if not path.is_file():
+        click.echo(f"fleetstore {command}: no store at {path} (nothing was created)", err=True)
+        sys.exit(2)
+    return str(path)
+
+
+def env(command: str, option: str) -> dict[str, Any]:
+    """``envvar``/``show_envvar`` for an option: FLEETSTORE_<COMMAND>_<OPTION>."""
+    name = f"FLEETSTORE_{command}_{option}".upper().replace("-", "_").replace(" ", "_")
+    return {"envvar": name, "show_envvar": True}
+
+
+def size(n: float) -> str:
+    """Bytes for people: ``512 B``, ``49.0 KB``, ``10.5 MB`` (powers of 1000)."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{n} B"
+
+
+class ProgressBars:
+    """A click progress bar per stage, on stderr, only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self._bar: Any = None
+        self._stage = ""
+        self._pos = 0
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if stage != self._stage:
+            self.close()
+            self._bar = click.progressbar(length=max(total, 1), label=stage, file=sys.stderr)
+            self._stage, self._pos = stage, 0
+        self._bar.update(max(done - self._pos, 0))
+        self._pos = max(done, self._pos)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.render_finish()
+            self._bar = None
+            self._stage = ""
+
+
+__all__ = ["STORE_HELP", "ProgressBars", "env", "existing_store", "size", "store_option"]

@@ -1,0 +1,1 @@
+"""Values every layer shares: ids, settings, metrics, argument checks, store targets."""

@@ -1,0 +1,316 @@
+"""Content-addressed payload files beside the database.
+
+A payload over ``blob_threshold`` is compressed (zstd), written to a temporary
+file, fsynced, renamed to ``<dir>/<sha[:2]>/<sha>`` and the directory fsynced,
+all *before* the write transaction, which then stores only the hash: the time
+a writer holds the lock does not grow with the payload (DESIGN.md promise 4;
+a 4 MB payload written inside the transaction raised everyone else's p99 6-7x).
+Paths come from the hash alone, so no input can name a file of its choosing.
+Identical payloads share one file.  Reads verify the hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from fleetstore import errors
+
+CODEC = "zstd"
+_SHA = re.compile(r"[0-9a-f]{64}")
+# Level 1: a 6 MB tool output costs 11-13 ms at level 1 vs 54-61 ms at level 3, for
+# a file barely larger; on a 2-core machine that CPU, not the lock, raised other
+# agents' small-write p99 (benchmarks/bench_history.py, "cpu-only" variant).
+COMPRESSION_LEVEL = 1
+#: A reused blob file older than this (seconds) has its mtime set to now; a younger
+#: one is left as it is (importing a file twice changes nothing, not even mtimes).
+#: Blob garbage collection's grace must exceed the write budget plus this.
+TOUCH_AFTER = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """A stored payload: its SHA-256 (of the uncompressed bytes) and sizes."""
+
+    sha256: str
+    size: int
+    stored_size: int
+    codec: str = CODEC
+
+
+def check_sha(sha256: object) -> str:
+    if not isinstance(sha256, str) or not _SHA.fullmatch(sha256):
+        raise errors.InvalidInput(f"not a blob hash (64 lower-case hex digits): {sha256!r}")
+    return sha256
+
+
+class BlobStore:
+    """The blob files of one store (``<database>.blobs/``)."""
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+
+    def path(self, sha256: str) -> Path:
+        sha = check_sha(sha256)
+        return self.directory / sha[:2] / sha
+
+    def put(self, data: bytes) -> BlobRef:
+        """Store *data* durably (fsynced) and return its reference.  A payload
+        already stored is not written again if its file verifies; a damaged file
+        is replaced, so writing the same payload repairs it."""
+        if len(data) > self.max_bytes:
+            raise errors.PayloadTooLarge(
+                f"payload of {len(data):,} bytes is over max_payload_bytes ({self.max_bytes:,})"
+            )
+        sha = hashlib.sha256(data).hexdigest()
+        target = self.path(sha)
+        with contextlib.suppress(OSError, errors.BlobCorrupt):
+            packed = target.read_bytes()
+            # Decompressing and hashing costs less than compressing again, and a
+            # file trusted by its name alone was never repaired by a later import
+            # or merge of the same content (tests/domain/test_history.py).
+            if hashlib.sha256(_unpack(packed, len(data), "")).hexdigest() == sha:
+                # Made young before the caller's transaction refers to it: blob garbage
+                # collection deletes only files older than a grace beyond the write
+                # budget plus TOUCH_AFTER, and puts back a file touched while it looked
+                # (fleetstore/ops/maintain.py).  Gone meanwhile (collected): written anew.
+                if time.time() - target.stat().st_mtime >= TOUCH_AFTER:
+                    os.utime(target)
+                return BlobRef(sha, len(data), len(packed))
+        packed = zstandard.ZstdCompressor(
+            level=COMPRESSION_LEVEL, write_content_size=True
+        ).compress(data)
+        if not target.parent.is_dir():
+            # mkdir(parents=True) would create the top directory with the umask's mode.
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            target.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = target.parent / f".{sha}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(packed)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        os.close(fd)
+        # Two processes storing the same payload both rename: either file is right.
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+        return BlobRef(sha, len(data), len(packed))
+
+    def get(self, sha256: str, size: int | None = None) -> bytes:
+        """The payload, verified against its hash (``BlobCorrupt`` if missing or damaged)."""
+        target = self.path(sha256)
+        try:
+            packed = target.read_bytes()
+        except OSError as exc:
+            raise errors.BlobCorrupt(
+                f"blob {sha256}: cannot read {target}: {exc.strerror}"
+            ) from exc
+        limit = self.max_bytes if size is None else size
+        data = _unpack(packed, limit, f"blob {sha256}: {target} is damaged")
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise errors.BlobCorrupt(f"blob {sha256}: {target} does not match its hash")
+        return data
+
+    def read_stored(self, sha256: str) -> bytes:
+        """The compressed bytes as stored (for export; verified by the importer)."""
+        try:
+            return self.path(sha256).read_bytes()
+        except OSError as exc:
+            raise errors.BlobCorrupt(f"blob {sha256}: {exc.strerror}") from exc
+
+    def put_stored(self, sha256: str, packed: bytes, size: int) -> BlobRef:
+        """Store compressed bytes received from elsewhere, after checking that
+        they decompress to *size* bytes with hash *sha256*."""
+        return self.put(_received(sha256, packed, size, self.max_bytes))
+
+    def verify(self, sha256: str) -> bool:
+        try:
+            self.get(sha256)
+        except errors.BlobCorrupt:
+            return False
+        return True
+
+    def exists(self, sha256: str) -> bool:
+        return self.path(sha256).exists()
+
+    def describe(self, sha256: str) -> str:
+        """Where the blob lives, for messages."""
+        return str(self.path(sha256))
+
+    def __iter__(self) -> Iterator[str]:
+        """The hashes of every blob file present."""
+        if not self.directory.is_dir():
+            return
+        for sub in sorted(self.directory.iterdir()):
+            if sub.is_dir() and len(sub.name) == 2:
+                for f in sorted(sub.iterdir()):
+                    if _SHA.fullmatch(f.name):
+                        yield f.name
+
+
+#: Blob bytes in the database are cut in chunks of this size: one row never holds a
+#: 256 MB value, and a read streams row by row.
+CHUNK_BYTES = 1024 * 1024
+
+
+class DbBlobStore:
+    """The blobs of a store on a database server (PostgreSQL): the compressed bytes in
+    ``blob_chunks`` rows, so every host sees them.  Same interface, limits, codec
+    and hashes as the files of a SQLite store; written in a transaction of their own
+    before the one that refers to them, as the files are."""
+
+    def __init__(self, store: Any, max_bytes: int) -> None:
+        self._store = store
+        self.max_bytes = max_bytes
+
+    def _q(self, name: str) -> str:
+        return str(self._store.queries[name])
+
+    def put(self, data: bytes) -> BlobRef:
+        if len(data) > self.max_bytes:
+            raise errors.PayloadTooLarge(
+                f"payload of {len(data):,} bytes is over max_payload_bytes ({self.max_bytes:,})"
+            )
+        sha = hashlib.sha256(data).hexdigest()
+        stored = self._stored_size(sha)
+        if stored and self.verify(sha):
+            # Read back and hashed, as a reused file is: writing the same payload
+            # again repairs damaged chunks (tests/domain/test_history.py, damaged blobs).
+            return BlobRef(sha, len(data), stored)
+        packed = zstandard.ZstdCompressor(
+            level=COMPRESSION_LEVEL, write_content_size=True
+        ).compress(data)
+        self._write(sha, packed, replace=bool(stored))
+        return BlobRef(sha, len(data), len(packed))
+
+    def _stored_size(self, sha: str) -> int:
+        rows = self._store.db.read(lambda tx: tx.execute(self._q("blobdata_exists"), (sha,)))
+        return int(rows[0][1]) if rows and rows[0][0] else 0
+
+    def _write(self, sha: str, packed: bytes, replace: bool = False) -> None:
+        chunks = [
+            (sha, i, packed[at : at + CHUNK_BYTES])
+            for i, at in enumerate(range(0, max(len(packed), 1), CHUNK_BYTES))
+        ]
+        sql = self._q("blobdata_put_chunk")
+
+        def write(tx: Any) -> None:
+            if replace:  # damaged chunks out first
+                tx.execute(self._q("blobdata_delete"), (sha,))
+            for chunk in chunks:  # all chunks or none: one transaction
+                tx.execute(sql, chunk)
+
+        self._store.db.run_write(write)
+
+    def read_stored(self, sha256: str) -> bytes:
+        check_sha(sha256)
+        rows = self._store.db.read(lambda tx: tx.execute(self._q("blobdata_get"), (sha256,)))
+        if not rows:
+            raise errors.BlobCorrupt(f"blob {sha256}: no data in blob_chunks")
+        return b"".join(bytes(r[0]) for r in rows)
+
+    def get(self, sha256: str, size: int | None = None) -> bytes:
+        packed = self.read_stored(sha256)
+        limit = self.max_bytes if size is None else size
+        data = _unpack(packed, limit, f"blob {sha256}: its chunks are damaged")
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise errors.BlobCorrupt(f"blob {sha256}: its chunks do not match its hash")
+        return data
+
+    def put_stored(self, sha256: str, packed: bytes, size: int) -> BlobRef:
+        _received(sha256, packed, size, self.max_bytes)
+        stored = self._stored_size(sha256)
+        if not stored or not self.verify(sha256):
+            self._write(sha256, packed, replace=bool(stored))
+            stored = len(packed)
+        return BlobRef(sha256, size, stored)
+
+    def verify(self, sha256: str) -> bool:
+        try:
+            self.get(sha256)
+        except errors.BlobCorrupt:
+            return False
+        return True
+
+    def exists(self, sha256: str) -> bool:
+        return self._stored_size(check_sha(sha256)) > 0
+
+    def describe(self, sha256: str) -> str:
+        return f"blob_chunks rows of {sha256}"
+
+    def __iter__(self) -> Iterator[str]:
+        """The hashes of every blob with data in the database."""
+        after, page = "", 1000
+        while True:
+            rows = self._store.db.read(
+                lambda tx, a=after: tx.execute(self._q("blobdata_list_after"), (a, page))
+            )
+            for (sha,) in rows:
+                yield str(sha)
+            if len(rows) < page:
+                return
+            after = str(rows[-1][0])
+
+
+def _received(sha256: str, packed: bytes, size: int, max_bytes: int) -> bytes:
+    """The payload of compressed bytes received from elsewhere (an import, a migrate),
+    checked: within the size limit, valid zstd, *size* bytes with hash *sha256*."""
+    check_sha(sha256)
+    if size > max_bytes:
+        raise errors.PayloadTooLarge(f"blob {sha256} of {size:,} bytes is over max_payload_bytes")
+    data = _unpack(packed, size, f"blob {sha256}: not valid zstd data")
+    if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+        raise errors.BlobCorrupt(f"blob {sha256}: bytes do not match the hash or size")
+    return data
+
+
+def _unpack(packed: bytes, limit: int, what: str) -> bytes:
+    """The bytes of a zstd frame of at most *limit* bytes, else ``BlobCorrupt``.
+    ``max_output_size`` bounds only frames that do not declare their size: a damaged
+    or forged header declaring terabytes raised MemoryError, so it is refused before
+    anything is allocated (tests/domain/test_history.py: test_a_damaged_blob_file_...)."""
+    try:
+        declared = zstandard.frame_content_size(packed)
+        if declared > limit:
+            raise errors.BlobCorrupt(
+                f"{what}: its header declares {declared:,} bytes, over the {limit:,} expected"
+            )
+        return zstandard.ZstdDecompressor().decompress(packed, max_output_size=limit)
+    except zstandard.ZstdError as exc:
+        raise errors.BlobCorrupt(f"{what}: {exc}") from exc
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so a file created or renamed in it survives a power loss."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = [
+    "CODEC",
+    "COMPRESSION_LEVEL",
+    "BlobRef",
+    "BlobStore",
+    "DbBlobStore",
+    "check_sha",
+    "fsync_dir",
+]

@@ -1,0 +1,825 @@
+"""Sessions, messages, parts and usage: the domain rules of session history.
+
+Payloads are encoded here, before any transaction: a body of at least
+``blob_threshold`` bytes becomes a blob file (written and fsynced now) and the
+operation carries only its hash.  Streams coalesce deltas and append them as
+chunks; a part is never rewritten whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import json
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fleetstore import errors
+from fleetstore.core.ids import is_valid_id, new_id
+from fleetstore.domain.operations import ROLES_MAX, Operation, check_text, dump_json
+from fleetstore.models import (
+    PART_TYPES,
+    USAGE_FIELDS,
+    File,
+    Message,
+    MessageStatus,
+    NewEffect,
+    Part,
+    Reasoning,
+    Session,
+    SessionStatus,
+    Text,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from fleetstore.engine.base import Tx
+    from fleetstore.store.facade import Store
+
+#: Seconds a listing waits for this process's recent writes to reach a sharded
+#: store's catalog index (its background refresh); past it, it lists what is there.
+LISTING_SYNC_WAIT = 0.5
+
+
+# -- payload encoding ------------------------------------------------------------------------
+
+
+def encode_payload(store: Store, value: str | bytes, enc: str) -> dict[str, Any]:
+    """``{"enc", "body"}`` inline, or ``{"enc", "blob"}`` after writing the blob file."""
+    return _encoded(store, _raw(store, value), value, enc)
+
+
+def _encoded(store: Store, raw: bytes, value: str | bytes, enc: str) -> dict[str, Any]:
+    if len(raw) >= store.settings.blob_threshold:
+        ref = store.blobs.put(raw)
+        return {
+            "enc": enc,
+            "blob": {"sha256": ref.sha256, "size": ref.size, "stored_size": ref.stored_size},
+        }
+    if isinstance(value, str):
+        return {"enc": enc, "body": value}
+    return {"enc": enc, "body": base64.b64encode(raw).decode("ascii")}
+
+
+def _raw(store: Store, value: str | bytes) -> bytes:
+    if isinstance(value, str):
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError:
+            check_text(value, "text")  # raises InvalidInput
+            raise
+    else:
+        raw = bytes(value)
+    limit = store.settings.max_payload_bytes
+    if len(raw) > limit:
+        raise errors.PayloadTooLarge(
+            f"payload of {len(raw):,} bytes is over max_payload_bytes ({limit:,})"
+        )
+    return raw
+
+
+def _prepare_part(store: Store, part: object) -> tuple[dict[str, Any], bytes, str | bytes, str]:
+    """(kind and meta, raw bytes, payload, encoding) of *part*: every check done,
+    nothing written."""
+    if isinstance(part, Text | Reasoning):
+        _check_type(part, "text", str)
+        head: dict[str, Any] = {"kind": part.kind, "meta": {}}
+        value: str | bytes = part.text
+        enc = "str"
+    elif isinstance(part, ToolCall):
+        _check_type(part, "name", str)
+        _check_type(part, "call_id", str)
+        value = dump_json(part.arguments, f"arguments of tool call {part.name!r}")
+        head = {"kind": part.kind, "meta": {"name": part.name, "call_id": part.call_id}}
+        enc = "json"
+    elif isinstance(part, ToolResult):
+        _check_type(part, "call_id", str)
+        _check_type(part, "name", str)
+        _check_type(part, "is_error", bool)
+        _check_type(part, "output", str | bytes)
+        meta = {"call_id": part.call_id, "is_error": part.is_error, "name": part.name}
+        head = {"kind": part.kind, "meta": meta}
+        value = part.output
+        enc = "str" if isinstance(part.output, str) else "bytes"
+    elif isinstance(part, File):
+        _check_type(part, "data", bytes)
+        _check_type(part, "mime_type", str)
+        _check_type(part, "name", str)
+        head = {"kind": part.kind, "meta": {"mime_type": part.mime_type, "name": part.name}}
+        value = part.data
+        enc = "bytes"
+    else:
+        kinds = ", ".join(t.__name__ for t in PART_TYPES.values())
+        raise errors.InvalidInput(f"not a message part: {type(part).__name__} (parts are {kinds})")
+    return head, _raw(store, value), value, enc
+
+
+def encode_parts(store: Store, parts: Sequence[object]) -> list[dict[str, Any]]:
+    """The operation JSON of *parts*.  Every part is checked before any blob file
+    is written, so a rejected write leaves no file behind."""
+    prepared = [_prepare_part(store, p) for p in parts]
+    return [{**head, **_encoded(store, raw, value, enc)} for head, raw, value, enc in prepared]
+
+
+def encode_part(store: Store, part: object) -> dict[str, Any]:
+    """An operation's JSON for *part* (a ``Text``, ``ToolCall``...)."""
+    return encode_parts(store, [part])[0]
+
+
+def _check_type(part: object, name: str, kind: Any) -> None:
+    value = getattr(part, name)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise errors.InvalidInput(
+            f"{type(part).__name__}.{name} has the wrong type: {type(value).__name__}"
+        )
+
+
+def decode_value(store: Store, enc: str, body: Any, blob_sha: str | None, size: int) -> Any:
+    """The stored value: ``str`` for 'str'/'chunks', ``bytes``, or parsed JSON."""
+    if blob_sha is not None:
+        raw = store.blobs.get(blob_sha, size)
+        if enc == "bytes":
+            return raw
+        body = raw.decode("utf-8")
+    if enc == "bytes":
+        return bytes(body) if body is not None else b""
+    if isinstance(body, bytes | memoryview):
+        # A column that holds text and bytes alike is BYTEA on PostgreSQL: text
+        # bodies come back as their UTF-8 bytes (SQLite gives back the str stored).
+        body = bytes(body).decode("utf-8")
+    if enc == "json":
+        return json.loads(body)
+    return body if body is not None else ""
+
+
+def decode_part(store: Store, row: Sequence[Any]) -> Part:
+    _mid, _seq, kind, meta_text, enc, body, blob_sha, size, chunk_text = row
+    meta = json.loads(meta_text)
+    if enc == "chunks":
+        value: Any = chunk_text or ""
+    else:
+        value = decode_value(store, enc, body, blob_sha, size)
+    if kind == "text":
+        return Text(value)
+    if kind == "reasoning":
+        return Reasoning(value)
+    if kind == "tool_call":
+        return ToolCall(meta["name"], value, meta["call_id"])
+    if kind == "tool_result":
+        return ToolResult(meta["call_id"], value, meta.get("is_error", False), meta.get("name", ""))
+    if kind == "file":
+        return File(value, meta.get("mime_type", "application/octet-stream"), meta.get("name", ""))
+    raise errors.CorruptStore(f"part of unknown kind {kind!r} in message {_mid}")
+
+
+def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The operation JSON of *usage*, checked (the operation checks it again)."""
+    if usage is None:
+        return None
+    if isinstance(usage, Usage):
+        data = {f: getattr(usage, f) for f in USAGE_FIELDS}
+    elif isinstance(usage, Mapping):
+        data = {k: v for k, v in usage.items() if v is not None}  # None counts as 0
+    else:
+        raise errors.InvalidInput(f"usage must be a Usage or a dict, not {type(usage).__name__}")
+    unknown = set(data) - set(USAGE_FIELDS)
+    if unknown:
+        raise errors.InvalidInput(
+            f"usage has unknown fields: {', '.join(sorted(map(str, unknown)))}"
+        )
+    for name, value in data.items():
+        number = int | float if name == "cost" else int
+        if (
+            not isinstance(value, number)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise errors.InvalidInput(f"usage {name} must be a number >= 0, not {value!r}")
+    return data
+
+
+def effects_arg(store: Store, effects: Sequence[NewEffect]) -> list[dict[str, Any]] | None:
+    """The ``effects`` argument of an operation: the effects that commit with it."""
+    # outbox imports this module; importing it here, when first needed, breaks the cycle.
+    from fleetstore.domain.outbox import effects_args
+
+    return effects_args(store, effects)
+
+
+def _check_role(role: object) -> None:
+    if not isinstance(role, str) or not 0 < len(role) <= ROLES_MAX:
+        raise errors.InvalidInput(
+            f"role must be a non-empty string of at most {ROLES_MAX} characters, not {role!r}"
+        )
+    check_text(role, "role")
+
+
+def _check_id(value: object, what: str) -> str:
+    if not is_valid_id(value):
+        raise errors.InvalidInput(
+            f"{what} must be an id (a short string without '/'), not {value!r}"
+        )
+    return str(value)
+
+
+def _metadata(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise errors.InvalidInput(f"metadata must be a dict, not {type(value).__name__}")
+    data = dict(value)
+    dump_json(data, "metadata")
+    return data
+
+
+# -- reading rows ----------------------------------------------------------------------------
+
+
+def session_from_row(row: Sequence[Any]) -> Session:
+    return Session(
+        id=row[0],
+        root_id=row[1],
+        parent_id=row[2],
+        forked_from=row[3],
+        fork_seq=row[4],
+        project=row[5],
+        title=row[6],
+        status=SessionStatus(row[7]),
+        metadata=json.loads(row[8]),
+        created_at=row[9],
+        updated_at=row[10],
+        archived_at=row[11],
+        version=row[12],
+    )
+
+
+def messages_from_rows(store: Store, tx: Tx, rows: Sequence[Sequence[Any]]) -> list[Message]:
+    if not rows:
+        return []
+    q = store.queries
+    ids = json.dumps([r[0] for r in rows])
+    parts: dict[str, list[Part]] = {r[0]: [] for r in rows}
+    for prow in tx.execute(q["parts_of_messages"], (ids,)):
+        parts[prow[0]].append(decode_part(store, prow))
+    usage = {
+        u[0]: Usage(u[1], u[2], u[3], u[4], u[5], u[6])
+        for u in tx.execute(q["usage_of_messages"], (ids,))
+    }
+    return [
+        Message(
+            id=r[0],
+            session_id=r[1],
+            seq=r[2],
+            role=r[3],
+            parts=tuple(parts[r[0]]),
+            status=MessageStatus(r[4]),
+            model=r[5],
+            usage=usage.get(r[0]),
+            metadata=json.loads(r[6]),
+            error=r[7],
+            created_at=r[8],
+            completed_at=r[9],
+        )
+        for r in rows
+    ]
+
+
+# -- the public API --------------------------------------------------------------------------
+
+
+class Sessions:
+    """``store.sessions``: create, read, list, fork, archive and delete sessions."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def create(
+        self,
+        title: str | None = None,
+        *,
+        project: str | None = None,
+        parent_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        id: str | None = None,
+        effects: Sequence[NewEffect] = (),
+    ) -> Session:
+        """A new session; with *parent_id*, a subagent's session in its parent's tree.
+        *effects* are enqueued in the same transaction (the transactional outbox)."""
+        sid = new_id() if id is None else _check_id(id, "id")
+        if parent_id is not None:
+            _check_id(parent_id, "parent_id")
+        meta = _metadata(metadata)
+        now = time.time()
+        args: dict[str, Any] = {
+            "id": sid,
+            "parent_id": parent_id,
+            "project": project,
+            "title": title,
+            "metadata": meta,
+            "created_at": now,
+        }
+        if effects:
+            args["effects"] = effects_arg(self._store, effects)
+        if self._store.submit(Operation("create_session", args, new_id())) is None:
+            return Session(
+                id=sid,
+                root_id=sid if parent_id is None else "",
+                parent_id=parent_id,
+                project=project,
+                title=title,
+                metadata=meta,
+                created_at=now,
+                updated_at=now,
+                version=0,
+            )
+        return self.get(sid)
+
+    def get(self, session_id: str) -> Session:
+        """The session (``NotFound`` if there is none)."""
+        self._store.check_visible(session_id)
+        rows = self._store.read(
+            lambda tx: tx.execute(self._store.queries["session_get"], (session_id,)),
+            session_id=session_id,
+        )
+        if not rows:
+            raise errors.NotFound(f"no session {session_id!r}")
+        return session_from_row(rows[0])
+
+    def list(
+        self,
+        *,
+        project: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        include_archived: bool = False,
+        limit: int = 100,
+        before: str | None = None,
+    ) -> list[Session]:
+        """Sessions, newest first; *before* (a session id) pages through older ones."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise errors.InvalidInput(f"limit must be a positive integer, not {limit!r}")
+        self._store.check_visible(None)
+        params = {
+            "project": project,
+            "parent_id": parent_id,
+            "root_id": root_id,
+            "include_archived": bool(include_archived),
+            "before": before,
+            "limit": limit,
+        }
+        # A sharded store lists from its catalog: first bring this process's own
+        # writes' updated_at into it.
+        self._store.sync_catalog(LISTING_SYNC_WAIT)
+        rows = self._store.read(lambda tx: tx.execute(self._store.queries["session_list"], params))
+        return [session_from_row(r) for r in rows]
+
+    def children(self, session_id: str) -> builtins.list[Session]:
+        """The subagent sessions spawned by *session_id*."""
+        return self.list(parent_id=session_id, include_archived=True, limit=1_000_000)
+
+    def update(
+        self,
+        session_id: str,
+        *,
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        expected_version: int | None = None,
+        effects: Sequence[NewEffect] = (),
+    ) -> Session:
+        """Change the title and/or metadata; with *expected_version*, only if
+        nobody changed the session since (``VersionConflict``).  *effects* are
+        enqueued in the same transaction.  Never spooled (see ``_unspooled``)."""
+        args: dict[str, Any] = {"id": _check_id(session_id, "session_id")}
+        if title is not None:
+            args["title"] = title
+        if metadata is not None:
+            args["metadata"] = _metadata(metadata)
+        if expected_version is not None:
+            args["expected_version"] = expected_version
+        if effects:
+            args["effects"] = effects_arg(self._store, effects)
+        return self._unspooled(Operation("update_session", args, new_id()), session_id)
+
+    def fork(
+        self,
+        session_id: str,
+        *,
+        at_message_id: str | None = None,
+        title: str | None = None,
+        id: str | None = None,
+    ) -> Session:
+        """A new session holding a copy of *session_id*'s messages up to and
+        including *at_message_id* (all of them by default).  Never spooled."""
+        new = new_id() if id is None else _check_id(id, "id")
+        at_seq = None
+        if at_message_id is not None:
+            # Only its seq: reading the whole message would read (and verify) its blobs.
+            self._store.check_visible(session_id)
+            q = self._store.queries
+            found = self._store.read(
+                lambda tx: tx.execute(q["message_identity"], (at_message_id,)),
+                session_id=session_id,
+            )
+            if not found or found[0][0] != session_id:
+                raise errors.NotFound(f"session {session_id!r} has no message {at_message_id!r}")
+            at_seq = found[0][1]
+        args = {
+            "id": new,
+            "source_id": _check_id(session_id, "session_id"),
+            "at_seq": at_seq,
+            "title": title,
+            "created_at": time.time(),
+        }
+        return self._unspooled(Operation("fork_session", args, new_id()), new)
+
+    def archive(self, session_id: str, archived: bool = True) -> Session:
+        """Archive a session (``archived=False`` restores it); its history is kept.
+        Never spooled."""
+        args = {"id": _check_id(session_id, "session_id"), "archived": archived}
+        return self._unspooled(Operation("archive_session", args, new_id()), session_id)
+
+    def delete(self, session_id: str) -> None:
+        """Delete a session with its subagent sessions, messages, parts, usage and state."""
+        args = {"id": _check_id(session_id, "session_id")}
+        self._store.submit(Operation("delete_session", args, new_id()))
+
+    def usage(self, session_id: str) -> Usage:
+        """Tokens and cost summed over the session's messages."""
+        self._store.check_visible(session_id)
+        q = self._store.queries
+
+        def run(tx: Tx) -> Usage:
+            if not tx.execute(q["session_exists"], (session_id,)):
+                raise errors.NotFound(f"no session {session_id!r}")
+            row = tx.execute(q["usage_total"], (session_id,))[0]
+            return Usage(row[1], row[2], row[3], row[4], row[5], row[6])
+
+        return self._store.read(run, session_id=session_id)
+
+    def _unspooled(self, op: Operation, session_id: str) -> Session:
+        """Apply *op* now and return the session as stored.  These writes return what
+        they made, so they are not spooled: past the budget ``StoreBusy``, behind
+        spooled writes ``SpoolPending``, both with nothing written.  Spooling them and
+        raising afterwards made a caller's retry apply them twice (a second fork)."""
+        self._store.submit(op, spool=False)
+        return self.get(session_id)
+
+
+class Messages:
+    """``store.messages``: append, stream, get and list messages."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def append(
+        self,
+        session_id: str,
+        role: str,
+        parts: Sequence[Part] | str = (),
+        *,
+        model: str | None = None,
+        usage: Usage | Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        id: str | None = None,
+        effects: Sequence[NewEffect] = (),
+    ) -> Message:
+        """Append a whole message.  *parts* may be a string (one ``Text`` part).
+        Appending the same *id* again returns the stored message and writes nothing.
+        *effects* are enqueued in the same transaction (the transactional outbox)."""
+        mid = new_id() if id is None else _check_id(id, "id")
+        _check_id(session_id, "session_id")
+        _check_role(role)
+        meta = _metadata(metadata)
+        usage_dict = usage_args(usage)
+        if isinstance(parts, Mapping):
+            raise errors.InvalidInput("parts must be a sequence of parts, not a dict")
+        part_list: tuple[Part, ...] = (Text(parts),) if isinstance(parts, str) else tuple(parts)
+        # Last: it writes the blob files, and everything else has been checked.
+        effect_list = effects_arg(self._store, effects)
+        encoded = encode_parts(self._store, part_list)
+        now = time.time()
+        args: dict[str, Any] = {
+            "id": mid,
+            "session_id": session_id,
+            "role": role,
+            "model": model,
+            "metadata": meta,
+            "parts": encoded,
+            "usage": usage_dict,
+            "created_at": now,
+        }
+        if effect_list:
+            args["effects"] = effect_list
+        result = self._store.submit(Operation("append_message", args, new_id()))
+        if result is None or result.get("duplicate"):
+            if result is not None:
+                return self.get(mid)
+            seq = None
+        else:
+            seq = result["seq"]
+        return Message(
+            id=mid,
+            session_id=session_id,
+            seq=seq,
+            role=role,
+            parts=part_list,
+            model=model,
+            usage=Usage(**usage_args(usage) or {}) if usage is not None else None,
+            metadata=args["metadata"],
+            created_at=now,
+            completed_at=now,
+        )
+
+    def stream(
+        self,
+        session_id: str,
+        role: str = "assistant",
+        *,
+        model: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        id: str | None = None,
+    ) -> Stream:
+        """A message written as it is produced::
+
+            with store.messages.stream(s.id, model="m-1") as reply:
+                reply.text("partial ")      # coalesced, flushed every stream_flush_interval
+                call = reply.tool_call("bash", {"cmd": "ls"})
+                call.result(output)         # large outputs become blobs
+                reply.usage(input_tokens=10, output_tokens=3)
+
+        The message is ``streaming`` while the block runs, ``complete`` after it,
+        ``error`` if it raised (the exception propagates)."""
+        return Stream(self._store, session_id, role, model, metadata, id)
+
+    def get(self, message_id: str) -> Message:
+        """One message with its parts (``NotFound`` if there is none)."""
+        q = self._store.queries
+
+        def run(tx: Tx) -> list[Message]:
+            return messages_from_rows(self._store, tx, tx.execute(q["message_get"], (message_id,)))
+
+        found = self._store.read_first(run)
+        if not found:
+            self._store.check_visible(None)
+            raise errors.NotFound(f"no message {message_id!r}")
+        self._store.check_visible(found[0].session_id)
+        return found[0]
+
+    def list(
+        self,
+        session_id: str,
+        *,
+        after: int = 0,
+        limit: int | None = None,
+        last: int | None = None,
+    ) -> list[Message]:
+        """The session's messages in order: those after seq *after* (up to *limit*),
+        or with *last*, the last *last* of them (still oldest first)."""
+        self._store.check_visible(session_id)
+        q = self._store.queries
+        for name, value in (("after", after), ("limit", limit), ("last", last)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
+                raise errors.InvalidInput(f"{name} must be an integer >= 0, not {value!r}")
+
+        def run(tx: Tx) -> list[Message]:
+            if not tx.execute(q["session_get"], (session_id,)):
+                raise errors.NotFound(f"no session {session_id!r}")
+            if last is not None:
+                rows = tx.execute(q["message_list_last"], {"session_id": session_id, "limit": last})
+                rows.reverse()
+            else:
+                params = {
+                    "session_id": session_id,
+                    "after": after,
+                    "limit": -1 if limit is None else limit,
+                }
+                rows = tx.execute(q["message_list"], params)
+            return messages_from_rows(self._store, tx, rows)
+
+        return self._store.read(run, session_id=session_id)
+
+
+class ToolCallHandle:
+    """Returned by ``reply.tool_call``: ``result()`` records what the tool returned."""
+
+    def __init__(self, stream: Stream, call: ToolCall) -> None:
+        self._stream = stream
+        self.call = call
+
+    @property
+    def call_id(self) -> str:
+        return self.call.call_id
+
+    def result(self, output: str | bytes, *, is_error: bool = False) -> None:
+        self._stream.add(ToolResult(self.call.call_id, output, is_error, self.call.name))
+
+
+class Stream:
+    """A message being written: see ``Messages.stream``.  Thread-safe."""
+
+    def __init__(
+        self,
+        store: Store,
+        session_id: str,
+        role: str,
+        model: str | None,
+        metadata: Mapping[str, Any] | None,
+        id: str | None,
+    ) -> None:
+        self._store = store
+        self.session_id = _check_id(session_id, "session_id")
+        self.id = new_id() if id is None else _check_id(id, "id")
+        _check_role(role)
+        self.role = role
+        self.model = model
+        self._metadata = _metadata(metadata)
+        self._lock = threading.Lock()  # guards the buffer below
+        self._flush_lock = threading.Lock()  # one flush at a time keeps chunk order
+        self._pending: list[dict[str, Any]] = []
+        self._pending_bytes = 0
+        self._pending_since = 0.0
+        self._sealed = 0  # leading pending chunks that a failed write may have stored
+        self._part_seq = -1
+        self._part_kind: str | None = None
+        self._chunk_seq: dict[int, int] = {}
+        self._usage: dict[str, Any] | None = None
+        self._effects: list[dict[str, Any]] = []
+        self._open = False
+        self._finished = False
+        self.flushes = 0
+
+    def __enter__(self) -> Stream:
+        self.open()
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self.finish()
+        else:
+            self.finish(error=f"{type(exc).__name__}: {exc}")
+
+    def open(self) -> None:
+        args: dict[str, Any] = {
+            "id": self.id,
+            "session_id": self.session_id,
+            "role": self.role,
+            "model": self.model,
+            "metadata": self._metadata,
+            "status": "streaming",
+            "parts": [],
+            "created_at": time.time(),
+        }
+        self._store.submit(Operation("append_message", args, new_id()))
+        self._open = True
+        self._store.streams_opened(self)
+
+    def text(self, delta: str) -> None:
+        """Append text to the reply (coalesced with neighbouring deltas)."""
+        self._delta("text", delta)
+
+    def reasoning(self, delta: str) -> None:
+        """Append reasoning text (kept in its own part)."""
+        self._delta("reasoning", delta)
+
+    def _delta(self, kind: str, delta: str) -> None:
+        if not isinstance(delta, str):
+            raise errors.InvalidInput(f"a {kind} delta must be a str, not {type(delta).__name__}")
+        if not delta:
+            return
+        check_text(delta, f"a {kind} delta")  # here, not at a flush that would keep failing
+        self._check_open()
+        with self._lock:
+            if self._part_kind != kind:
+                self._part_seq += 1
+                self._part_kind = kind
+            part_seq = self._part_seq
+            last = self._pending[-1] if len(self._pending) > self._sealed else None
+            if last is not None and last["part_seq"] == part_seq:
+                last["text"] += delta
+            else:
+                seq = self._chunk_seq.get(part_seq, 0)
+                self._chunk_seq[part_seq] = seq + 1
+                if not self._pending:
+                    self._pending_since = time.monotonic()
+                self._pending.append(
+                    {"part_seq": part_seq, "kind": kind, "seq": seq, "text": delta}
+                )
+            self._pending_bytes += len(delta)
+            full = self._pending_bytes >= self._store.settings.stream_flush_bytes
+        if full:
+            self.flush()
+
+    def due(self) -> float | None:
+        """When the pending text must be flushed (monotonic time), if any is pending."""
+        with self._lock:
+            if not self._pending:
+                return None
+            return self._pending_since + self._store.settings.stream_flush_interval
+
+    def flush(self) -> None:
+        """Write the pending deltas now, in one transaction."""
+        with self._flush_lock:
+            with self._lock:
+                chunks, self._pending, self._pending_bytes = self._pending, [], 0
+                self._sealed = 0
+            if chunks:
+                self._write_chunks(chunks)
+
+    def _write_chunks(self, chunks: list[dict[str, Any]]) -> None:
+        args = {"message_id": self.id, "session_id": self.session_id, "chunks": chunks}
+        try:
+            self._store.submit(Operation("append_chunks", args, new_id()))
+        except BaseException:
+            # Keep them for the next flush rather than lose them.  Their keys are
+            # fixed and, if the failed write did commit, a rewrite inserts nothing:
+            # so they are sealed, never grown by later deltas.
+            # (tests/domain/test_history.py: test_a_failed_flush_keeps_its_text)
+            with self._lock:
+                if not self._pending:
+                    self._pending_since = time.monotonic()
+                self._pending[:0] = chunks
+                self._sealed = len(chunks)
+                self._pending_bytes += sum(len(c["text"]) for c in chunks)
+            raise
+        self.flushes += 1
+
+    def tool_call(
+        self, name: str, arguments: Any = None, *, call_id: str | None = None
+    ) -> ToolCallHandle:
+        """Record a tool call part; ``.result(output)`` on the handle records its output."""
+        call = ToolCall(name, arguments, new_id() if call_id is None else call_id)
+        self.add(call)
+        return ToolCallHandle(self, call)
+
+    def add(self, part: Part) -> None:
+        """Add a whole part (a tool call or result, a file...) after what was streamed."""
+        self._check_open()
+        encoded = encode_part(self._store, part)  # a blob is written here, outside the lock
+        with self._flush_lock:
+            with self._lock:
+                chunks, self._pending, self._pending_bytes = self._pending, [], 0
+                self._sealed = 0
+                self._part_seq += 1
+                self._part_kind = None
+                seq = self._part_seq
+            if chunks:
+                self._write_chunks(chunks)
+            part_args: dict[str, Any] = {
+                "message_id": self.id,
+                "session_id": self.session_id,
+                "seq": seq,
+                "part": encoded,
+                "now": time.time(),
+            }
+            self._store.submit(Operation("add_part", part_args, new_id()))
+
+    def usage(self, usage: Usage | None = None, **tokens: Any) -> None:
+        """The model call's usage, recorded when the message completes."""
+        self._usage = usage_args(usage if usage is not None else tokens)
+
+    def enqueue(self, effect: NewEffect) -> None:
+        """Enqueue *effect* in the transaction that completes the message (not if
+        the message ends in ``error``): e.g. generate a title once the reply is whole."""
+        self._check_open()
+        self._effects.extend(effects_arg(self._store, [effect]) or ())
+
+    def finish(self, error: str | None = None) -> None:
+        """Flush and mark the message ``complete`` (or ``error``).  Idempotent."""
+        if self._finished or not self._open:
+            return
+        try:
+            self.flush()
+        except BaseException as exc:
+            # Never mark it complete without its last text.
+            if error is None:
+                error = f"{type(exc).__name__}: {exc} (the text after the last flush was lost)"
+            raise
+        finally:
+            self._finished = True
+            self._store.streams_closed(self)
+            args: dict[str, Any] = {
+                "message_id": self.id,
+                "session_id": self.session_id,
+                "status": "error" if error is not None else "complete",
+                "error": error,
+                "usage": self._usage,
+                "now": time.time(),
+            }
+            if error is None and self._effects:
+                args["effects"] = self._effects
+            self._store.submit(Operation("finish_message", args, new_id()))
+
+    def _check_open(self) -> None:
+        if not self._open or self._finished:
+            raise errors.InvalidInput("this stream is not open (use it inside its `with` block)")
+
+
+__all__ = ["Messages", "Sessions", "Stream", "ToolCallHandle"]

@@ -1,0 +1,149 @@
+"""Versioned per-session state: (session, namespace, key) → value.
+
+Every put raises the version by one.  A put or delete with ``expected_version``
+applies only if the current version is that one (0 for "does not exist yet")
+and otherwise raises ``VersionConflict``; such conditional writes are never
+spooled, since their outcome must be known when the call returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fleetstore import errors
+from fleetstore.core.ids import is_valid_id, new_id
+from fleetstore.domain.history import decode_value, effects_arg, encode_payload
+from fleetstore.domain.operations import Operation, check_text, dump_json
+from fleetstore.models import NewEffect, StateValue
+
+if TYPE_CHECKING:
+    from fleetstore.engine.base import Tx
+    from fleetstore.store.facade import Store
+
+
+class State:
+    """``store.state``: versioned values per session."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def get(self, session_id: str, key: str, *, namespace: str = "default") -> StateValue | None:
+        """The value under *key*, or None."""
+        self._store.check_visible(session_id)
+        q = self._store.queries
+        rows = self._store.read(
+            lambda tx: _in_session(tx, q, session_id, q["state_get"], (session_id, namespace, key)),
+            session_id=session_id,
+        )
+        if not rows:
+            return None
+        version, enc, body, sha, size, updated = rows[0]
+        value = decode_value(self._store, enc, body, sha, size)
+        return StateValue(session_id, key, value, version, namespace, updated)
+
+    def put(
+        self,
+        session_id: str,
+        key: str,
+        value: Any,
+        *,
+        namespace: str = "default",
+        expected_version: int | None = None,
+        effects: Sequence[NewEffect] = (),
+    ) -> StateValue:
+        """Store *value* (JSON-serialisable, or bytes) under *key*; returns it with
+        its new version (``None`` while the write waits in this process's spool).
+        *effects* are enqueued in the same transaction (the transactional outbox)."""
+        _check_key(session_id, key, namespace)  # before a blob file is written
+        effect_list = effects_arg(self._store, effects)
+        if isinstance(value, bytes | bytearray | memoryview):
+            encoded = encode_payload(self._store, bytes(value), "bytes")
+        else:
+            encoded = encode_payload(self._store, dump_json(value, f"state value {key!r}"), "json")
+        now = time.time()
+        args: dict[str, Any] = {
+            "session_id": session_id,
+            "namespace": namespace,
+            "key": key,
+            "value": encoded,
+            "expected_version": expected_version,
+            "now": now,
+        }
+        if effect_list:
+            args["effects"] = effect_list
+        result = self._store.submit(
+            Operation("put_state", args, new_id()), spool=expected_version is None
+        )
+        if result is None:
+            return StateValue(session_id, key, value, None, namespace, now)
+        if result.get("duplicate"):
+            current = self.get(session_id, key, namespace=namespace)
+            if current is None:
+                raise errors.NotFound(
+                    f"state {namespace}/{key} of session {session_id!r} was deleted"
+                )
+            return current
+        return StateValue(session_id, key, value, result["version"], namespace, now)
+
+    def delete(
+        self,
+        session_id: str,
+        key: str,
+        *,
+        namespace: str = "default",
+        expected_version: int | None = None,
+        effects: Sequence[NewEffect] = (),
+    ) -> bool:
+        """Remove *key*; True if it existed (also True if the delete was spooled).
+        *effects* are enqueued in the same transaction."""
+        _check_key(session_id, key, namespace)
+        args: dict[str, Any] = {
+            "session_id": session_id,
+            "namespace": namespace,
+            "key": key,
+            "expected_version": expected_version,
+        }
+        effect_list = effects_arg(self._store, effects)
+        if effect_list:
+            args["effects"] = effect_list
+        result = self._store.submit(
+            Operation("delete_state", args, new_id()), spool=expected_version is None
+        )
+        return True if result is None else bool(result.get("deleted", True))
+
+    def keys(self, session_id: str, *, namespace: str = "default") -> list[str]:
+        """The keys stored in *namespace* of the session, sorted."""
+        self._store.check_visible(session_id)
+        q = self._store.queries
+        rows = self._store.read(
+            lambda tx: _in_session(tx, q, session_id, q["state_keys"], (session_id, namespace)),
+            session_id=session_id,
+        )
+        return [r[0] for r in rows]
+
+
+def _in_session(
+    tx: Tx, q: Mapping[str, str], session_id: str, sql: str, params: tuple[Any, ...]
+) -> list[tuple[Any, ...]]:
+    """*sql*'s rows; ``NotFound`` (not an empty answer) when the session does not exist."""
+    found = tx.execute(sql, params)
+    if not found and not tx.execute(q["session_exists"], (session_id,)):
+        raise errors.NotFound(f"no session {session_id!r}")
+    return found
+
+
+def _check_key(session_id: object, key: object, namespace: object) -> None:
+    if not is_valid_id(session_id):
+        raise errors.InvalidInput(f"session_id must be an id, not {session_id!r}")
+    for name, value, limit in (("key", key, 1024), ("namespace", namespace, 256)):
+        if not isinstance(value, str) or not 0 < len(value) <= limit:
+            raise errors.InvalidInput(
+                f"a state {name} is a non-empty string of at most {limit} characters, "
+                f"not {str(value)[:80]!r}"
+            )
+        check_text(value, f"a state {name}")
+
+
+__all__ = ["State"]

@@ -1,0 +1,769 @@
+"""The Store: one object per open store, holding the engine, the blob files,
+the spool and the domain APIs (``sessions``, ``messages``, ``state``, ``effects``).
+
+Every write goes through ``Store.submit(operation)``: applied now within the
+write budget, or, past it, appended to this process's spool and applied later
+in order (``on_busy="spool"``, the default) or refused with ``StoreBusy``
+(``on_busy="raise"``).  Once anything is spooled, later writes of the process
+queue behind it, so a process's writes land in the order it made them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import re
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from fleetstore import errors, sql
+from fleetstore.core.settings import Settings, default_data_dir
+from fleetstore.domain import maintenance as _maintenance  # noqa: F401  registers the mnt_* operations
+from fleetstore.domain import operations
+from fleetstore.domain.blobs import BlobStore, DbBlobStore
+from fleetstore.domain.frameworks import adk as _adk_ops  # noqa: F401  registers the adk_* operations
+from fleetstore.domain.frameworks import langgraph as _checkpoints  # noqa: F401  registers the ckpt_* operations
+from fleetstore.domain.frameworks import openai_agents as _agents_ops  # noqa: F401  registers the agt_* operations
+from fleetstore.domain.history import Messages, Sessions, Stream
+from fleetstore.domain.operations import Operation
+from fleetstore.domain.outbox import Effects
+from fleetstore.domain.state import State
+from fleetstore.engine.base import Engine, Tx, redact
+from fleetstore.engine.sharded import CATALOG, SHARDS, ShardSet
+from fleetstore.engine.sqlite import Database, Migration
+from fleetstore.store.procstats import Publisher
+from fleetstore.store.sharded import Router
+from fleetstore.store.spool import (
+    REJECTED,
+    Recovered,
+    Spool,
+    is_rejectable,
+    journal_pid,
+    journals,
+    recover_journal,
+    reject,
+    remove_stale_new_files,
+)
+from fleetstore.transfer import stream as _transfer  # noqa: F401  registers the import operations
+
+T = TypeVar("T")
+log = logging.getLogger("fleetstore")
+
+DEFAULT_FILENAME = "fleetstore.db"
+
+
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+SHARDED_SCHEME = "sqlite+sharded"
+
+
+def resolve_target(url_or_path: str | os.PathLike[str] | None) -> Path:
+    """The SQLite file a URL or path names.  ``None``: ``$FLEETSTORE_URL``, else
+    ``<data dir>/fleetstore.db``.  A directory means ``<dir>/fleetstore.db``.
+    A PostgreSQL URL raises ``ConfigError`` (this is for file-level commands)."""
+    kind, target = parse_target(url_or_path)
+    if kind == "sharded":
+        raise errors.ConfigError(
+            f"{target}: a sharded store (a directory of SQLite files); "
+            "this works on single SQLite store files only"
+        )
+    if kind != "sqlite":
+        raise errors.ConfigError(
+            f"{target}: a PostgreSQL store; this works on SQLite store files only"
+        )
+    assert isinstance(target, Path)
+    return target
+
+
+def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path | str]:
+    """``("sqlite", Path)``, ``("sharded", directory Path)`` or ``("postgresql", url)``
+    for a path or store URL (``None``: ``$FLEETSTORE_URL``, else
+    ``<data dir>/fleetstore.db``).  A directory holding a sharded store's
+    ``catalog.db`` is that sharded store."""
+    if url_or_path is None:
+        url_or_path = os.environ.get("FLEETSTORE_URL") or None
+    if url_or_path is None:
+        return "sqlite", default_data_dir() / DEFAULT_FILENAME
+    text = os.fspath(url_or_path)
+    if "://" in text:
+        scheme, _, rest = text.partition("://")
+        if scheme in POSTGRES_SCHEMES:
+            return "postgresql", text
+        if scheme not in ("sqlite", SHARDED_SCHEME):
+            raise errors.ConfigError(
+                f"unsupported store URL scheme {scheme!r} in {redact(text)!r}: use a path, "
+                "sqlite:///absolute/path, sqlite+sharded:///absolute/directory or "
+                "postgresql://user@host:port/database"
+            )
+        if not rest.startswith("/"):
+            raise errors.ConfigError(f"{text!r}: write {scheme}:///absolute/path (three slashes)")
+        if scheme == SHARDED_SCHEME:
+            directory = Path(rest)
+            if directory.exists() and not directory.is_dir():
+                raise errors.ConfigError(f"{text!r}: a sharded store is a directory, not a file")
+            return "sharded", directory
+        text = rest
+    if not text:
+        raise errors.ConfigError("an empty store path")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if (path / CATALOG).is_file() and not (path / DEFAULT_FILENAME).exists():
+            return "sharded", path
+        path = path / DEFAULT_FILENAME
+    if path.name == CATALOG and (path.parent / SHARDS).is_dir():
+        return "sharded", path.parent
+    return "sqlite", path
+
+
+def local_base(url: str, settings: Settings) -> Path:
+    """Where this host keeps a PostgreSQL store's spool and figures: the base path
+    (``<base>.spool/``, ``<base>.procs/``)."""
+    if settings.local_dir:
+        return Path(settings.local_dir).expanduser() / "store"
+    parts = urlsplit(url)
+    dbname = parts.path.lstrip("/") or (parts.username or "postgres")
+    name = f"{parts.hostname or 'local'}_{parts.port or 5432}_{dbname}"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return default_data_dir() / "postgres" / name
+
+
+def migrations(dialect: str = "sqlite") -> list[Migration]:
+    return [Migration(m.version, m.name, m.sql) for m in sql.migrations(dialect)]
+
+
+_live: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_live):
+        store._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+#: After a transient failure to replay (the lock), wait this long before the next
+#: attempt; the attempt itself already waited up to the write budget.
+_RETRY_PAUSE = 0.01
+#: After the store itself failed a replay (I/O error, disk full...): backoff cap.
+_MAX_PAUSE = 10.0
+
+
+def _process_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _due(stream: Stream, now: float) -> bool:
+    due = stream.due()
+    return due is not None and due <= now
+
+
+class Store:
+    """An open fleetstore store.  Use ``fleetstore.open()``; thread-safe."""
+
+    def __init__(
+        self,
+        db: Engine,
+        settings: Settings,
+        local: Path | None = None,
+        shards: ShardSet | None = None,
+    ) -> None:
+        #: The database (a sharded store: its catalog).
+        self.db = db
+        self.settings = settings
+        #: "sqlite" or "postgresql"; only the engine and the SQL files differ.
+        self.dialect: str = db.dialect
+        #: "file" (one SQLite file), "sharded" (a directory) or "server" (PostgreSQL).
+        self.layout = "sharded" if shards is not None else "server" if local else "file"
+        #: The store file (SQLite; sharded: the catalog) or this host's base path for a
+        #: server store.
+        self.path = Path(db.path) if local is None else local
+        #: What messages name: the file, the directory, or the URL without its password.
+        self.url: str = str(db.path)
+        self.queries = sql.queries(self.dialect)
+        #: The sharded layout's routing of writes and reads (None: one database).
+        self.router: Router | None = None
+        if shards is not None:
+            self.url = f"{SHARDED_SCHEME}://{shards.root}"
+            self.router = Router(self, shards)
+        self.blobs: BlobStore | DbBlobStore
+        if self.dialect == "sqlite":
+            self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
+        else:
+            self.blobs = DbBlobStore(self, settings.max_payload_bytes)
+        self.spool_dir = Path(str(self.path) + ".spool")
+        self.spool = Spool(self.spool_dir)
+        self.sessions = Sessions(self)
+        self.messages = Messages(self)
+        self.state = State(self)
+        self.effects = Effects(self)
+        self._closed = False
+        self._init_process()
+        _live.add(self)
+
+    def _init_process(self) -> None:
+        self._counts_lock = threading.Lock()
+        self._op_counts: collections.Counter[str] = collections.Counter()
+        self._rejected = 0
+        self._failures = 0
+        # _cond guards _streams, _thread, _running and _stop, and is notified
+        # whenever the spool shrinks (flush() waits on it).
+        self._cond = threading.Condition()
+        self._streams: set[Stream] = set()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._stop = self._closed
+        #: Journals of processes that died could not all be replayed at open (the store
+        #: was busy): this process's writes queue behind them, or a restarted agent's
+        #: new turns would land before its old spooled ones (found by `fleetstore stress
+        #: --kill-rate` with a short budget; tests/store/test_spool.py::test_writes_of_a_restarted_*).
+        self._behind = False
+        # Started by the first write or read, not here: this also runs in a child
+        # right after fork, where starting threads is best left to the child's own code.
+        self._publisher: Publisher | None = None
+
+    def _after_fork(self) -> None:
+        # Threads do not survive a fork: a child starts its own spool and
+        # background thread.  (Spool's own at-fork hook did the same; doing it
+        # here too does not depend on the order the hooks run in.)
+        self.spool._after_fork()
+        if self.router is not None:
+            self.router.after_fork()
+        self._init_process()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def submit(
+        self,
+        op: Operation,
+        *,
+        spool: bool = True,
+        must_land: bool = False,
+        independent: bool = False,
+    ) -> dict[str, Any] | None:
+        """Apply *op*; returns its result, or None if it went to the spool.
+
+        Past the write budget the operation is spooled (``on_busy="spool"`` and
+        *spool*) or ``StoreBusy`` is raised.  Once anything is spooled, later
+        operations queue behind it; one that must not be spooled (*spool* False:
+        a conditional write, whose outcome the caller needs) raises
+        ``SpoolPending`` instead of overtaking them.  *must_land* (an effect's
+        settlement): spooled past the budget even with ``on_busy="raise"``.
+        *independent* (claims, heartbeats, sweeps): neither depends on this
+        process's spooled writes nor they on it: applied now even while the
+        spool holds writes, never spooled.  If the journal cannot be written
+        either (disk full), ``DatabaseError``: nothing was written."""
+        self._check_open()
+        if self._publisher is None:
+            self._start_publisher()
+        with self._counts_lock:
+            self._op_counts[op.name] += 1
+        if independent:
+            return self.apply(op)
+        may_spool = must_land or (spool and self.settings.on_busy == "spool")
+        if len(self.spool) or self._behind:
+            if not may_spool:
+                raise errors.SpoolPending(
+                    f"{len(self.spool)} earlier write(s) of this process wait in its spool"
+                    + (" behind the journals of processes that died" if self._behind else "")
+                    + "; "
+                    f"a {op.name} that must not be spooled cannot overtake them; "
+                    "retry after store.flush()"
+                )
+            self._spool(op, None)
+            return None
+        try:
+            return self.apply(op)
+        except errors.StoreBusy as busy:
+            if not may_spool:
+                raise
+            self._spool(op, busy)
+            return None
+
+    def apply(self, op: Operation) -> dict[str, Any]:
+        """Apply *op* now, in its own write transaction (``StoreBusy`` past the budget)."""
+        # On PostgreSQL the function may run again (serialization failure, lost
+        # connection); operations are idempotent by op_id, so a rerun is safe.
+        q = self.queries
+        spec = operations.REGISTRY.get(op.name)
+        single = spec is not None and spec.single_statement
+        if self.router is not None:
+            return self.router.apply(op, single)
+        return self.db.run_write(
+            lambda tx: operations.apply(tx, q, op, tx.now), single_statement=single
+        )
+
+    def _spool(self, op: Operation, busy: errors.StoreBusy | None) -> None:
+        try:
+            self.spool.append(op)
+        except OSError as exc:
+            raise errors.DatabaseError(
+                f"{self.path}: {op.name} could not be written now (the store is busy) nor "
+                f"spooled ({exc}); nothing was written"
+            ) from exc
+        if busy is not None:
+            log.warning(
+                "%s: %s spooled (%d waiting in %s): %s",
+                self.path,
+                op.name,
+                len(self.spool),
+                self.spool.path,
+                busy,
+            )
+        else:
+            log.debug("%s: %s queued in the spool behind earlier writes", self.path, op.name)
+        self._wake()
+
+    def check_visible(self, session_id: str | None) -> None:
+        """Raise ``SpoolPending`` if a read of *session_id* (None: of anything) would
+        miss writes of this process still in its spool."""
+        self._check_open()
+        pending = len(self.spool)
+        if not pending:
+            return
+        if session_id is not None and not self.spool.touches(session_id):
+            return
+        raise errors.SpoolPending(
+            f"{pending} write(s) of this process wait in its spool"
+            + (f", some to session {session_id!r}" if session_id else "")
+            + "; this read would not see them. store.flush() waits until they are applied."
+        )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Write pending stream text and wait until this process's spool is empty
+        (at most *timeout* seconds; default: the write budget).  True if it is."""
+        self._check_open()
+        return self._drain(timeout)
+
+    def _drain(self, timeout: float | None) -> bool:
+        with self._cond:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.flush()
+        deadline = time.monotonic() + (self.settings.write_budget if timeout is None else timeout)
+        if threading.current_thread() is self._thread:
+            return not (len(self.spool) or self._behind)  # it cannot wait for itself
+        self._wake()
+        with self._cond:
+            while len(self.spool) or self._behind:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stop:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, fn: Callable[[Tx], T], *, session_id: str | None = None) -> T:
+        """``fn(tx)`` in one read transaction.  A sharded store reads the file of
+        *session_id*'s tree, or the catalog (sessions index, effects) without one."""
+        self._check_open()
+        if self._publisher is None:
+            self._start_publisher()
+        if self.router is not None:
+            return self.router.read(fn, session_id)
+        return self.db.read(fn)
+
+    def read_first(self, fn: Callable[[Tx], list[T]]) -> list[T]:
+        """``fn(tx)`` for a lookup by an id that does not name its session (a message
+        id): a sharded store asks the catalog, then each shard, until one has rows."""
+        self._check_open()
+        if self.router is not None:
+            return self.router.read_first(fn)
+        return self.read(fn)
+
+    def sync_catalog(self, timeout: float | None = None) -> bool:
+        """A sharded store: bring the catalog's sessions index up to date with what
+        this process wrote.  *timeout* None: now, in this thread (up to the write
+        budget); else wait at most *timeout* seconds for the background refresh
+        (``sessions.list`` waits 0.5 s: a listing does not wait for a locked
+        catalog).  True if the index is up to date with this process's writes."""
+        self._check_open()
+        if self.router is None:
+            return True
+        if timeout is None:
+            self.router.sync_dirty()
+            return True
+        return self.router.request_sync(timeout)
+
+    def _start_publisher(self) -> None:
+        """This process's figures, published for ``fleetstore top`` (a child after
+        fork publishes under its own PID: threads do not survive a fork)."""
+        with self._counts_lock:
+            if self._publisher is not None:
+                return
+            self._publisher = Publisher(
+                str(self.path), self.settings.publish_interval, self._published_figures
+            )
+        self._publisher.start()
+
+    # -- background work: the spool drain and timed stream flushes -------------------------
+
+    def streams_opened(self, stream: Stream) -> None:
+        with self._cond:
+            self._streams.add(stream)
+        self._wake()
+
+    def streams_closed(self, stream: Stream) -> None:
+        with self._cond:
+            self._streams.discard(stream)
+
+    def _wake(self) -> None:
+        """Make sure the background thread runs and looks at the spool again."""
+        with self._cond:
+            if self._stop:
+                return
+            if not self._running:
+                # _running, not Thread.is_alive(): a thread that has decided to exit
+                # (below, under this lock) but not yet ended is alive, and a write
+                # spooled in that moment would wait for a thread that never looks.
+                thread = threading.Thread(
+                    target=self._background, name="fleetstore-background", daemon=True
+                )
+                thread.start()
+                self._thread, self._running = thread, True
+            self._cond.notify_all()
+
+    def _background(self) -> None:
+        try:
+            self._background_loop()
+        finally:
+            # Whatever ended it, the next _wake must be able to start another.
+            with self._cond:
+                if self._thread is threading.current_thread():
+                    self._running = False
+
+    def _background_loop(self) -> None:
+        """Replay the spool in order, one operation per transaction, and flush
+        streams when due; exit when there is neither (``_wake`` starts it again).
+        tests/store/test_spool.py::test_outside_lock_past_the_budget_spools_then_drains_in_order"""
+        pause_until = 0.0
+        while True:
+            with self._cond:
+                while True:
+                    if self._stop:
+                        self._running = False
+                        return
+                    behind = self._behind
+                    op = self.spool.head()
+                    if op is None and not self._streams and not behind:
+                        self._running = False
+                        return
+                    now = time.monotonic()
+                    paused = now < pause_until
+                    dues = [d for s in self._streams if (d := s.due()) is not None]
+                    ready = [] if paused else [s for s in self._streams if _due(s, now)]
+                    replay = (op is not None or behind) and not paused
+                    if replay or ready:
+                        break
+                    waits = [d - now for d in dues if d > now]
+                    if paused:
+                        waits.append(pause_until - now)
+                    self._cond.wait(
+                        min(waits) if waits else max(self.settings.stream_flush_interval, 0.01)
+                    )
+            for stream in ready:
+                try:
+                    stream.flush()
+                except Exception as exc:
+                    log.error("%s: timed flush of message %s failed: %s", self.path, stream.id, exc)
+            if replay and behind:
+                pause = self._catch_up()
+                pause_until = time.monotonic() + pause if pause else 0.0
+            elif replay and op is not None:
+                pause = self._replay(op)
+                pause_until = time.monotonic() + pause if pause else 0.0
+
+    def _replay(self, op: Operation) -> float:
+        """Apply the spool's head *op*; the seconds to wait before trying again
+        (0: it is done with, applied or rejected)."""
+        try:
+            self.apply(op)
+        except errors.TransientError:
+            return _RETRY_PAUSE  # still locked: the next attempt waits for the lock again
+        except Exception as exc:
+            if not is_rejectable(exc):
+                # The store itself failed (I/O error, disk full, closed): the
+                # operation is fine and keeps its place; back off and retry.
+                self._failures += 1
+                pause = min(_MAX_PAUSE, 0.1 * 2.0 ** min(self._failures, 10))
+                log.error(
+                    "%s: replaying spooled %s failed (%s: %s); retrying in %.1fs",
+                    self.path,
+                    op.name,
+                    type(exc).__name__,
+                    exc,
+                    pause,
+                )
+                return pause
+            # It can never apply (e.g. its session was deleted meanwhile): keep it
+            # with the reason in rejected.jsonl, loudly; never drop it silently.
+            # tests/store/test_spool.py::test_spooled_write_that_cannot_apply_is_rejected_not_dropped
+            path = self.spool.path
+            try:
+                reject(self.spool_dir, op, exc, path.name if path else None)
+            except OSError as err:
+                log.error("%s: cannot record rejected %s: %s", self.path, op.name, err)
+                return _MAX_PAUSE
+            with self._counts_lock:
+                self._rejected += 1
+            log.error(
+                "%s: spooled %s (op %s) rejected on replay, kept in %s: %s: %s",
+                self.path,
+                op.name,
+                op.op_id,
+                self.spool_dir / REJECTED,
+                type(exc).__name__,
+                exc,
+            )
+        self._failures = 0
+        self.spool.done(op)
+        with self._cond:
+            self._cond.notify_all()
+        return 0.0
+
+    def _catch_up(self) -> float:
+        """Replay the journals of dead processes before anything of this process's
+        spool; the seconds to wait before trying again (0: caught up).  A damaged
+        journal (kept for a person) does not hold this process back."""
+        try:
+            results = self.recover()
+        except Exception as exc:
+            log.error("%s: replaying journals of dead processes failed: %s", self.path, exc)
+            return _RETRY_PAUSE
+        waiting = [
+            r
+            for r in results
+            if r.status == "unfinished"
+            # "busy" with its owner dead: another process is replaying it right now
+            or (r.status == "busy" and not _process_alive(journal_pid(Path(r.journal))))
+        ]
+        if waiting:
+            return _RETRY_PAUSE
+        with self._cond:
+            self._behind = False
+            self._cond.notify_all()
+        return 0.0
+
+    def recover(self) -> list[Recovered]:
+        """Replay the journals of processes that died with writes in their spool
+        (and of stores closed before theirs drained).  Journals of live processes
+        are left alone ("busy").  Once one stops "unfinished" (the store stayed
+        locked past the budget), the rest are not tried."""
+        self._check_open()
+        remove_stale_new_files(self.spool_dir)
+        results: list[Recovered] = []
+        stopped = ""
+        own = self.spool.path
+        for path in journals(self.spool_dir):
+            if path == own:
+                continue
+            if stopped:
+                results.append(Recovered(str(path), 0, "unfinished", f"not tried: {stopped}"))
+                continue
+            result = recover_journal(path, self.apply)
+            if result.status == "unfinished":
+                stopped = f"the replay of {path.name} stopped"
+            if result.rejected:
+                with self._counts_lock:
+                    self._rejected += result.rejected
+                for r in result.rejections:
+                    log.error(
+                        "%s: %s (op %s) from %s rejected, kept in %s: %s",
+                        self.path,
+                        r.op,
+                        r.op_id,
+                        path.name,
+                        self.spool_dir / REJECTED,
+                        r.error,
+                    )
+            results.append(result)
+        return results
+
+    # -- observing and closing -------------------------------------------------------------
+
+    def metrics(self) -> dict[str, Any]:
+        """This process's figures: the engine's, plus operations, spool and streams."""
+        with self._counts_lock:
+            counts, rejected = dict(self._op_counts), self._rejected
+        engine = self.router.shards.metrics() if self.router is not None else self.db.metrics()
+        return {
+            **engine,
+            "operations": counts,
+            "spool_pending": len(self.spool),
+            "spooled": self.spool.spooled_total,
+            "replayed": self.spool.replayed_total,
+            "rejected": rejected,
+            "open_streams": len(self._streams),
+        }
+
+    def _published_figures(self) -> dict[str, Any]:
+        return {"metrics": self.metrics(), "histograms": self.db.histograms()}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.StoreClosed(f"{self.path}: the store was closed")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush open streams, wait (up to *timeout*, default the write budget) for the
+        spool to drain, and close.  Writes still spooled stay in the journal, for
+        ``fleetstore recover`` or the next ``fleetstore.open``; a replay attempt
+        under way may add up to one write budget to the wait.  Idempotent."""
+        if self._closed:
+            return
+        drained = False
+        try:
+            drained = self._drain(timeout)
+            if not drained:
+                log.error(
+                    "%s: closing with %d write(s) still in the spool journal %s; "
+                    "`fleetstore recover` or the next open applies them",
+                    self.path,
+                    len(self.spool),
+                    self.spool.path,
+                )
+        finally:
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            thread = self._thread
+            if thread is not None and thread is not threading.current_thread():
+                # An attempt under way ends within one write budget; the database
+                # must not close under it.  tests/store/test_spool.py::test_close_while_locked_*
+                thread.join(self.settings.write_budget + 5)
+                if thread.is_alive():
+                    log.error("%s: the background thread did not stop; closing anyway", self.path)
+            self._closed = True
+            if self._publisher is not None:
+                self._publisher.stop()
+            self.spool.close()
+            if self.router is not None:
+                # The index refresh may wait for the catalog's lock: not when the
+                # caller asked not to wait, nor when the spool says it is locked.
+                self.router.close(sync=drained and (timeout is None or timeout > 0))
+            else:
+                self.db.close()
+            _live.discard(self)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<fleetstore.Store {str(self.path)!r}{' closed' if self._closed else ''}>"
+
+
+def _open_store(path: Path | str, config: Settings, kind: str = "") -> Store:
+    if kind == "sharded":
+        assert isinstance(path, Path)
+        shards = ShardSet(path, migrations(), dataclasses.asdict(config), config.max_open_shards)
+        try:
+            return Store(shards.catalog, config, shards=shards)
+        except BaseException:
+            shards.close()
+            raise
+    if isinstance(path, str):  # a PostgreSQL URL
+        try:
+            from fleetstore.engine.postgres import PgDatabase
+        except ImportError as exc:
+            raise errors.ConfigError(
+                f"{redact(path)}: PostgreSQL stores need psycopg: "
+                f"pip install 'fleetstore[postgres]' ({exc})"
+            ) from exc
+
+        pg = PgDatabase.open(path, migrations("postgresql"), **dataclasses.asdict(config))
+        try:
+            local = local_base(path, config)
+            local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return Store(pg, config, local)
+        except BaseException:
+            pg.close()
+            raise
+    db = Database.open(path, migrations(), **dataclasses.asdict(config))
+    try:
+        return Store(db, config)
+    except BaseException:
+        db.close()
+        raise
+
+
+def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> Store:
+    """Open (creating if needed) a store.  *url_or_path*: a file path, a directory,
+    or ``sqlite:///absolute/path``; default ``$FLEETSTORE_URL``, else
+    ``<data dir>/fleetstore.db``.  *settings* are ``Settings`` fields (each also
+    ``FLEETSTORE_<NAME>``).  Journals left by processes that died are replayed."""
+    config = Settings.load(**settings)
+    kind, target = parse_target(url_or_path)
+    path = redact(target) if isinstance(target, str) else target
+    store = _open_store(target, config, kind)
+    try:
+        if store.router is not None:
+            store.router.recover()
+        if journals(store.spool_dir):
+            results = store.recover()
+            if any(r.status == "unfinished" for r in results):
+                with store._cond:
+                    store._behind = True
+                store._wake()
+            for result in results:
+                if result.status in ("damaged", "unfinished"):
+                    log.error(
+                        "%s: recovering %s: %s: %s",
+                        path,
+                        result.journal,
+                        result.status,
+                        result.detail,
+                    )
+    except (errors.FleetstoreError, OSError) as exc:
+        # The store itself is fine; the journals wait for the next open or recover.
+        log.error("%s: journals of dead processes not replayed: %s", path, exc)
+    except BaseException:
+        store.close(timeout=0)
+        raise
+    return store
+
+
+def recover_journals(
+    url_or_path: str | os.PathLike[str] | None = None, **settings: Any
+) -> tuple[Path, list[Recovered]]:
+    """``fleetstore recover``: replay the journals that processes which died left
+    beside the store at *url_or_path* (resolved as by ``open``).  Returns the
+    store's path and what happened to each journal.  ``NotFound`` if there is no
+    store there (nothing is created); the store is opened only if a journal exists."""
+    config = Settings.load(**settings)
+    kind, target = parse_target(url_or_path)
+    if isinstance(target, str):
+        path = local_base(target, config)
+    else:
+        path = target / CATALOG if kind == "sharded" else target
+        if not path.is_file():
+            raise errors.NotFound(f"no store at {target}")
+    spool_dir = Path(str(path) + ".spool")
+    if not journals(spool_dir) and kind != "sharded":
+        remove_stale_new_files(spool_dir)
+        return path, []
+    store = _open_store(target, config, kind)
+    try:
+        if store.router is not None:
+            store.router.recover()
+        return path, store.recover()
+    finally:
+        store.close(timeout=0)
+
+
+__all__ = ["DEFAULT_FILENAME", "Store", "open", "recover_journals", "resolve_target"]

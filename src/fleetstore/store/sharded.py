@@ -1,0 +1,648 @@
+"""The sharded layout (``sqlite+sharded:///DIR``): which file each write and read goes to.
+
+A session tree (a root session, its subagents and its forks) lives in one shard
+file; the catalog (``DIR/catalog.db``) holds an index row per session (what
+``sessions.list`` reads), the map ``shard_sessions`` from session to shard, the
+effect outbox, and the data of the integrations whose rows span sessions
+(LangGraph checkpoints, ADK sessions with their app and user state).
+
+Most writes touch one file: a message, a part, a state value go to their
+session's shard, an effect or a checkpoint to the catalog.  A write that changes
+a shard and then the catalog (a session created, renamed, archived, forked or
+deleted; a message whose transaction enqueues effects) follows this protocol:
+
+1. catalog: record the operation in ``shard_intents`` (owner: this process);
+2. shard: apply the operation (idempotent by its op_id, as every operation);
+   if it fails for good (bad input, no such session...), delete the intent and
+   raise: nothing was written;
+3. catalog, in one transaction: copy the shard's session rows into the index,
+   enqueue the effects, delete the intent.  The intent row is read again first:
+   gone means another process finished it.
+
+A crash after 1 or after 2 leaves the intent; the next ``open`` (any process)
+finishes the intents of dead owners by running 2 and 3 again: 2 finds its op_id
+and returns the first result, 3 is guarded by the intent row.  So the catalog
+never lists a session its shard lacks for longer than a crash's recovery, and
+effects are enqueued exactly once, iff their message was written.
+tests/store/test_sharded.py::test_kill_between_catalog_and_shard_*
+
+Messages touch their session's ``updated_at`` in the shard only; the catalog's
+copy is refreshed by this process within ``_SYNC_INTERVAL`` (and before its own
+``sessions.list``), so a listing's ``updated_at`` may lag other processes' last
+writes by about a second; ``sessions.get`` reads the shard.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fleetstore import errors
+from fleetstore.domain import operations
+from fleetstore.domain.operations import Operation
+from fleetstore.engine.base import Tx
+from fleetstore.engine.sharded import ShardSet, shard_key
+from fleetstore.store.spool import decode_line, encode_line, is_rejectable
+
+if TYPE_CHECKING:
+    from fleetstore.store.facade import Store
+
+T = TypeVar("T")
+log = logging.getLogger("fleetstore")
+
+#: Writes of one session: applied in its shard.
+SESSION_OPS = frozenset(
+    {
+        "append_message",
+        "append_chunks",
+        "add_part",
+        "finish_message",
+        "put_state",
+        "delete_state",
+        "agt_add_items",
+        "agt_pop_item",
+        "agt_clear_session",
+        "import_message",
+        "import_parts",
+        "import_state",
+    }
+)
+#: Writes that change sessions rows: applied in the shard, then the catalog's index.
+LIFECYCLE_OPS = frozenset(
+    {
+        "create_session",
+        "fork_session",
+        "update_session",
+        "archive_session",
+        "delete_session",
+        "import_session",
+        "mnt_delete_tree",
+    }
+)
+#: Seconds between refreshes of the catalog's copy of sessions this process wrote.
+_SYNC_INTERVAL = 1.0
+_HOMES_CACHED = 4096
+#: Test hook: "after-intent" or "after-shard" makes the process SIGKILL itself there.
+CRASH_ENV = "FLEETSTORE_TEST_CRASH_SHARDED"
+
+
+def _start_ticks(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22 (starttime); the command name (field 2) may hold spaces, so split after it.
+    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+
+
+def owner_alive(owner: str) -> bool:
+    """Is the process that wrote an intent still running (same PID, same start)?"""
+    pid_text, _, ticks = owner.partition(":")
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    return _start_ticks(pid) == ticks
+
+
+def _crash_point(name: str) -> None:
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), 9)
+
+
+class Router:
+    """Routes a sharded store's operations and reads (``Store`` holds one)."""
+
+    def __init__(self, store: Store, shards: ShardSet) -> None:
+        self.store = store
+        self.shards = shards
+        self.catalog = shards.catalog
+        self.q = store.queries
+        self._homes: collections.OrderedDict[str, str | None] = collections.OrderedDict()
+        self._init_process()
+
+    def _init_process(self) -> None:
+        """The state of this process (a forked child starts its own: threads, locks
+        and writes under way do not survive a fork)."""
+        self.owner = f"{os.getpid()}:{_start_ticks(os.getpid())}"
+        self._lock = threading.Lock()
+        self._dirty: set[str] = set()
+        #: Shards whose refresh is under way (taken from _dirty, not yet committed).
+        self._syncing = 0
+        #: op ids of this process's catalog+shard writes under way, and whether one of
+        #: them stopped after its intent was recorded.
+        self._active: set[str] = set()
+        self._stalled = False
+        self._sync_cond = threading.Condition()
+        self._sync_thread: threading.Thread | None = None
+        self._running = False
+        self._urgent = False
+        self._generation = 0
+        self._stopped = False
+
+    def after_fork(self) -> None:
+        self.shards.after_fork()
+        self._init_process()
+
+    # -- where a session lives -------------------------------------------------------------
+
+    def home(self, session_id: str | None, *, fresh: bool = False) -> str | None:
+        """The shard key of *session_id*'s tree, or None: the catalog holds it (or
+        nobody does: the catalog then answers NotFound as a single file would)."""
+        if session_id is None:
+            return None
+        if not fresh:
+            with self._lock:
+                if session_id in self._homes:
+                    return self._homes[session_id]
+        rows = self.catalog.read(lambda tx: tx.execute(self.q["shard_of"], (session_id,)))
+        if not rows:
+            # Never cached: the session may be made in a shard by another process
+            # next, and a write routed to the catalog would then find the catalog's
+            # index row of it and land in the wrong file.
+            with self._lock:
+                self._homes.pop(session_id, None)
+            return None
+        key = str(rows[0][0])
+        self._remember(session_id, key)
+        return key
+
+    def _remember(self, session_id: str, key: str | None) -> None:
+        with self._lock:
+            self._homes[session_id] = key
+            self._homes.move_to_end(session_id)
+            while len(self._homes) > _HOMES_CACHED:
+                self._homes.popitem(last=False)
+
+    def _in_catalog(self, session_id: str) -> bool:
+        return bool(
+            self.catalog.read(lambda tx: tx.execute(self.q["session_exists"], (session_id,)))
+        )
+
+    def _target(self, op: Operation) -> tuple[str | None, bool]:
+        """(shard key or None for the catalog, whether the write is catalog+shard)."""
+        name, args = op.name, op.args
+        if name not in SESSION_OPS and name not in LIFECYCLE_OPS:
+            return None, False
+        cross = name in LIFECYCLE_OPS or bool(args.get("effects"))
+        if name == "create_session" or name == "import_session":
+            parent = args.get("parent_id")
+            sid = args.get("id")
+            if isinstance(parent, str):
+                return self.home(parent), cross
+            if not isinstance(sid, str):
+                return None, cross
+            key = self.home(sid)
+            if key is None and not self._in_catalog(sid):
+                key = shard_key(sid)  # a new tree: a new shard
+            return key, cross
+        if name == "fork_session":
+            source = args.get("source_id")
+            return self.home(source if isinstance(source, str) else None), cross
+        sid = op.session_id
+        key = self.home(sid)
+        if (
+            key is None
+            and name == "agt_add_items"
+            and isinstance(sid, str)
+            and not self._in_catalog(sid)
+        ):
+            return shard_key(sid), True  # it creates its session: a new tree
+        return key, cross
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def apply(self, op: Operation, single_statement: bool = False) -> dict[str, Any]:
+        key, cross = self._target(op)
+        if key is None:
+            return self._apply_in(self.catalog, op, single_statement)
+        try:
+            return self._apply_to_shard(key, op, cross)
+        except errors.FileMoved:
+            # The tree was archived (its file moved away) since this process opened it.
+            self.shards.drop(key)
+            sid = op.args.get("source_id") if op.name == "fork_session" else op.session_id
+            if (
+                isinstance(sid, str)
+                and self.home(sid, fresh=True) is None
+                and not self._in_catalog(sid)
+            ):
+                raise errors.NotFound(
+                    f"session {sid!r}: its tree's file was moved out of the store (archived?)"
+                ) from None
+            return self.apply(op, single_statement)
+        except errors.NotFound:
+            sid = op.args.get("source_id") if op.name == "fork_session" else op.session_id
+            if not isinstance(sid, str):
+                raise
+            if self.home(sid, fresh=True) != key:
+                # A session deleted and made again in another tree since this process
+                # looked it up: look again, once.
+                return self.apply(op, single_statement)
+            if self._recover_quietly():
+                # A process that died half-way through making it left an intent that
+                # no open has finished yet: finish it, then try once more.
+                return self._apply_to_shard(key, op, cross)
+            raise
+
+    def _apply_in(self, db: Any, op: Operation, single_statement: bool = False) -> dict[str, Any]:
+        q = self.q
+        result: dict[str, Any] = db.run_write(
+            lambda tx: operations.apply(tx, q, op, tx.now), single_statement=single_statement
+        )
+        return result
+
+    def _apply_to_shard(self, key: str, op: Operation, cross: bool) -> dict[str, Any]:
+        if not cross:
+            with self.shards.use(key, create=False) as db:
+                result = self._apply_in(db, op)
+            self._mark_dirty(key)
+            return result
+        effects = op.args.get("effects")
+        if effects is not None:
+            operations.check_effects(operations.REGISTRY[op.name], effects)
+        try:
+            text = encode_line(op).decode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise errors.InvalidInput(f"{op.name}: text that is not valid Unicode: {exc}") from None
+        created = _created_id(op)
+
+        def begin(tx: Tx) -> None:
+            if created is not None:
+                # Session ids are unique across the store: reserve this one for the
+                # shard now (a clash with a session of another tree is refused here;
+                # the reservation goes with the intent if the write does not apply).
+                home = tx.execute(self.q["shard_of"], (created,))
+                if (home and str(home[0][0]) != key) or (
+                    not home and tx.execute(self.q["session_exists"], (created,))
+                ):
+                    raise errors.AlreadyExists(f"a session {created!r} exists")
+                tx.execute(self.q["shard_index_put"], (created, key))
+            tx.execute(self.q["shard_intent_add"], (op.op_id, key, text, self.owner, time.time()))
+
+        with self._lock:
+            self._active.add(op.op_id)
+        begun = False
+        try:
+            self.catalog.run_write(begin)
+            begun = True
+            _crash_point("after-intent")
+            result, applied = self._shard_part(key, op)
+            _crash_point("after-shard")
+            self._catalog_part(key, op, applied)
+        except BaseException:
+            if begun:
+                # Its intent may remain (the shard or the catalog was busy past the
+                # budget): this process finishes it in the background, as another
+                # would after a crash; the caller's retry or spool replay is a duplicate.
+                with self._lock:
+                    self._stalled = True
+                self._mark_dirty(key)
+            raise
+        finally:
+            with self._lock:
+                self._active.discard(op.op_id)
+        return result
+
+    def _shard_part(self, key: str, op: Operation) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Apply *op* to its shard: (what the caller gets, what its first run returned)."""
+        q = self.q
+        args = {k: v for k, v in op.args.items() if k != "effects"}
+        shard_op = Operation(op.name, args, op.op_id)
+        logged = operations.REGISTRY[op.name].logged
+
+        def run(tx: Tx) -> tuple[dict[str, Any], dict[str, Any]]:
+            found = tx.execute(q["op_applied"], (op.op_id,)) if logged else []
+            if found:  # applied before (a recovery, a spool replay)
+                first = operations.earlier_result(found[0][1])
+                return {**first, "duplicate": True}, first
+            result = operations.apply(tx, q, shard_op, tx.now)  # type: ignore[attr-defined]
+            return result, result
+
+        existed = self.shards.exists(key)
+        try:
+            # Only a write that starts a tree makes its file; any other finding no file
+            # (a tree archived, a file removed by hand) is NotFound, not a new empty shard.
+            created = _created_id(op)
+            new_tree = created is not None and shard_key(created) == key
+            with self.shards.use(key, create=new_tree) as db:
+                outcome: tuple[dict[str, Any], dict[str, Any]] = db.run_write(run)
+                return outcome
+        except Exception as exc:
+            if is_rejectable(exc):
+                # It can never apply: nothing was written, and nothing will be.
+                def abandon(tx: Tx) -> bool:
+                    self._sync_index(tx, key)  # drops a reservation the shard lacks
+                    tx.execute(self.q["shard_intent_done"], (op.op_id,))
+                    return not tx.execute(self.q["shard_index_ids"], (key,))
+
+                if self.catalog.run_write(abandon) and not existed:
+                    # The file this refused write created: bad input leaves no trace.
+                    self.shards.discard(key)
+            raise
+
+    def _catalog_part(self, key: str, op: Operation, applied: dict[str, Any]) -> None:
+        q = self.q
+        # A write that found its content already there (the same message again)
+        # enqueues nothing, as in one file.
+        effects = [] if applied.get("duplicate") else op.args.get("effects") or []
+        enqueue = operations.REGISTRY["enqueue_effect"].fn
+
+        def run(tx: Tx) -> None:
+            if not tx.execute(q["shard_intent_get"], (op.op_id,)):
+                return  # finished by another process (a recovery)
+            self._sync_index(tx, key)
+            for effect in effects:
+                enqueue(tx, q, {**effect, "now": tx.now})  # type: ignore[attr-defined]
+            tx.execute(q["shard_intent_done"], (op.op_id,))
+
+        self.catalog.run_write(run)
+        with self._lock:
+            self._dirty.discard(key)
+
+    def _sync_index(self, tx: Tx, key: str) -> None:
+        """Inside a catalog write: make the catalog's index of shard *key* equal the
+        shard's sessions now (read under the catalog's write lock, so the last sync
+        to commit copied the newest rows)."""
+        q = self.q
+        if self.shards.exists(key):
+            with self.shards.use(key, create=False) as db:
+                rows = db.read(lambda rtx: rtx.execute(q["shard_session_rows"]))
+        else:
+            rows = []
+        present = {str(r[0]) for r in rows}
+        indexed = {str(r[0]) for r in tx.execute(q["shard_index_ids"], (key,))}
+        for sid in sorted(indexed - present):
+            tx.execute(q["session_delete"], (sid,))
+            tx.execute(q["shard_index_drop"], (sid,))
+        for row in _parents_first(rows):
+            tx.execute(q["shard_session_upsert"], tuple(row))
+            tx.execute(q["shard_index_put"], (row[0], key))
+        with self._lock:
+            for sid in indexed - present:
+                self._homes.pop(sid, None)
+        for sid in present:
+            self._remember(sid, key)
+
+    # -- the catalog's copy of updated_at ----------------------------------------------
+
+    def _mark_dirty(self, key: str) -> None:
+        with self._lock:
+            self._dirty.add(key)
+        with self._sync_cond:
+            self._ensure_thread()
+
+    def _ensure_thread(self) -> None:
+        # Under _sync_cond.  _running, not is_alive(): a thread that has decided to exit
+        # (under this lock) but not ended yet would leave a new dirty key unseen.
+        if self._stopped or self._running:
+            return
+        self._running = True
+        self._sync_thread = threading.Thread(
+            target=self._sync_loop, name="fleetstore-catalog-sync", daemon=True
+        )
+        self._sync_thread.start()
+
+    def request_sync(self, timeout: float) -> bool:
+        """Have the background thread refresh the index now and wait up to *timeout*
+        seconds for it (a read must not wait out a locked catalog's write budget).
+        True if the index holds this process's writes made before the call."""
+        with self._lock:
+            if not self._dirty and not self._syncing and not self._stalled:
+                return True
+        deadline = time.monotonic() + timeout
+        with self._sync_cond:
+            target = self._generation + 1
+            self._urgent = True
+            self._ensure_thread()
+            self._sync_cond.notify_all()
+            while self._generation < target and not self._stopped:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._sync_cond.wait(remaining)
+        return self._generation >= target
+
+    def _sync_loop(self) -> None:
+        while True:
+            with self._sync_cond:
+                if not self._urgent and not self._stopped:
+                    self._sync_cond.wait(_SYNC_INTERVAL)
+                self._urgent = False
+                if self._stopped:
+                    self._running = False
+                    return
+            synced = False
+            try:
+                if self._stalled:
+                    with self._lock:
+                        self._stalled = False
+                    try:
+                        self.recover(own=True)
+                    except BaseException:
+                        with self._lock:
+                            self._stalled = True
+                        raise
+                self.sync_dirty()
+                synced = True
+            except Exception as exc:  # the store is busy or closing: try again later
+                log.warning("%s: refreshing the catalog's index failed: %s", self.shards.root, exc)
+            with self._sync_cond:
+                if synced:
+                    self._generation += 1
+                    self._sync_cond.notify_all()
+                with self._lock:
+                    idle = not self._dirty and not self._stalled
+                if synced and idle and not self._urgent:
+                    # Nothing written for a while: the next write starts another.
+                    self._running = False
+                    return
+
+    def reindex(self, keys: list[str] | None = None) -> int:
+        """Make the catalog's index of each shard in *keys* (default: every shard file
+        on disk) equal to the shard's sessions: for a shard file put back by hand or
+        restored from an archive.  Returns the number of shards indexed."""
+        todo = self.shards.keys() if keys is None else list(keys)
+        for i in range(0, len(todo), 64):  # short catalog transactions
+            part = todo[i : i + 64]
+
+            def run(tx: Tx, part: list[str] = part) -> None:
+                for key in part:
+                    self._sync_index(tx, key)
+
+            self.catalog.run_write(run)
+        return len(todo)
+
+    def sync_dirty(self) -> int:
+        """Copy the session rows of the shards this process wrote into the catalog's
+        index; the number of shards refreshed."""
+        with self._lock:
+            keys, self._dirty = sorted(self._dirty), set()
+            self._syncing += len(keys)
+        if not keys:
+            return 0
+
+        def run(tx: Tx) -> None:
+            for k in keys:
+                self._sync_index(tx, k)
+
+        try:
+            self.catalog.run_write(run)
+        except BaseException:
+            with self._lock:
+                self._dirty.update(keys)
+            raise
+        finally:
+            with self._lock:
+                self._syncing -= len(keys)
+        return len(keys)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, fn: Callable[[Any], T], session_id: str | None) -> T:
+        key = self.home(session_id)
+        if key is None:
+            return self.catalog.read(fn)
+        try:
+            return self._read_shard(key, fn)
+        except errors.NotFound:
+            assert session_id is not None
+            fresh = self.home(session_id, fresh=True)
+            if fresh == key:
+                if self._recover_quietly():  # a dead process's half-made session (see apply)
+                    return self._read_shard(key, fn)
+                raise
+            return self.catalog.read(fn) if fresh is None else self._read_shard(fresh, fn)
+
+    def _read_shard(self, key: str, fn: Callable[[Any], T]) -> T:
+        try:
+            with self.shards.use(key, create=False) as db:
+                return db.read(fn)
+        except errors.FileMoved:
+            self.shards.drop(key)
+            with self.shards.use(key, create=False) as db:
+                return db.read(fn)
+        except errors.NotFound as exc:
+            raise errors.NotFound(
+                f"{self.shards.root}: the shard {key!r} of this session is missing "
+                f"({self.shards.path_of(key)}); was it archived?"
+            ) from exc
+
+    def read_first(self, fn: Callable[[Any], list[T]]) -> list[T]:
+        """*fn* on the catalog, then on each shard, until one returns rows (a lookup
+        by an id that does not name its session, such as ``messages.get``)."""
+        found = self.catalog.read(fn)
+        if found:
+            return found
+        for key in self.shards:
+            with self.shards.use(key, create=False) as db:
+                found = db.read(fn)
+            if found:
+                return found
+        return found
+
+    def each(self, fn: Callable[[str | None, Any], None]) -> None:
+        """``fn(key, database)`` for the catalog (key None), then every shard on disk."""
+        fn(None, self.catalog)
+        for key in self.shards:
+            with self.shards.use(key, create=False) as db:
+                fn(key, db)
+
+    # -- crashes ---------------------------------------------------------------------------
+
+    def _recover_quietly(self) -> int:
+        try:
+            return self.recover()
+        except errors.FleetstoreError as exc:
+            log.warning("%s: finishing intents of dead processes failed: %s", self.shards.root, exc)
+            return 0
+
+    def recover(self, *, all_owners: bool = False, own: bool = False) -> int:
+        """Finish the catalog+shard writes whose process died (every one, with
+        *all_owners*; with *own*, also this process's that stopped half-way); the
+        number finished or abandoned."""
+        rows = self.catalog.read(lambda tx: tx.execute(self.q["shard_intents"]))
+        with self._lock:
+            active = set(self._active)
+        done = 0
+        for op_id, key, text, owner in rows:
+            if owner == self.owner:
+                if not (own or all_owners) or op_id in active:
+                    continue
+            elif not all_owners and owner_alive(str(owner)):
+                continue
+            op = decode_line(str(text).encode("utf-8"))
+            try:
+                _, applied = self._shard_part(str(key), op)
+            except Exception as exc:
+                if not is_rejectable(exc):
+                    raise
+                log.error(
+                    "%s: %s (op %s) of a process that died could not be applied and was "
+                    "dropped: %s",
+                    self.shards.root,
+                    op.name,
+                    op_id,
+                    exc,
+                )
+                done += 1
+                continue
+            self._catalog_part(str(key), op, applied)
+            done += 1
+        return done
+
+    def close(self, *, sync: bool = True) -> None:
+        """Stop the background refresh, bring the index up to date (if *sync*: the
+        store is not known to be locked) and close every file."""
+        with self._sync_cond:
+            self._stopped = True
+            self._sync_cond.notify_all()
+            thread = self._sync_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
+        try:
+            if sync:
+                if self._stalled:
+                    self.recover(own=True)
+                self.sync_dirty()
+        except errors.FleetstoreError as exc:
+            log.warning(
+                "%s: the catalog's index was not refreshed at close: %s", self.shards.root, exc
+            )
+        self.shards.close()
+
+
+def _created_id(op: Operation) -> str | None:
+    """The id of the session *op* may create (None: it creates none)."""
+    if op.name in ("create_session", "fork_session", "import_session", "agt_add_items"):
+        value = op.args.get("session_id" if op.name == "agt_add_items" else "id")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _parents_first(rows: list[Any]) -> list[Any]:
+    """Session rows ordered so that each parent comes before its children (the
+    catalog's sessions rows have a foreign key to their parent)."""
+    by_id = {str(r[0]): r for r in rows}
+    out: list[Any] = []
+    seen: set[str] = set()
+
+    def visit(sid: str, depth: int) -> None:
+        if sid in seen or depth > len(by_id):
+            return
+        row = by_id[sid]
+        parent = row[1]
+        if parent is not None and str(parent) in by_id:
+            visit(str(parent), depth + 1)
+        seen.add(sid)
+        out.append(row)
+
+    for sid in by_id:
+        visit(sid, 0)
+    return out

@@ -1,0 +1,2 @@
+"""Moving stores: export, import, merge, migrate, reshard, and importing the
+frameworks' own SQLite files."""

@@ -1,0 +1,1 @@
+"""Importers of the agent frameworks' own SQLite files."""

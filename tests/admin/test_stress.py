@@ -1,0 +1,252 @@
+"""``fleetstore stress``: real agent processes living sessions, and a verdict that can fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from fleetstore.admin.stress.fleet import ExternalLock
+from fleetstore.cli.main import main
+
+
+def clean_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSTORE_")}
+    env["FLEETSTORE_DATA_DIR"] = str(tmp_path / "data")
+    return env
+
+
+def runner(tmp_path: Path) -> CliRunner:
+    """In-process, for usage errors: they are reported before any process starts."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("FLEETSTORE_")}
+    env["FLEETSTORE_DATA_DIR"] = str(tmp_path / "data")
+    return CliRunner(env=env)
+
+
+def stress(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetstore", "stress", "--json", "--seed", "1", *args],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=clean_env(tmp_path),
+    )
+    try:
+        report = json.loads(done.stdout)
+    except ValueError:
+        pytest.fail(f"no JSON on stdout (exit {done.returncode}): {done.stdout}\n{done.stderr}")
+    return done.returncode, report, done.stderr
+
+
+@pytest.mark.slow
+def test_run_under_faults_passes_with_every_turn_read_back(tmp_path: Path) -> None:
+    """Kills, maintenance and an outside lock: restarted agents go on after the turn
+    they were killed in, and everything acknowledged is there, once, in order."""
+    code, report, stderr = stress(
+        tmp_path,
+        "--agents", "3", "--duration", "5", "--workers", "2",
+        "--kill-rate", "0.6", "--maintain",
+        "--external-lock", "2@0.5",
+        "--large-rate", "0.05", "--large-bytes", "300000",
+        "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    (fs,) = report["targets"]
+    assert code == 0, (report["problems"], fs["crashed"], stderr)
+    assert report["verdict"] == "pass" and fs["target"] == "fleetstore"
+    assert fs["acknowledged"] > 0
+    assert fs["failed"] == fs["lost"] == fs["duplicated"] == fs["out_of_order"] == 0
+    assert fs["corrupt"] == fs["stuck_effects"] == 0 and fs["integrity"] == "ok"
+    assert fs["kills"], "no process was killed"
+    assert fs["effects"].get("succeeded", 0) > 0
+    (lock,) = fs["external_locks"]
+    assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
+    (maint,) = fs["maintenance"]
+    assert maint["exit_code"] == 0, maint["output"]
+    assert len(fs["per_agent"]) == 3
+    assert Path(fs["url"]).parent == tmp_path / "run" / "fleetstore"
+    assert str(tmp_path / "run") in stderr  # where the results are, said up front
+
+
+@pytest.mark.slow
+def test_sharded_target_passes_under_kills_and_an_outside_lock(tmp_path: Path) -> None:
+    """``--url sqlite+sharded:///DIR``: the agents' trees in shard files, effects in the
+    catalog; the read-back checks every file and the catalog's index against them.
+    (6 s: the outside lock takes the catalog and then each shard while the agents
+    write; on a loaded machine that took more than the 2.5 s a 3 s run left it.)"""
+    store = tmp_path / "sharded"
+    code, report, stderr = stress(
+        tmp_path, "--url", f"sqlite+sharded://{store}", "--agents", "4", "--duration", "6",
+        "--workers", "1", "--kill-rate", "0.4", "--external-lock", "1@0.3",
+        "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    (fs,) = report["targets"]
+    assert code == 0, (report["problems"], fs["crashed"], stderr)
+    assert fs["url"] == f"sqlite+sharded://{store}" and fs["layout"] == "sharded"
+    assert fs["acknowledged"] > 0 and fs["failed"] == fs["lost"] == fs["duplicated"] == 0
+    assert fs["integrity"] == "ok" and fs["index_problems"] == 0
+    assert fs["files_checked"] == 1 + 4  # the catalog and a shard per agent's session
+    assert len(list((store / "shards").glob("*/*.db"))) == 4
+    assert fs["effects"].get("succeeded", 0) > 0 and fs["kills"]
+    assert fs["engine"]["agent_writes"] > 0 and fs["engine"]["lock_wait_ms"]["p99"] > 0
+    (lock,) = fs["external_locks"]
+    assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
+
+
+@pytest.mark.slow
+def test_a_target_that_drops_every_100th_write_fails_the_run(tmp_path: Path) -> None:
+    code, report, stderr = stress(
+        tmp_path, "--agents", "3", "--duration", "3", "--think-ms", "2", "--workers", "1",
+        "--drop-every", "100", "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    (fs,) = report["targets"]
+    assert fs["acknowledged"] > 150, "too few writes to drop any"
+    assert code == 1, stderr
+    assert report["verdict"] == "fail"
+    assert fs["lost"] > 0
+    assert any("acknowledged writes are missing" in p for p in report["problems"])
+    assert fs["samples"]["lost"]
+    assert fs["failed"] == 0  # every call "succeeded": only the read-back can tell
+
+
+@pytest.mark.parametrize("text", ["3", "3@", "@1", "x@1", "0@1", "3@-1", "nan@1", "3@inf"])
+def test_invalid_external_lock_exits_2(text: str, tmp_path: Path) -> None:
+    result = runner(tmp_path).invoke(main, ["stress", "--external-lock", text])
+    assert result.exit_code == 2, result.output
+    assert "HOLD@AT" in result.output
+    assert not (tmp_path / "data").exists()  # nothing was started or created
+
+
+def test_external_lock_after_the_end_of_the_run_exits_2(tmp_path: Path) -> None:
+    result = runner(tmp_path).invoke(main, ["stress", "--duration", "2", "--external-lock", "1@2"])
+    assert result.exit_code == 2
+    assert "after the run ends" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--agents", "0"],
+        ["--duration", "0"],
+        ["--large-rate", "1.5"],
+        ["--think-ms", "-1"],
+        ["--kill-rate", "-1"],
+        ["--output-bytes", "0"],
+        ["--drop-every", "-1"],
+    ],
+)
+def test_out_of_range_options_exit_2(args: list[str], tmp_path: Path) -> None:
+    result = runner(tmp_path).invoke(main, ["stress", *args])
+    assert result.exit_code == 2, result.output
+    assert not (tmp_path / "data").exists()
+
+
+def test_external_lock_parse() -> None:
+    assert ExternalLock.parse("3@0.5") == ExternalLock(hold=3.0, at=0.5)
+    assert str(ExternalLock.parse(" 2.5@0 ")) == "2.5@0"
+
+
+def test_sequence_check_sees_lost_duplicated_and_reordered_writes() -> None:
+    from fleetstore.admin.stress.agent import _Check, _check_sequence
+
+    check = _Check()
+    expected = [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+    found = _check_sequence(check, 0, expected, ["a", "c", "b", "x", "c"])
+    assert check.counts == {"lost": 1, "duplicated": 1, "out_of_order": 1}
+    assert check.lost == [[0, 4, "d"]]
+    assert check.duplicated == [[0, 3, "c", 2]]
+    assert check.out_of_order == [[0, 3, "c"]]  # c came before b
+    assert set(found) == {"a", "b", "c"}
+    clean = _Check()
+    _check_sequence(clean, 0, expected, ["a", "z", "b", "c", "d"])  # extra rows are fine
+    assert not clean.counts
+
+
+def test_the_workload_is_the_same_for_every_target() -> None:
+    from fleetstore.admin.stress.agent import Turn
+
+    cfg = {"seed": 7, "think_ms": 10.0, "large_rate": 0.5, "large_bytes": 3 << 20,
+           "output_bytes": 500}  # fmt: skip
+    turns = [Turn(cfg, 1, n) for n in range(1, 200)]
+    again = [Turn(cfg, 1, n) for n in range(1, 200)]
+    assert [(t.user, t.deltas, t.output_size) for t in turns] == [
+        (t.user, t.deltas, t.output_size) for t in again
+    ]
+    sizes = [t.output_size for t in turns]
+    assert max(sizes) > 1 << 20 and min(sizes) < 5000  # heavy-tailed: bytes to megabytes
+    assert max(sizes) <= 3 << 20
+    assert turns[0].output(cfg, 1) == again[0].output(cfg, 1)
+    assert len(turns[0].output(cfg, 1)) == turns[0].output_size
+
+
+@pytest.mark.slow
+def test_postgresql_target_passes_with_an_outside_lock(tmp_path: Path, pg_url: str) -> None:
+    code, report, stderr = stress(
+        tmp_path, "--url", pg_url, "--agents", "2", "--duration", "5", "--workers", "1",
+        "--external-lock", "1@0.5", "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    (fs,) = report["targets"]
+    assert code == 0, (report["problems"], stderr)
+    assert fs["url"] == pg_url and fs["acknowledged"] > 0
+    assert fs["failed"] == fs["lost"] == fs["duplicated"] == fs["stuck_effects"] == 0
+    (lock,) = fs["external_locks"]
+    assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
+
+
+def test_langgraph_peer_checkpoints_turns_and_its_verifier_sees_loss(tmp_path: Path) -> None:
+    """The LangGraph peer through the agent module's own processes (stdlib sqlite3 never
+    enters this one): its turns read back intact; a forged acknowledgement is lost and a
+    wrong output hash corrupt."""
+    import time
+
+    db, journal = tmp_path / "langgraph.db", tmp_path / "agent-0.jsonl"
+    cfg: dict[str, Any] = {
+        "target": "langgraph", "url": str(db), "run_id": "t", "seed": 4, "think_ms": 1.0,
+        "output_bytes": 300, "large_rate": 0.0, "large_bytes": 0, "settings": {},
+        "synchronous": None, "drop_every": 0,
+    }  # fmt: skip
+    module = [sys.executable, "-m", "fleetstore.admin.stress.agent"]
+    env = clean_env(tmp_path)
+    prep = subprocess.run(
+        [*module, "--verify", json.dumps({**cfg, "prepare": True})],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert prep.returncode == 0, prep.stderr
+    with subprocess.Popen(
+        [*module, "--agent", json.dumps({**cfg, "agent": 0, "journal": str(journal),
+                                         "restart": False})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    ) as agent:  # fmt: skip
+        assert agent.stdout is not None and agent.stdin is not None
+        assert agent.stdout.readline().strip() == "ready"
+        start = time.monotonic()
+        agent.stdin.write(f"start {start!r} {start + 1.5!r}\n")
+        agent.stdin.close()
+        assert agent.wait(60) == 0, agent.stderr.read() if agent.stderr else ""
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    assert len(lines) >= 3 and all("sha" in e for e in lines), lines
+
+    def verify() -> dict[str, Any]:
+        done = subprocess.run(
+            [*module, "--verify", json.dumps({**cfg, "journals": [str(journal)]})],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+        return result
+
+    clean = verify()
+    assert clean["acked_turns"] == len(lines) and clean["integrity"] == "ok"
+    assert clean["lost"] == clean["duplicated"] == clean["out_of_order"] == clean["corrupt"] == 0
+    forged = {**lines[-1], "n": lines[-1]["n"] + 1}
+    tampered = {**lines[0], "sha": "0" * 64}
+    journal.write_text("\n".join(json.dumps(e) for e in [tampered, *lines[1:], forged]) + "\n")
+    broken = verify()
+    assert broken["lost"] == 2  # the forged turn's user message and reply
+    assert broken["corrupt"] == 2  # the forged turn and the wrong hash
+    assert broken["samples"]["corrupt"][0][1] == lines[0]["n"]

@@ -1,0 +1,300 @@
+"""`fleetstore top` and the figures processes publish for it: the publisher's files, the
+frame arithmetic (rates and p99 over the last interval, histograms merged across
+processes), and the live screen driven in a real pseudo-terminal with real writer
+processes."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fleetstore
+from fleetstore.admin import top
+from fleetstore.core.metrics import Histogram
+from fleetstore.store.procstats import Published, process_start_time, procs_dir, read_published
+
+WRITER = """
+import sys, time, fleetstore
+store = fleetstore.open(sys.argv[1], publish_interval=0.2)
+s = store.sessions.create("top")
+print("ready", flush=True)
+end = time.time() + float(sys.argv[2])
+while time.time() < end:
+    store.messages.append(s.id, "user", "x")
+    time.sleep(0.005)
+store.close()
+"""
+
+
+def wait_for(what: str, check: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def start_writer(db: str, seconds: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, db, str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.stdout.close()
+    return proc
+
+
+# -- the publisher ---------------------------------------------------------------------------
+
+
+def test_a_store_publishes_its_figures_and_removes_them_on_close(tmp_path: Path) -> None:
+    db = str(tmp_path / "p.db")
+    store = fleetstore.open(db, publish_interval=0.05)
+    s = store.sessions.create()
+    for _ in range(5):
+        store.messages.append(s.id, "user", "x")
+    own = procs_dir(db) / f"{os.getpid()}.json"
+    wait_for("a published file", own.exists)
+    wait_for(
+        "the writes in it",
+        lambda: json.loads(own.read_text())["metrics"]["operations"].get("append_message") == 5,
+    )
+    (mine,) = read_published(db)
+    assert mine.alive and mine.pid == os.getpid() and mine.age < 30
+    assert mine.histogram("lock_wait").export()["n"] == mine.record["metrics"]["writes"]
+    assert (own.stat().st_mode & 0o777) == 0o600
+    store.close()
+    assert not own.exists()
+
+
+def test_publish_interval_zero_publishes_nothing_and_bad_values_are_refused(
+    tmp_path: Path,
+) -> None:
+    db = str(tmp_path / "p.db")
+    with fleetstore.open(db, publish_interval=0) as store:
+        store.sessions.create()
+        time.sleep(0.1)
+        assert read_published(db) == []
+    for bad in (-1, float("nan"), "often", True):
+        with pytest.raises(fleetstore.ConfigError):
+            fleetstore.open(db, publish_interval=bad)
+
+
+def test_a_dead_or_reused_pid_is_not_alive(tmp_path: Path) -> None:
+    db = str(tmp_path / "p.db")
+    folder = procs_dir(db)
+    folder.mkdir()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    dead_pid = int(dead.stdout)
+    (folder / f"{dead_pid}.json").write_text(
+        json.dumps({"pid": dead_pid, "start_time": 1, "published_at": time.time()})
+    )
+    # This process's PID with another start time: the PID was reused.
+    (folder / f"{os.getpid()}.json").write_text(
+        json.dumps({"pid": os.getpid(), "start_time": -5, "published_at": time.time()})
+    )
+    (folder / "junk.json").write_text("{not json")
+    found = read_published(db)
+    assert {p.pid for p in found} == {dead_pid, os.getpid()}
+    assert not any(p.alive for p in found)
+    assert process_start_time(os.getpid()) is not None
+
+
+# -- frames ----------------------------------------------------------------------------------
+
+
+def published(pid: int, writes: int, waits: list[float], alive: bool = True) -> Published:
+    hist = Histogram()
+    for w in waits:
+        hist.add(w)
+    record = {
+        "metrics": {"writes": writes, "begin_busy_retries": 2, "spool_pending": 1},
+        "histograms": {"lock_wait": hist.export()},
+    }
+    return Published(pid, f"agent {pid}", alive, 0.1, record)
+
+
+def test_frame_rates_and_p99_cover_the_last_interval_merged_across_processes() -> None:
+    old = top.Sample(
+        100.0,
+        (published(1, 100, [0.001] * 100), published(2, 50, [0.001] * 50)),
+        {"db": 1, "wal": 2, "shm": 3},
+        None,
+    )
+    # In the next 2 s: process 1 made 100 fast writes, process 2 made 10 slow ones.
+    new = top.Sample(
+        102.0,
+        (
+            published(1, 200, [0.001] * 200),
+            published(2, 60, [0.001] * 50 + [0.5] * 10),
+            published(3, 7, [0.2], alive=False),
+        ),
+        {"db": 1, "wal": 2, "shm": 3},
+        {"pending": 4},
+    )
+    f = top.frame("x.db", new, old)
+    rates = {r.pid: r.writes_per_s for r in f.rows}
+    assert rates == {1: 50.0, 2: 5.0}
+    assert f.writes_per_s == 55.0 and f.stale == 1
+    p99 = {r.pid: r.wait_p99 for r in f.rows}
+    assert p99[1] is not None and p99[1] < 0.002
+    assert p99[2] is not None and 0.45 < p99[2] <= 0.5
+    # Lifetime figures would hide process 2's slow interval (10 slow of 60); the merged
+    # window of 110 writes has 10 slow ones: its p99 is slow.
+    assert f.wait_p99 is not None and f.wait_p99 > 0.45
+    screen = "\n".join(top.render(f, 120))
+    assert "pending 4" in screen and "agent 1" in screen and "+1 gone" in screen
+    first = top.frame("x.db", old, None)
+    assert first.writes_per_s is None and "rates appear" in "\n".join(top.render(first, 120))
+
+
+def test_top_json_frame_from_the_cli(tmp_path: Path) -> None:
+    db = str(tmp_path / "t.db")
+    # Writing until stopped: on a loaded machine top may start seconds later.
+    writer = start_writer(db, 300)
+    try:
+        wait_for("the writer's figures", lambda: any(p.alive for p in read_published(db)))
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fleetstore",
+                "top",
+                db,
+                "--count",
+                "1",
+                "--json",
+                "--interval",
+                "0.5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        writer.terminate()
+        writer.wait(30)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    (proc,) = data["processes"]
+    assert proc["pid"] == writer.pid and proc["writes_per_s"] > 0
+    assert data["outbox"]["pending"] == 0 and data["files"]["db"] > 0
+    missing = subprocess.run(
+        [sys.executable, "-m", "fleetstore", "top", str(tmp_path / "none.db"), "--count", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and not (tmp_path / "none.db").exists()
+
+
+# -- the live screen, in a pseudo-terminal -----------------------------------------------------
+
+
+def read_some(fd: int, buf: bytearray, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                buf += os.read(fd, 65536)
+            except OSError:
+                return
+
+
+def read_until(fd: int, needle: bytes, timeout: float, buf: bytearray) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"screen never showed {needle!r}; last: {bytes(buf[-2000:])!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise AssertionError(f"top exited; output: {bytes(buf[-2000:])!r}")
+            buf += chunk
+
+
+@pytest.mark.slow
+def test_top_renders_live_in_a_pseudo_terminal_and_q_quits(tmp_path: Path) -> None:
+    db = str(tmp_path / "t.db")
+    writers = [start_writer(db, 20), start_writer(db, 20)]
+    with fleetstore.open(db) as store:
+        store.effects.enqueue("t", "k")
+        store.effects.enqueue("t", "k")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: top on a 160x40 pseudo-terminal
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        # pytest exports COLUMNS/LINES, which would override the terminal's size.
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        argv = [sys.executable, "-m", "fleetstore", "top", db, "--interval", "0.3"]
+        os.execve(sys.executable, argv, env)
+    try:
+        buf = bytearray()
+        read_until(fd, b"(q quits)", 30, buf)
+        # Wait for a frame with rates for both writers.
+        deadline = time.monotonic() + 30
+        while True:
+            frames = [f for f in bytes(buf).split(b"\x1b[H\x1b[2J") if b"(q quits)" in f]
+            screen = frames[-1].decode("utf-8", "replace")
+            rows = [ln for ln in screen.splitlines() if ln.split() and ln.split()[0].isdigit()]
+            if (
+                all(str(w.pid) in screen for w in writers)
+                and rows
+                and all(ln.split()[1] != "-" for ln in rows)
+            ):
+                break
+            assert time.monotonic() < deadline, screen
+            del buf[:-20000]
+            read_some(fd, buf, 0.4)
+        assert "WRITES/S" in screen and "WAIT P99" in screen
+        assert "outbox     pending 2" in screen
+        assert f"fleetstore top  {db}" in screen
+        for w in writers:
+            line = next(ln for ln in screen.splitlines() if ln.split()[:1] == [str(w.pid)])
+            assert float(line.split()[1].replace(",", "")) > 0, line
+        os.write(fd, b"q")
+        deadline = time.monotonic() + 10
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            assert time.monotonic() < deadline, "q did not quit top"
+            with_data, _, _ = select.select([fd], [], [], 0.1)
+            if with_data:
+                try:
+                    os.read(fd, 65536)
+                except OSError:
+                    pass
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
+        for w in writers:
+            w.kill()
+            w.wait()

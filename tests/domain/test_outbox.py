@@ -1,0 +1,680 @@
+"""The outbox contract: enqueue, per-thread order, leases and fencing, settlement, sweep,
+the transactional outbox, operator actions, the in-process Worker and the CLI.
+
+Stores come from the ``store`` / ``open_store`` fixtures (conftest.py), so the suite runs
+unchanged on every engine.  The multi-process tests (kill -9, 8 workers, signals, an
+outside lock) are in test_outbox_fleet.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fleetstore
+from fleetstore import (
+    Effect,
+    EffectState,
+    FailEffect,
+    Handler,
+    NewEffect,
+    RetryEffect,
+    Store,
+    Worker,
+    errors,
+)
+from fleetstore.core.ids import new_id
+from tests.fix_procs import Spawn, start_lock
+from tests.fix_stores import OpenStore
+
+
+def rows(store: Store, sql: str = "SELECT count(*) FROM effects") -> Any:
+    return store.read(lambda tx: tx.execute(sql))
+
+
+def n_effects(store: Store) -> int:
+    return int(rows(store)[0][0])
+
+
+def claim_one(store: Store, owner: str = "w", **kw: Any) -> fleetstore.Claim:
+    claims = store.effects.claim(owner, **kw)
+    assert len(claims) == 1, claims
+    return claims[0]
+
+
+def expire(store: Store, effect_id: str) -> None:
+    """Make a running effect's lease run out now (as if its worker vanished)."""
+    with store.db.write() as tx:
+        tx.execute("UPDATE effects SET lease_expires_at = 0 WHERE id = ?", (effect_id,))
+
+
+# -- enqueue ------------------------------------------------------------------------------------
+
+
+def test_enqueue_stores_payload_json_bytes_and_large_as_blob(store: Store) -> None:
+    a = store.effects.enqueue("t", "k", {"x": [1, 2]})
+    b = store.effects.enqueue("t", "k", b"\x00\xff")
+    big = "y" * (store.settings.blob_threshold + 10)
+    c = store.effects.enqueue("t", "k", {"big": big})
+    assert store.effects.get(a).payload == {"x": [1, 2]}
+    assert store.effects.get(b).payload == b"\x00\xff"
+    assert store.effects.get(c).payload == {"big": big}
+    assert rows(store, "SELECT count(*) FROM effects WHERE blob_sha IS NOT NULL")[0][0] == 1
+    got = store.effects.get(a)
+    assert (got.state, got.seq, got.attempt, got.max_attempts) == ("pending", 1, 0, 5)
+    assert [e.seq for e in store.effects.list(thread_key="t")] == [1, 2, 3]
+
+
+def test_repeated_idempotency_key_enqueues_nothing_new(store: Store) -> None:
+    first = store.effects.enqueue("t", "title", {"n": 1}, idempotency_key="turn-7")
+    again = store.effects.enqueue("t", "title", {"n": 2}, idempotency_key="turn-7")
+    assert again == first
+    assert n_effects(store) == 1
+    assert store.effects.get(first).payload == {"n": 1}
+    with pytest.raises(errors.AlreadyExists):
+        store.effects.enqueue("other-thread", "title", idempotency_key="turn-7")
+    assert n_effects(store) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        (("", "k"), {}),
+        (("t", ""), {}),
+        (("t", 7), {}),
+        (("t", "k", {"x": object()}), {}),
+        (("t", "k", {"x": float("nan")}), {}),
+        (("t", "k"), {"delay": -1}),
+        (("t", "k"), {"delay": float("inf")}),
+        (("t", "k"), {"max_attempts": 0}),
+        (("t", "k"), {"max_attempts": True}),
+        (("t", "k"), {"replay_safe": "yes"}),
+        (("t", "k"), {"idempotency_key": ""}),
+        (("t" * 2000, "k"), {}),
+    ],
+)
+def test_bad_enqueue_raises_invalid_input_and_writes_nothing(
+    store: Store, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    with pytest.raises(errors.InvalidInput):
+        store.effects.enqueue(*args, **kwargs)
+    assert n_effects(store) == 0
+
+
+def test_bad_operation_arguments_from_a_journal_are_refused_inside_the_transaction(
+    store: Store,
+) -> None:
+    good = {
+        "id": new_id(),
+        "thread_key": "t",
+        "kind": "k",
+        "payload": {"enc": "json", "body": "1"},
+    }
+    for bad in (
+        {**good, "payload": {"enc": "str", "body": "x"}},
+        {**good, "payload": {"enc": "json", "body": "{"}},
+        {**good, "id": "a/b"},
+        {**good, "max_attempts": -3},
+    ):
+        with pytest.raises(errors.InvalidInput):
+            store.apply(fleetstore.Operation("enqueue_effect", bad, new_id()))
+    settle = {"id": new_id(), "fence": 1, "outcome": "explode"}
+    with pytest.raises(errors.InvalidInput):
+        store.apply(fleetstore.Operation("settle_effect", settle, new_id()))
+    assert n_effects(store) == 0
+
+
+# -- claims and per-thread order ------------------------------------------------------------------
+
+
+def test_only_the_head_of_each_thread_is_claimed(store: Store) -> None:
+    for thread in ("a", "b", "c"):
+        for i in range(3):
+            store.effects.enqueue(thread, "k", {"i": i})
+    claims = store.effects.claim("w", limit=10)
+    assert sorted((c.effect.thread_key, c.effect.seq) for c in claims) == [
+        ("a", 1),
+        ("b", 1),
+        ("c", 1),
+    ]
+    assert all(c.effect.attempt == 1 and c.effect.state == "running" for c in claims)
+    assert store.effects.claim("w2", limit=10) == []
+    claims[0].succeed()
+    (nxt,) = store.effects.claim("w2", limit=10)
+    assert (nxt.effect.thread_key, nxt.effect.seq) == (claims[0].effect.thread_key, 2)
+
+
+def test_the_database_refuses_two_running_or_two_heads_in_a_thread(store: Store) -> None:
+    store.effects.enqueue("t", "k")
+    store.effects.enqueue("t", "k")
+    claim_one(store)
+    with pytest.raises(errors.IntegrityError), store.db.write() as tx:
+        tx.execute("UPDATE effects SET state = 'running', lease_owner = 'rogue' WHERE seq = 2")
+    with pytest.raises(errors.IntegrityError), store.db.write() as tx:
+        tx.execute("UPDATE effects SET is_head = 1 WHERE seq = 2")
+    assert [e.state for e in store.effects.list()] == ["running", "pending"]
+
+
+def test_kinds_filter_claims(store: Store) -> None:
+    store.effects.enqueue("t1", "mail")
+    store.effects.enqueue("t2", "title")
+    (c,) = store.effects.claim("w", limit=5, kinds=["title"])
+    assert c.effect.kind == "title"
+    assert store.effects.next_ready(["title"]) is None
+    assert store.effects.next_ready(["mail"]) is not None
+
+
+def test_a_delayed_effect_waits_and_next_ready_says_when(store: Store) -> None:
+    before = time.time()
+    store.effects.enqueue("t", "k", delay=30)
+    assert store.effects.claim("w") == []
+    ready = store.effects.next_ready()
+    assert ready is not None and before + 30 <= ready <= time.time() + 30
+
+
+def test_a_retried_effect_is_not_overtaken_by_a_newer_one_of_its_thread(store: Store) -> None:
+    first = store.effects.enqueue("t", "k", {"n": 1})
+    store.effects.enqueue("t", "k", {"n": 2})
+    claim_one(store).retry(delay=60, error="provider 429")
+    assert store.effects.claim("w", limit=10) == []  # seq 2 waits behind the retry
+    got = store.effects.get(first)
+    assert (got.state, got.attempt, got.last_error) == ("pending", 1, "provider 429")
+    assert got.errors[0].attempt == 1 and got.errors[0].owner == "w"
+
+
+def test_attempts_run_out_to_dead_and_the_thread_moves_on(store: Store) -> None:
+    first = store.effects.enqueue("t", "k", max_attempts=2)
+    second = store.effects.enqueue("t", "k")
+    claim_one(store).retry(0, "e1")
+    claim_one(store).retry(0, "e2")
+    dead = store.effects.get(first)
+    assert (dead.state, dead.dead_reason, dead.attempt) == ("dead", "attempts_exhausted", 2)
+    assert [e.error for e in dead.errors] == ["e1", "e2"]
+    assert claim_one(store).id == second
+
+
+def test_settlements_fail_cancel_release_succeed(store: Store) -> None:
+    ids = [store.effects.enqueue(f"t{i}", "k") for i in range(4)]
+    claims = {c.id: c for c in store.effects.claim("w", limit=4)}
+    assert claims[ids[0]].fail("bad request") is True
+    assert claims[ids[1]].cancel() is True
+    assert claims[ids[2]].release() is True
+    assert claims[ids[3]].succeed({"title": "Fix the flaky test"}) is True
+    got = [store.effects.get(i) for i in ids]
+    assert [(g.state, g.dead_reason) for g in got] == [
+        ("dead", "failed"),
+        ("cancelled", None),
+        ("pending", None),
+        ("succeeded", None),
+    ]
+    assert got[2].attempt == 0  # released: the attempt was not spent
+    assert got[3].result == {"title": "Fix the flaky test"}
+    with pytest.raises(errors.InvalidInput):
+        claims[ids[3]].succeed()  # a claim settles once
+
+
+def test_a_result_that_cannot_be_stored_is_refused_and_the_claim_still_holds(
+    store: Store,
+) -> None:
+    store.effects.enqueue("t", "k")
+    c = claim_one(store)
+    with pytest.raises(errors.InvalidInput):
+        c.succeed({"x": object()})
+    with pytest.raises(errors.InvalidInput):
+        c.succeed("z" * (1024 * 1024 + 1))
+    assert store.effects.get(c.id).state == "running"
+    assert c.succeed("ok") is True
+
+
+# -- leases, fencing, sweeps ----------------------------------------------------------------------
+
+
+def test_heartbeat_extends_the_lease(store: Store) -> None:
+    store.effects.enqueue("t", "k")
+    c = claim_one(store, lease=5)
+    first = store.effects.get(c.id).lease_expires_at
+    assert first is not None
+    new = c.heartbeat(lease=100)
+    assert new > first + 90
+    assert store.effects.get(c.id).lease_expires_at == new
+
+
+def test_sweep_returns_expired_replay_safe_effects_to_pending_keeping_order(
+    store: Store,
+) -> None:
+    first = store.effects.enqueue("t", "k")
+    store.effects.enqueue("t", "k")
+    stale = claim_one(store, owner="lost")
+    other = store.effects.enqueue("u", "k")
+    live = claim_one(store, owner="alive", lease=600)
+    assert live.id == other
+    expire(store, stale.id)
+    assert store.effects.counts()["expired"] == 1
+    swept = store.effects.sweep()
+    assert [(s.id, s.state) for s in swept] == [(first, EffectState.pending)]
+    got = store.effects.get(first)
+    assert (got.state, got.attempt) == ("pending", 1)
+    assert "lost" in (got.last_error or "") and got.errors[-1].owner == "lost"
+    assert store.effects.get(other).state == "running"  # an unexpired lease is left alone
+    again = claim_one(store, owner="new")
+    assert (again.id, again.effect.attempt, again.fence) == (first, 2, stale.fence + 1)
+    assert store.effects.sweep() == []
+
+
+def test_a_stale_worker_gets_lease_lost_and_the_newer_outcome_stands(store: Store) -> None:
+    store.effects.enqueue("t", "k")
+    stale = claim_one(store, owner="old")
+    expire(store, stale.id)
+    store.effects.sweep()
+    fresh = claim_one(store, owner="new")
+    fresh.succeed({"by": "new"})
+    before = rows(store, "SELECT * FROM effects")
+    for settle in (
+        lambda: stale.succeed({"by": "old"}),
+        lambda: stale.retry(0, "x"),
+        lambda: stale.fail("x"),
+        stale.cancel,
+        stale.release,
+        stale.heartbeat,
+    ):
+        with pytest.raises(errors.LeaseLost) as caught:
+            settle()
+        assert caught.value.effect_id == stale.id
+        assert caught.value.state == "succeeded"
+    assert rows(store, "SELECT * FROM effects") == before
+    assert store.effects.get(stale.id).result == {"by": "new"}
+
+
+def test_a_swept_owner_takes_its_effect_back_until_someone_else_claims_it(store: Store) -> None:
+    first = store.effects.enqueue("t", "k")
+    c = claim_one(store, owner="slow")
+    expire(store, c.id)
+    assert [s.state for s in store.effects.sweep()] == ["pending"]
+    c.heartbeat()  # the owner was alive after all: it is running again, its lease renewed
+    got = store.effects.get(first)
+    assert (got.state, got.lease_owner, got.attempt) == ("running", "slow", 1)
+    assert store.effects.claim("other") == []
+    assert c.succeed("done") is True
+    assert store.effects.get(first).result == "done"
+
+
+def test_a_late_success_lands_on_an_effect_the_sweep_buried(store: Store) -> None:
+    buried = store.effects.enqueue("t", "k", replay_safe=False)
+    nxt = store.effects.enqueue("t", "k")
+    c = claim_one(store)
+    expire(store, c.id)
+    store.effects.sweep()
+    with pytest.raises(errors.LeaseLost):
+        c.heartbeat()  # dead: not taken back (the thread has moved on)
+    running = claim_one(store, owner="next")
+    assert running.id == nxt
+    assert c.succeed({"ok": 1}) is True  # but what it did is recorded
+    got = store.effects.get(buried)
+    assert (got.state, got.result, got.dead_reason) == ("succeeded", {"ok": 1}, None)
+    assert store.effects.get(nxt).state == "running"  # the thread's head is untouched
+    running.succeed()
+
+
+def test_a_retry_or_release_ends_the_claim(store: Store) -> None:
+    store.effects.enqueue("t", "k")
+    c = claim_one(store)
+    c.retry(0, "again")
+    with pytest.raises(errors.LeaseLost):
+        c.heartbeat()  # pending under a new token: not this claim's any more
+    assert store.effects.get(c.id).state == "pending"
+
+
+def test_not_replay_safe_effects_lost_mid_run_go_dead_and_the_thread_continues(
+    store: Store,
+) -> None:
+    store.effects.declare({"provider.turn": False})
+    assert store.effects.kinds() == {"provider.turn": False}
+    turn = store.effects.enqueue("t", "provider.turn")
+    after = store.effects.enqueue("t", "title")
+    row_flag = store.effects.enqueue("u", "title", replay_safe=False)
+    exhausted = store.effects.enqueue("v", "title", max_attempts=1)
+    for c in store.effects.claim("w", limit=10):
+        expire(store, c.id)
+    result = {s.id: s.state for s in store.effects.sweep()}
+    assert result == {turn: "dead", row_flag: "dead", exhausted: "dead"}
+    assert store.effects.get(turn).dead_reason == "not_replay_safe"
+    assert store.effects.get(row_flag).dead_reason == "not_replay_safe"
+    assert store.effects.get(exhausted).dead_reason == "attempts_exhausted"
+    assert "not replay-safe" in (store.effects.get(turn).last_error or "")
+    assert claim_one(store).id == after  # the documented rule: the thread moves on
+
+
+def test_sweeps_keep_the_last_20_errors_like_settlements(store: Store) -> None:
+    eid = store.effects.enqueue("t", "k", max_attempts=30)
+    for _ in range(25):
+        expire(store, claim_one(store).id)
+        store.effects.sweep()
+    got = store.effects.get(eid)
+    assert (got.state, got.attempt) == ("pending", 25)
+    assert [e.attempt for e in got.errors] == list(range(6, 26))
+
+
+def test_a_declared_replay_safe_kind_can_be_overridden_per_effect(store: Store) -> None:
+    store.effects.declare({"k": True})
+    e = store.effects.enqueue("t", "k", replay_safe=False)
+    expire(store, claim_one(store).id)
+    assert [(s.id, s.state) for s in store.effects.sweep()] == [(e, "dead")]
+
+
+# -- operator actions -----------------------------------------------------------------------------
+
+
+def test_operator_retry_requeues_a_dead_effect_at_the_end_of_its_thread(store: Store) -> None:
+    dead = store.effects.enqueue("t", "k")
+    claim_one(store).fail("broken")
+    later = store.effects.enqueue("t", "k")
+    again = store.effects.retry(dead)
+    assert (again.state, again.attempt, again.seq) == ("pending", 0, 3)
+    assert claim_one(store).id == later
+    with pytest.raises(errors.InvalidInput):
+        store.effects.retry(later)  # running
+    with pytest.raises(errors.NotFound):
+        store.effects.retry(new_id())
+
+
+def test_operator_cancel_of_a_running_effect_fences_its_worker(store: Store) -> None:
+    running = store.effects.enqueue("t", "k")
+    nxt = store.effects.enqueue("t", "k")
+    c = claim_one(store)
+    assert store.effects.cancel(running).state == "cancelled"
+    with pytest.raises(errors.LeaseLost):
+        c.heartbeat()
+    with pytest.raises(errors.LeaseLost):
+        c.succeed()
+    assert store.effects.get(running).state == "cancelled"
+    assert claim_one(store).id == nxt
+    done = _succeeded(store)
+    with pytest.raises(errors.InvalidInput):
+        store.effects.cancel(done)
+    assert store.effects.get(done).state == "succeeded"
+
+
+def _succeeded(store: Store) -> str:
+    eid = store.effects.enqueue("done-thread", "k")
+    claim_one(store, kinds=["k"]).succeed()
+    return eid
+
+
+def test_counts_and_list_filters_and_paging(store: Store) -> None:
+    for i in range(5):
+        store.effects.enqueue(f"t{i % 2}", "a" if i < 3 else "b")
+    counts = store.effects.counts()
+    assert counts == {
+        "pending": 5,
+        "running": 0,
+        "succeeded": 0,
+        "dead": 0,
+        "cancelled": 0,
+        "expired": 0,
+    }
+    assert len(store.effects.list(kind="b")) == 2
+    page1 = store.effects.list(limit=2)
+    page2 = store.effects.list(limit=2, after=page1[-1])
+    page3 = store.effects.list(limit=2, after=page2[-1])
+    seen = [(e.thread_key, e.seq) for e in page1 + page2 + page3]
+    assert seen == sorted(seen) and len(set(seen)) == 5
+    with pytest.raises(errors.InvalidInput):
+        store.effects.list(state="lost")
+
+
+# -- the transactional outbox ---------------------------------------------------------------------
+
+
+def test_effects_commit_with_history_writes_and_not_without_them(store: Store) -> None:
+    s = store.sessions.create("chat", effects=[NewEffect(s_thread := "th", "session.created")])
+    m = store.messages.append(
+        s.id, "user", "hello", effects=[NewEffect(s_thread, "title.generate", {"sid": s.id})]
+    )
+    store.state.put(s.id, "plan", {"step": 1}, effects=[NewEffect(s_thread, "plan.changed")])
+    assert [e.kind for e in store.effects.list(thread_key=s_thread)] == [
+        "session.created",
+        "title.generate",
+        "plan.changed",
+    ]
+    # The write fails -> its effect is not enqueued either.
+    with pytest.raises(errors.NotFound):
+        store.messages.append(new_id(), "user", "x", effects=[NewEffect("lost", "k")])
+    with pytest.raises(errors.VersionConflict):
+        store.state.put(s.id, "plan", {}, expected_version=7, effects=[NewEffect("lost", "k")])
+    # A repeated write (same message id) adds no second effect.
+    store.messages.append(s.id, "user", "hello", id=m.id, effects=[NewEffect(s_thread, "dup")])
+    assert store.effects.list(thread_key="lost") == []
+    assert n_effects(store) == 3
+
+
+def test_a_stream_enqueues_its_effects_only_when_it_completes(store: Store) -> None:
+    s = store.sessions.create()
+    with store.messages.stream(s.id) as reply:
+        reply.text("answer")
+        reply.enqueue(NewEffect("t", "title.generate", {"session": s.id}))
+    with pytest.raises(RuntimeError), store.messages.stream(s.id) as broken:
+        broken.enqueue(NewEffect("t", "never"))
+        raise RuntimeError("model crashed")
+    assert [e.kind for e in store.effects.list()] == ["title.generate"]
+
+
+def test_bad_effects_on_a_history_write_write_nothing(store: Store) -> None:
+    s = store.sessions.create()
+    with pytest.raises(errors.InvalidInput):
+        store.messages.append(s.id, "user", "x", effects=NewEffect("t", "k"))  # type: ignore[arg-type]
+    with pytest.raises(errors.InvalidInput):
+        store.messages.append(s.id, "user", "x", effects=[{"thread_key": "t"}])  # type: ignore[list-item]
+    with pytest.raises(errors.InvalidInput):
+        store.messages.append(s.id, "user", "x", effects=[NewEffect("", "k")])
+    assert store.messages.list(s.id) == [] and n_effects(store) == 0
+
+
+# -- settlement through a locked store ------------------------------------------------------------
+
+
+def test_a_settlement_past_the_budget_is_spooled_even_with_on_busy_raise_and_lands(
+    open_store: OpenStore, spawn: Spawn
+) -> None:
+    store = open_store(write_budget=0.5, on_busy="raise")
+    store.effects.enqueue("t", "k")
+    nxt = store.effects.enqueue("t", "k")
+    c = claim_one(store, lease=60)
+    lock, _ = start_lock(spawn, store.url, 2.0)
+    assert c.succeed({"ok": 1}) is False  # spooled, not dropped, not raised
+    with pytest.raises(errors.TransientError):
+        store.effects.enqueue("t", "k")  # an ordinary write still honours on_busy="raise"
+    assert lock.finish(timeout=30) == 0
+    assert store.flush(timeout=30)
+    assert store.effects.get(c.id).state == "succeeded"
+    assert claim_one(store).id == nxt
+    assert not any(r["in_transaction"] for r in store.db.connection_report())
+
+
+# -- the Worker, in process -----------------------------------------------------------------------
+
+
+def test_worker_runs_sync_and_async_handlers_in_order_with_retries(store: Store) -> None:
+    seen: list[tuple[str, int, int]] = []
+    lock = threading.Lock()
+
+    def sync_handler(e: Effect) -> dict[str, Any]:
+        with lock:
+            seen.append((e.thread_key, e.payload["i"], e.attempt))
+        if e.payload["i"] == 1 and e.attempt == 1:
+            raise RetryEffect("once more", delay=0)
+        return {"i": e.payload["i"]}
+
+    async def async_handler(e: Effect) -> str:
+        await asyncio.sleep(0.001)
+        return f"async {e.idempotency_key}"
+
+    def failing(e: Effect) -> None:
+        raise FailEffect("nope")
+
+    def crashing(e: Effect) -> None:
+        raise ValueError("bug")
+
+    for t in range(3):
+        for i in range(3):
+            store.effects.enqueue(f"t{t}", "sync", {"i": i})
+    a = store.effects.enqueue("ta", "async", idempotency_key="key-1")
+    f = store.effects.enqueue("tf", "fail")
+    x = store.effects.enqueue("tx", "crash", max_attempts=2)
+    worker = Worker(
+        store,
+        {"sync": sync_handler, "async": async_handler, "fail": failing, "crash": crashing},
+        until_idle=True,
+        backoff=0.001,
+        poll_interval=0.01,
+    )
+    assert worker.run() == fleetstore.domain.worker.EXIT_OK
+    for t in range(3):
+        assert [(i, att) for th, i, att in seen if th == f"t{t}"] == [
+            (0, 1),
+            (1, 1),
+            (1, 2),
+            (2, 1),
+        ]
+    assert store.effects.get(a).result == "async key-1"
+    assert (store.effects.get(f).state, store.effects.get(f).dead_reason) == ("dead", "failed")
+    crashed = store.effects.get(x)
+    assert (crashed.state, crashed.dead_reason) == ("dead", "attempts_exhausted")
+    assert crashed.last_error == "ValueError: bug"
+    assert store.effects.counts()["succeeded"] == 10
+    # 9 + 3 retries of the sync kind, 1 async, 1 fail, 2 attempts of crash
+    assert worker.stats["claimed"] == 16
+
+
+def test_worker_stop_gives_back_prefetched_claims_without_spending_an_attempt(
+    store: Store,
+) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow(e: Effect) -> None:
+        started.set()
+        release.wait(30)
+
+    ids = [store.effects.enqueue(f"t{i}", "slow") for i in range(3)]
+    worker = Worker(store, {"slow": slow}, concurrency=1, prefetch=2, poll_interval=0.01)
+    runner = threading.Thread(target=lambda: setattr(worker, "code", worker.run()))
+    runner.start()
+    assert started.wait(30)
+    deadline = time.monotonic() + 30
+    while worker.stats["claimed"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker.stop()
+    release.set()
+    runner.join(30)
+    assert worker.code == fleetstore.domain.worker.EXIT_OK
+    states = sorted((store.effects.get(i).state, store.effects.get(i).attempt) for i in ids)
+    assert states == [("pending", 0), ("pending", 0), ("succeeded", 1)]
+    assert worker.stats["released"] == 2
+
+
+def test_worker_hard_stop_interrupts_by_replay_safety(store: Store) -> None:
+    gate = threading.Event()
+
+    def hang(e: Effect) -> None:
+        gate.wait(30)
+
+    safe = store.effects.enqueue("a", "safe")
+    unsafe = store.effects.enqueue("b", "unsafe")
+    worker = Worker(
+        store,
+        {"safe": hang, "unsafe": Handler(hang, replay_safe=False)},
+        concurrency=2,
+        poll_interval=0.01,
+        grace=60,
+    )
+    runner = threading.Thread(target=lambda: setattr(worker, "code", worker.run()))
+    runner.start()
+    deadline = time.monotonic() + 30
+    while store.effects.counts()["running"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker.stop()
+    worker.stop()  # a second stop is a hard stop
+    runner.join(30)
+    gate.set()
+    assert worker.code == fleetstore.domain.worker.EXIT_HARD
+    s, u = store.effects.get(safe), store.effects.get(unsafe)
+    assert (s.state, s.attempt) == ("pending", 1)
+    assert (u.state, u.dead_reason) == ("dead", "interrupted")
+    assert "stopped hard" in (u.last_error or "")
+
+
+def test_worker_rejects_bad_configuration(store: Store) -> None:
+    with pytest.raises(errors.ConfigError):
+        Worker(store, {})
+    with pytest.raises(errors.ConfigError):
+        Worker(store, {"k": 42})  # type: ignore[dict-item]
+    with pytest.raises(errors.ConfigError):
+        Worker(store, {"k": print}, concurrency=0)
+    with pytest.raises(errors.ConfigError):
+        Worker(store, {"k": print}, lease=0)
+
+
+# -- the CLI --------------------------------------------------------------------------------------
+
+FLEETSTORE = [sys.executable, "-m", "fleetstore"]
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*FLEETSTORE, *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+
+
+def test_cli_enqueue_worker_list_show_retry_cancel_sweep(tmp_path: Path) -> None:
+    db = str(tmp_path / "c.db")
+    (tmp_path / "handlers_mod.py").write_text(
+        "import fleetstore\n"
+        "def greet(e):\n    return {'hello': e.payload['name']}\n"
+        "def boom(e):\n    raise fleetstore.FailEffect('always')\n"
+        "HANDLERS = {'greet': greet, 'boom': fleetstore.Handler(boom, replay_safe=False)}\n"
+    )
+    first = cli("effects", "enqueue", "t1", "greet", '{"name": "ada"}', "--store", db)
+    assert first.returncode == 0, first.stderr
+    boom = cli("effects", "enqueue", "t2", "boom", "--store", db, "--max-attempts", "1")
+    boom_id = boom.stdout.strip()
+    ran = cli("worker", "handlers_mod:HANDLERS", "--store", db, "--until-idle", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "1 failed" in ran.stderr and "1 succeeded" in ran.stderr
+    listed = cli("effects", "list", "--store", db, "--json")
+    effects = {e["id"]: e for e in map(json.loads, listed.stdout.splitlines())}
+    assert effects[first.stdout.strip()]["result"] == {"hello": "ada"}
+    assert effects[boom_id]["state"] == "dead"
+    shown = cli("effects", "show", boom_id, "--store", db)
+    assert "dead_reason: failed" in shown.stdout and "always" in shown.stdout
+    assert cli("effects", "retry", boom_id, "--store", db).stdout.startswith(f"{boom_id}: pending")
+    assert cli("effects", "cancel", boom_id, "--store", db).returncode == 0
+    assert (
+        json.loads(cli("effects", "show", boom_id, "--store", db, "--json").stdout)["state"]
+        == "cancelled"
+    )
+    # a succeeded effect cannot be cancelled: exit 1, nothing changed
+    refused = cli("effects", "cancel", first.stdout.strip(), "--store", db)
+    assert refused.returncode == 1 and "succeeded" in refused.stderr
+    swept = cli("effects", "sweep", "--store", db, "--json")
+    assert swept.returncode == 0 and json.loads(swept.stdout) == []
+    assert cli("effects", "list", "--store", db, "--state", "pending").stdout == ""
+
+
+def test_cli_errors_exit_nonzero(tmp_path: Path) -> None:
+    db = str(tmp_path / "c.db")
+    missing = cli("effects", "list", "--store", str(tmp_path / "none.db"))
+    assert missing.returncode == 2 and not (tmp_path / "none.db").exists()
+    assert cli("effects", "enqueue", "t", "k", "{not json", "--store", db).returncode == 2
+    assert cli("effects", "enqueue", "", "k", "--store", db).returncode == 2
+    assert cli("effects", "show", new_id(), "--store", db).returncode == 2
+    assert cli("worker", "no_such_module:H", "--store", db).returncode == 2
+    assert cli("worker", "json:dumps", "--store", db).returncode == 2  # not a mapping
+    assert cli("worker", "nocolon", "--store", db).returncode == 2

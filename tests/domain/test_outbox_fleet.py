@@ -1,0 +1,681 @@
+"""The outbox with real processes (issue 4, "Tests"): workers are tests/agents/outbox_agent.py
+processes, the outside lock holder is ``fleetstore lock``, crashes are ``kill -9``.
+
+Handlers log a ``start`` and an ``end`` line per run to one ``O_APPEND`` file shared by
+every process (so its order is the order things happened in) and hold a per-thread
+``O_CREAT|O_EXCL`` marker while they run.  ``check_threads`` and ``check_outcomes`` read
+that log against the store: per thread, starts in seq order (a retry repeats its seq
+before the next one starts), never two at once, every effect started; per effect, the
+attempts the store counts are the runs logged, the final state is what the handler's
+outcomes make it, and a succeeded effect completed successfully exactly once.
+``test_checker_catches_doctored_logs`` proves the checker can fail.
+
+Nothing waits for a duration: every step waits for evidence (a line, a row, a file), and
+the timeouts are only safety nets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fleetstore
+from fleetstore.engine.proclocks import lock_holders
+from fleetstore.models import FINAL_EFFECT_STATES
+from tests.agents import script
+from tests.fix_procs import Barrier, Proc, Spawn, start_lock
+
+AGENT = script("outbox_agent.py")
+WAIT = 60.0  # safety net for every wait on evidence
+
+
+# -- the log checker ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Final:
+    """What the store holds for an effect at the end of a run."""
+
+    id: str
+    thread: str
+    seq: int
+    state: str
+    attempt: int
+    dead_reason: str | None = None
+    result: Any = None
+
+
+def finals(store: fleetstore.Store) -> dict[str, Final]:
+    return {
+        e.id: Final(
+            e.id, e.thread_key, e.seq or 0, str(e.state), e.attempt, e.dead_reason, e.result
+        )
+        for e in store.effects.list(limit=100_000)
+    }
+
+
+def check_threads(
+    events: list[dict[str, Any]], stored: dict[str, Final], killed: frozenset[int] = frozenset()
+) -> list[str]:
+    """Per thread: starts in (seq, attempt) order with no attempt skipped, each run ended
+    before the next one started (a run of a *killed* process may end without an ``end``),
+    no marker overlap, and every effect of the thread started, in seq order."""
+    problems: list[str] = []
+    by_thread: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for ev in events:
+        by_thread[ev["thread"]].append(ev)
+    for thread, evs in sorted(by_thread.items()):
+        running: dict[str, Any] | None = None
+        last = (0, 0)
+        started: list[int] = []
+        for ev in evs:
+            key = (ev["seq"], ev["attempt"])
+            if ev["ev"] == "start":
+                if running is not None and running["pid"] not in killed:
+                    problems.append(f"thread {thread}: {key} started while {running} ran")
+                if ev.get("overlap"):
+                    problems.append(f"thread {thread}: {key} found the marker {ev['overlap']!r}")
+                if key[0] == last[0]:
+                    if key[1] != last[1] + 1:
+                        problems.append(f"thread {thread}: attempt {key} after {last}")
+                elif key[0] < last[0]:
+                    problems.append(f"thread {thread}: seq {key} started after {last}")
+                elif key[1] != 1:
+                    problems.append(f"thread {thread}: {key} is its seq's first start")
+                if not started or started[-1] != key[0]:
+                    started.append(key[0])
+                running, last = ev, key
+            else:
+                if running is None or (running["id"], running["attempt"]) != (
+                    ev["id"],
+                    ev["attempt"],
+                ):
+                    problems.append(f"thread {thread}: end of {key} without its start")
+                running = None
+        seqs = sorted(f.seq for f in stored.values() if f.thread == thread)
+        if started != seqs:
+            problems.append(f"thread {thread}: seqs started {started}, stored {seqs}")
+    for f in stored.values():
+        if f.thread not in by_thread:
+            problems.append(f"thread {f.thread}: never started")
+    return problems
+
+
+def expected(plan: list[str], max_attempts: int) -> tuple[str, str | None, int]:
+    """(state, dead_reason, attempts) that running *plan* must end in."""
+    for attempt in range(1, max_attempts + 1):
+        outcome = plan[attempt - 1] if attempt <= len(plan) else "ok"
+        if outcome == "ok":
+            return "succeeded", None, attempt
+        if outcome == "fail":
+            return "dead", "failed", attempt
+    return "dead", "attempts_exhausted", max_attempts
+
+
+def check_outcomes(
+    events: list[dict[str, Any]], stored: dict[str, Final], plans: dict[str, tuple[list[str], int]]
+) -> list[str]:
+    """Per effect: the store's final state, reason and attempt count are what its plan
+    makes them, every run logged its planned outcome, and a succeeded effect completed
+    successfully exactly once, with the result of that run."""
+    problems: list[str] = []
+    starts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    ends: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for ev in events:
+        (starts if ev["ev"] == "start" else ends)[ev["id"]].append(ev)
+    for eid, (plan, max_attempts) in sorted(plans.items()):
+        f = stored.get(eid)
+        if f is None:
+            problems.append(f"{eid}: not in the store")
+            continue
+        state, reason, attempts = expected(plan, max_attempts)
+        if (f.state, f.dead_reason, f.attempt) != (state, reason, attempts):
+            problems.append(
+                f"{eid}: stored {f.state}/{f.dead_reason} after {f.attempt} attempt(s), "
+                f"planned {state}/{reason} after {attempts}"
+            )
+        if [e["attempt"] for e in starts[eid]] != list(range(1, f.attempt + 1)):
+            problems.append(f"{eid}: {f.attempt} attempt(s) stored, runs {starts[eid]}")
+        logged = [(e["attempt"], e["outcome"]) for e in ends[eid]]
+        planned = [(a, plan[a - 1] if a <= len(plan) else "ok") for a in range(1, attempts + 1)]
+        if logged != planned:
+            problems.append(f"{eid}: runs ended {logged}, planned {planned}")
+        oks = [e for e in ends[eid] if e["outcome"] == "ok"]
+        if f.state == "succeeded":
+            if len(oks) != 1:
+                problems.append(f"{eid}: succeeded with {len(oks)} successful runs")
+            elif f.result != {"pid": oks[0]["pid"], "attempt": oks[0]["attempt"]}:
+                problems.append(f"{eid}: result {f.result} is not its successful run's {oks[0]}")
+        elif oks:
+            problems.append(f"{eid}: {f.state} but a run succeeded: {oks}")
+    return problems
+
+
+def test_checker_catches_doctored_logs() -> None:
+    """A checker that cannot fail is a defect: a clean synthetic run passes, and every
+    kind of violation planted in it is reported."""
+    plans = {"a1": (["error", "ok"], 3), "a2": (["fail"], 3), "b1": (["retry"] * 3, 3)}
+    where = {"a1": ("A", 1), "a2": ("A", 2), "b1": ("B", 1)}
+    events: list[dict[str, Any]] = []
+    stored: dict[str, Final] = {}
+    for eid, (plan, max_attempts) in plans.items():
+        thread, seq = where[eid]
+        state, reason, attempts = expected(plan, max_attempts)
+        for attempt in range(1, attempts + 1):
+            base = {"id": eid, "thread": thread, "seq": seq, "attempt": attempt, "pid": 7}
+            outcome = plan[attempt - 1] if attempt <= len(plan) else "ok"
+            events += [
+                {"ev": "start", "overlap": None, **base},
+                {"ev": "end", **base, "outcome": outcome},
+            ]
+        result = {"pid": 7, "attempt": attempts} if state == "succeeded" else None
+        stored[eid] = Final(eid, thread, seq, state, attempts, reason, result)
+    assert check_threads(events, stored) == []
+    assert check_outcomes(events, stored, plans) == []
+
+    def problems(evs: list[dict[str, Any]], st: dict[str, Final] = stored) -> list[str]:
+        return check_threads(evs, st) + check_outcomes(evs, st, plans)
+
+    # a1's two runs are events 0-3, a2's run 4-5, b1's runs 6-11.
+    assert any("started after" in p for p in problems(events[4:6] + events[:4] + events[6:]))
+    assert any(
+        "started while" in p for p in problems([*events[:3], events[4], events[3], *events[5:]])
+    )
+    overlapped = [dict(e, overlap="99 x 1") if i == 4 else e for i, e in enumerate(events)]
+    assert any("marker" in p for p in problems(overlapped))
+    assert any("attempt" in p for p in problems(events[2:]))  # a1's first run missing
+    twice = events[:4] + [dict(e, attempt=3) for e in events[2:4]] + events[4:]
+    assert any("2 successful runs" in p for p in problems(twice))
+    assert any("without its start" in p for p in problems(events[1:]))
+    assert any(
+        "planned" in p
+        for p in problems(events, {**stored, "a2": replace(stored["a2"], state="succeeded")})
+    )
+    wrong_result = {**stored, "a1": replace(stored["a1"], result={"pid": 8, "attempt": 2})}
+    assert any("result" in p for p in problems(events, wrong_result))
+    assert any("seqs started" in p for p in problems(events[:4] + events[6:]))  # a2 never ran
+    assert any("never started" in p for p in check_threads(events[:6], stored))
+    # A run of a killed process may end without an `end`; of a live one it may not.
+    cut = events[:1] + events[2:]
+    assert check_threads(cut, stored, killed=frozenset({7})) == []
+    assert any("started while" in p for p in check_threads(cut, stored))
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Env:
+    """A store, the shared events file and markers, and the worker processes of one test."""
+
+    tmp: Path
+    path: str
+    events: Path
+    markers: Path
+    procs: list[Proc]
+
+    def worker(self, *options: str, name: str = "worker") -> Proc:
+        argv = [sys.executable, AGENT, "worker", self.path, "--events", str(self.events)]
+        proc = Proc([*argv, "--markers", str(self.markers), *options], name)
+        self.procs.append(proc)
+        proc.wait_line("ready", timeout=WAIT)
+        return proc
+
+    def stale(self, effect_id: str, lease: float, go: Path) -> Proc:
+        argv = [sys.executable, AGENT, "stale", self.path, "--id", effect_id]
+        proc = Proc([*argv, "--lease", str(lease), "--go", str(go)], "stale")
+        self.procs.append(proc)
+        return proc
+
+    def hold(self, name: str, attempts: tuple[int, ...] = (1,)) -> tuple[Path, dict[str, Any]]:
+        """A file to create later, and the payload whose handler waits for it."""
+        path = self.tmp / f"hold-{name}"
+        return path, {"hold": {"file": str(path), "attempts": list(attempts)}}
+
+    def read_events(self) -> list[dict[str, Any]]:
+        if not self.events.exists():
+            return []
+        return [json.loads(line) for line in self.events.read_text().splitlines()]
+
+    def clear_markers(self, pid: int) -> None:
+        """Remove the running markers a killed process left (its handlers died with it)."""
+        for marker in self.markers.iterdir():
+            if marker.read_text().split()[0] == str(pid):
+                marker.unlink()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    path = str(tmp_path / "outbox.db")
+    fleetstore.open(path).close()
+    e = Env(tmp_path, path, tmp_path / "events.jsonl", markers, [])
+    try:
+        yield e
+    finally:
+        for proc in e.procs:
+            proc.kill()
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.02)
+
+
+def states(store: fleetstore.Store, *ids: str) -> list[str]:
+    return [str(store.effects.get(i).state) for i in ids]
+
+
+def all_final(store: fleetstore.Store) -> bool:
+    return all(e.state in FINAL_EFFECT_STATES for e in store.effects.list(limit=100_000))
+
+
+def wait_stats(proc: Proc, key: str, at_least: int = 1) -> dict[str, int]:
+    """The first ``stats`` line of *proc* with ``key >= at_least``."""
+    while True:
+        _, line = proc.wait_line("stats ", timeout=WAIT)
+        stats: dict[str, int] = json.loads(line.split(" ", 1)[1])
+        if stats.get(key, 0) >= at_least:
+            return stats
+
+
+def stop(proc: Proc, expect: int = 0) -> dict[str, Any]:
+    """SIGTERM *proc*, wait for its exit (code *expect*) and return its final report."""
+    os.kill(proc.pid, signal.SIGTERM)
+    rc = proc.finish(timeout=WAIT)
+    assert rc == expect, (rc, proc.seen, proc.stderr_tail())
+    return report(proc)
+
+
+def report(proc: Proc) -> dict[str, Any]:
+    lines = [line for _, line in proc.seen if line.startswith("report ")]
+    assert lines, proc.seen
+    result: dict[str, Any] = json.loads(lines[-1].split(" ", 1)[1])
+    return result
+
+
+def release(lock: Proc) -> None:
+    os.kill(lock.pid, signal.SIGTERM)
+    lock.wait_line("released", timeout=WAIT)
+    assert lock.finish(timeout=WAIT) == 0
+
+
+def kill9(proc: Proc) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.popen.wait(timeout=WAIT) == -signal.SIGKILL
+
+
+def runs(events: list[dict[str, Any]], eid: str) -> list[tuple[str, int, int, str | None]]:
+    """(ev, pid, attempt, outcome) of every logged event of effect *eid*, in order."""
+    return [(e["ev"], e["pid"], e["attempt"], e.get("outcome")) for e in events if e["id"] == eid]
+
+
+def spool_files(path: str) -> list[str]:
+    folder = Path(path + ".spool")
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+# -- an outside lock meets a settlement ---------------------------------------------------------
+
+
+def test_settlement_past_the_budget_lands_after_an_outside_lock_and_the_thread_goes_on(
+    env: Env, spawn: Spawn
+) -> None:
+    """The handler finishes while ``fleetstore lock`` holds BEGIN IMMEDIATE past the
+    write budget: the settlement goes to the worker's spool, lands once the lock is
+    released, and the same worker process runs the thread's next effect; no connection
+    of the worker is left inside a transaction and an outside write succeeds at once."""
+    go, payload = env.hold("e1")
+    with fleetstore.open(env.path) as store:
+        e1 = store.effects.enqueue("T", "fx", payload)
+        e2 = store.effects.enqueue("T", "fx", {})
+    worker = env.worker("--budget", "0.3", "--lease", "20", "--concurrency", "1")
+    worker.wait_line(f"started {e1} 1", timeout=WAIT)
+    lock, _ = start_lock(spawn, env.path, 120)
+    go.touch()
+    stats = wait_stats(worker, "spooled")
+    assert stats.get("lost", 0) == 0
+    store = fleetstore.open(env.path)
+    try:
+        # Locked: the outcome waits in the worker's journal, the thread waits for it.
+        assert [f for f in spool_files(env.path) if f.startswith(f"{worker.pid}-")]
+        assert states(store, e1, e2) == ["running", "pending"]
+        assert [e["id"] for e in env.read_events()] == [e1, e1]
+        release(lock)
+        wait_for("e1 and e2 succeeded", lambda: states(store, e1, e2) == ["succeeded"] * 2)
+        assert worker.popen.poll() is None  # nothing was restarted
+        result = store.effects.get(e1).result
+        assert result == {"pid": worker.pid, "attempt": 1}
+        # Nothing of the worker's is stuck in a transaction: an outside write that may
+        # not spool gets the lock, and the worker runs what it wrote.
+        with fleetstore.open(env.path, write_budget=10, on_busy="raise") as outside:
+            e3 = outside.effects.enqueue("T", "fx", {})
+        wait_for("e3 succeeded", lambda: states(store, e3) == ["succeeded"])
+        final = finals(store)
+    finally:
+        store.close()
+    rep = stop(worker)
+    assert rep["in_transaction"] == [] and rep["spool"] == 0, rep
+    assert rep["stats"].get("spooled") == 1 and rep["stats"].get("lost", 0) == 0, rep
+    assert spool_files(env.path) == []  # drained, nothing rejected
+    events = env.read_events()
+    assert check_threads(events, final) == []
+    assert [(e["ev"], e["id"], e["pid"]) for e in events] == [
+        (ev, eid, worker.pid) for eid in (e1, e2, e3) for ev in ("start", "end")
+    ]
+
+
+@pytest.mark.slow
+def test_settlement_spooled_past_its_lease_is_not_lost_to_a_sweep(env: Env, spawn: Spawn) -> None:
+    """The outside lock outlasts the lease while the (not replay-safe) effect's success
+    waits in the spool; heartbeats cannot be written either.  Another process's sweep
+    is first in line for the lock.  The module's promise: a lock held from outside
+    delays a settlement but never loses it: the effect must end ``succeeded``, not
+    ``dead``/``not_replay_safe`` with its success rejected."""
+    go, payload = env.hold("e1")
+    with fleetstore.open(env.path) as store:
+        e1 = store.effects.enqueue("T", "unsafe", payload)
+        e2 = store.effects.enqueue("T", "fx", {})
+    worker = env.worker("--budget", "0.3", "--lease", "1.5", "--concurrency", "1")
+    worker.wait_line(f"started {e1} 1", timeout=WAIT)
+    lock, _ = start_lock(spawn, env.path, 120)
+    go.touch()
+    wait_stats(worker, "spooled")
+    store = fleetstore.open(env.path, write_budget=WAIT)
+    try:
+        wait_for("e1's lease expired", lambda: store.effects.counts()["expired"] == 1)
+        swept: list[Any] = []
+        sweeper = threading.Thread(target=lambda: swept.append(store.effects.sweep()))
+        sweeper.start()
+        me = os.getpid()
+        wait_for(
+            "the sweeper holds the writer gate",
+            lambda: any(h.pid == me and h.lock == "gate" for h in lock_holders(env.path)),
+        )
+        release(lock)
+        sweeper.join(WAIT)
+        wait_for("e2 succeeded", lambda: states(store, e2) == ["succeeded"])
+        wait_for(
+            "the worker's spool drained",
+            lambda: not any(f.startswith(f"{worker.pid}-") for f in spool_files(env.path)),
+        )
+        effect = store.effects.get(e1)
+    finally:
+        store.close()
+    stop(worker)
+    assert (effect.state, effect.dead_reason, effect.result) == (
+        "succeeded",
+        None,
+        {"pid": worker.pid, "attempt": 1},
+    ), (effect, swept, spool_files(env.path))
+
+
+# -- kill -9 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_kill9_mid_effect_replays_a_replay_safe_one_and_buries_the_other(env: Env) -> None:
+    """A worker is killed (SIGKILL) inside a replay-safe and a not replay-safe effect.
+    Once the leases expire another worker runs the replay-safe one again, and it
+    succeeds exactly once; the other goes to ``dead`` (``not_replay_safe``) without
+    running again, and its thread goes on with its next effect."""
+    hold_s, safe_payload = env.hold("s1")
+    hold_u, unsafe_payload = env.hold("u1")
+    with fleetstore.open(env.path) as store:
+        s1 = store.effects.enqueue("safe", "fx", safe_payload)
+        s2 = store.effects.enqueue("safe", "fx", {})
+        u1 = store.effects.enqueue("unsafe", "unsafe", unsafe_payload)
+        u2 = store.effects.enqueue("unsafe", "fx", {})
+    victim = env.worker("--lease", "1.5", "--concurrency", "2", name="victim")
+    started = {victim.wait_line("started", timeout=WAIT)[1] for _ in range(2)}
+    assert started == {f"started {s1} 1", f"started {u1} 1"}
+    kill9(victim)
+    env.clear_markers(victim.pid)
+    # The held runs would finish at once now; they died with their process instead.
+    hold_s.touch()
+    hold_u.touch()
+    heir = env.worker("--lease", "1.5", "--concurrency", "2", name="heir")
+    with fleetstore.open(env.path) as store:
+        wait_for("every effect final", lambda: all_final(store))
+        stored = finals(store)
+        safe = store.effects.get(s1)
+        unsafe = store.effects.get(u1)
+    rep = stop(heir)
+    assert rep["in_transaction"] == [] and rep["stats"].get("lost", 0) == 0, rep
+    events = env.read_events()
+    assert check_threads(events, stored, killed=frozenset({victim.pid})) == []
+
+    assert (safe.state, safe.attempt) == ("succeeded", 2)
+    assert safe.result == {"pid": heir.pid, "attempt": 2}
+    assert runs(events, s1) == [
+        ("start", victim.pid, 1, None),
+        ("start", heir.pid, 2, None),
+        ("end", heir.pid, 2, "ok"),
+    ]
+    (lost,) = safe.errors
+    assert lost.attempt == 1 and "expired" in lost.error and f":{victim.pid}:" in str(lost.owner)
+
+    assert (unsafe.state, unsafe.dead_reason, unsafe.attempt) == ("dead", "not_replay_safe", 1)
+    assert runs(events, u1) == [("start", victim.pid, 1, None)]
+    for eid in (s2, u2):
+        assert stored[eid].state == "succeeded"
+        assert runs(events, eid) == [("start", heir.pid, 1, None), ("end", heir.pid, 1, "ok")]
+
+
+# -- a stale worker -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("newer", ["running", "succeeded"])
+def test_stale_worker_settling_after_its_lease_was_swept_and_reclaimed_gets_lease_lost(
+    env: Env, newer: str
+) -> None:
+    """A process claims an effect and stalls past its lease; a worker sweeps it, claims
+    it again and (``newer``) is still running it or has finished it.  The stale process's
+    heartbeat and settlement raise ``LeaseLost`` and change nothing: the newer outcome
+    stands, and nothing of the stale one is spooled."""
+    hold, payload = env.hold("e", attempts=(2,) if newer == "running" else ())
+    go = env.tmp / "go"
+    with fleetstore.open(env.path) as store:
+        e = store.effects.enqueue("T", "fx", payload)
+        stale = env.stale(e, 1.0, go)
+        stale.wait_line(f"claimed {e} 1", timeout=WAIT)
+        wait_for("the stale claim expired", lambda: store.effects.counts()["expired"] == 1)
+        worker = env.worker("--lease", "10")
+        if newer == "running":
+            worker.wait_line(f"started {e} 2", timeout=WAIT)
+            effect = store.effects.get(e)
+            assert (effect.state, effect.fence, effect.attempt) == ("running", 2, 2)
+        else:
+            wait_for("the newer run succeeded", lambda: states(store, e) == ["succeeded"])
+        go.touch()
+        _, heartbeat = stale.wait_line("heartbeat ", timeout=WAIT)
+        _, succeed = stale.wait_line("succeed ", timeout=WAIT)
+        assert stale.finish(timeout=WAIT) == 0
+        assert report(stale) == {"spool": 0}
+        for line in (heartbeat, succeed):
+            outcome = json.loads(line.split(" ", 1)[1])
+            assert (outcome["error"], outcome["state"]) == ("LeaseLost", newer), outcome
+        if newer == "running":
+            assert store.effects.get(e).state == "running"  # untouched by the stale claim
+            hold.touch()
+            wait_for("the newer run succeeded", lambda: states(store, e) == ["succeeded"])
+        effect = store.effects.get(e)
+        stored = finals(store)
+    stop(worker)
+    assert (effect.attempt, effect.fence) == (2, 2)
+    assert effect.result == {"pid": worker.pid, "attempt": 2}  # never "stale"
+    (lost,) = effect.errors
+    assert lost.attempt == 1 and lost.owner == f"stale-{stale.pid}"
+    assert spool_files(env.path) == []  # nothing rejected either
+    events = env.read_events()
+    assert runs(events, e) == [("start", worker.pid, 2, None), ("end", worker.pid, 2, "ok")]
+    assert stored[e].state == "succeeded"
+
+
+# -- shutdown -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_once_finishes_the_running_effect_and_releases_prefetched_ones(env: Env) -> None:
+    """SIGTERM once: no new claims, the prefetched (claimed, never started) effects go
+    back to ``pending`` with their attempt unspent, the running one finishes, exit 0."""
+    hold, payload = env.hold("x")
+    with fleetstore.open(env.path) as store:
+        x = store.effects.enqueue("X", "fx", payload)
+        y = store.effects.enqueue("Y", "fx", {})
+        z = store.effects.enqueue("Z", "fx", {})
+        worker = env.worker("--concurrency", "1", "--prefetch", "2", "--lease", "10")
+        worker.wait_line(f"started {x} 1", timeout=WAIT)
+        for eid in (y, z):  # claimed with x, waiting for a free slot
+            prefetched = store.effects.get(eid)
+            assert (prefetched.state, prefetched.attempt) == ("running", 1)
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.wait_line("log WARNING SIGTERM: no new claims", timeout=WAIT)
+        wait_for("y and z released", lambda: states(store, y, z) == ["pending"] * 2)
+        late = store.effects.enqueue("L", "fx", {})  # not claimed: the worker is stopping
+        assert states(store, x) == ["running"]
+        hold.touch()
+        rc = worker.finish(timeout=WAIT)
+        assert rc == 0, (worker.seen, worker.stderr_tail())
+        rep = report(worker)
+        assert rep["stats"] == {"claimed": 3, "released": 2, "succeeded": 1}, rep
+        assert rep["in_transaction"] == [] and rep["spool"] == 0, rep
+        done = store.effects.get(x)
+        assert (done.state, done.result) == ("succeeded", {"pid": worker.pid, "attempt": 1})
+        for eid in (y, z, late):
+            effect = store.effects.get(eid)
+            assert (effect.state, effect.attempt, effect.errors) == ("pending", 0, ()), effect
+        assert [e["id"] for e in env.read_events()] == [x, x]
+        # The released effects' first real run is attempt 1.
+        after = env.worker("--until-idle", name="after")
+        assert after.finish(timeout=WAIT) == 0
+        for eid in (y, z, late):
+            effect = store.effects.get(eid)
+            assert (effect.state, effect.attempt) == ("succeeded", 1), effect
+
+
+@pytest.mark.slow
+def test_sigterm_twice_interrupts_running_effects_and_exits_3(env: Env) -> None:
+    """SIGTERM twice: a hard stop.  The running effects are settled as interrupted (the
+    replay-safe one back to ``pending``, the other ``dead``), the process exits 3 even
+    though its handlers never return, and both threads go on under the next worker."""
+    hold_a, payload_a = env.hold("a")
+    hold_u, payload_u = env.hold("u")
+    with fleetstore.open(env.path) as store:
+        a = store.effects.enqueue("A", "fx", payload_a)
+        a2 = store.effects.enqueue("A", "fx", {})
+        u = store.effects.enqueue("U", "unsafe", payload_u)
+        u2 = store.effects.enqueue("U", "fx", {})
+        worker = env.worker("--concurrency", "2", "--lease", "10", "--grace", "600")
+        started = {worker.wait_line("started", timeout=WAIT)[1] for _ in range(2)}
+        assert started == {f"started {a} 1", f"started {u} 1"}
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.wait_line("log WARNING SIGTERM: no new claims", timeout=WAIT)
+        os.kill(worker.pid, signal.SIGTERM)
+        # The handlers are still blocked: a hard stop must not wait for them.
+        rc = worker.finish(timeout=20)
+        assert rc == 3, (worker.seen, worker.stderr_tail())
+        rep = report(worker)
+        assert rep["code"] == 3 and rep["stats"] == {"claimed": 2, "interrupted": 2}, rep
+        assert rep["in_transaction"] == [] and rep["spool"] == 0, rep
+        safe, unsafe = store.effects.get(a), store.effects.get(u)
+        assert (safe.state, safe.attempt) == ("pending", 1), safe
+        assert unsafe.state == "dead", unsafe
+        for effect in (safe, unsafe):
+            assert effect.last_error is not None and "stopped hard" in effect.last_error
+        assert states(store, a2, u2) == ["pending", "pending"]
+        assert runs(env.read_events(), a) == [("start", worker.pid, 1, None)]
+        env.clear_markers(worker.pid)
+        hold_a.touch()
+        hold_u.touch()
+        after = env.worker("--until-idle", name="after")
+        assert after.finish(timeout=WAIT) == 0
+        stored = finals(store)
+    assert [stored[i].state for i in (a, a2, u, u2)] == [
+        "succeeded",
+        "succeeded",
+        "dead",
+        "succeeded",
+    ]
+    assert stored[a].attempt == 2 and stored[a].result == {"pid": after.pid, "attempt": 2}
+    events = env.read_events()
+    assert check_threads(events, stored, killed=frozenset({worker.pid})) == []
+    assert runs(events, u) == [("start", worker.pid, 1, None)]
+
+
+# -- the fleet ----------------------------------------------------------------------------------
+
+WORKERS = 8
+THREADS = 50
+PER_THREAD = 20
+#: (weight, plan, max_attempts): the handler's outcome per attempt.
+PLANS: list[tuple[int, list[str], int]] = [
+    (60, ["ok"], 5),
+    (12, ["error", "ok"], 5),
+    (8, ["retry", "retry", "ok"], 5),
+    (6, ["fail"], 5),
+    (5, ["error", "fail"], 5),
+    (5, ["error", "retry", "error"], 3),  # dead: attempts_exhausted
+    (4, ["retry", "error", "retry", "ok"], 5),
+]
+
+
+@pytest.mark.slow
+def test_fleet_of_8_workers_runs_threads_in_order_one_at_a_time_exactly_once(
+    env: Env, barrier: Barrier
+) -> None:
+    """8 worker processes, 50 threads x 20 effects whose handlers fail, retry and
+    succeed at random: per thread, effects start in seq order (retries before the next
+    seq), never two at once; each succeeds exactly once or dies as planned."""
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    plans: dict[str, tuple[list[str], int]] = {}
+    weights = [w for w, _, _ in PLANS]
+    with fleetstore.open(env.path) as store:
+        for _n in range(PER_THREAD):
+            for t in range(THREADS):
+                (_, plan, max_attempts) = rng.choices(PLANS, weights)[0]
+                payload = {"plan": plan, "sleep": rng.choice([0, 0, 0.001, 0.003])}
+                eid = store.effects.enqueue(
+                    f"thread-{t:02d}", "fx", payload, max_attempts=max_attempts
+                )
+                plans[eid] = (plan, max_attempts)
+        assert len(plans) == THREADS * PER_THREAD
+    options = ("--until-idle", "--concurrency", "3", "--lease", "30", "--barrier", barrier.path)
+    workers = [env.worker(*options, name=f"worker {i}") for i in range(WORKERS)]
+    barrier.release()  # all start together
+    for w in workers:
+        assert w.finish(timeout=240) == 0, (seed, w.seen[-5:], w.stderr_tail())
+    with fleetstore.open(env.path) as store:
+        stored = finals(store)
+        counts = store.effects.counts()
+    events = env.read_events()
+    problems = check_threads(events, stored) + check_outcomes(events, stored, plans)
+    assert problems == [], (seed, problems[:20])
+    assert counts["pending"] == counts["running"] == counts["expired"] == 0, counts
+    planned_dead = sum(expected(*p)[0] == "dead" for p in plans.values())
+    assert counts["dead"] == planned_dead and counts["succeeded"] == len(plans) - planned_dead
+    for w in workers:
+        rep = report(w)
+        assert rep["in_transaction"] == [] and rep["spool"] == 0, rep
+        assert rep["stats"].get("lost", 0) == 0, rep
+    # The planned failures happened, and the work was shared between the processes.
+    assert {e.get("outcome") for e in events} == {None, "ok", "error", "retry", "fail"}
+    assert len({e["pid"] for e in events}) >= 2
