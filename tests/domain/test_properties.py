@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import fleetstore
 from fleetstore import File, Operation, Reasoning, Store, Text, ToolCall, ToolResult, errors
-from fleetstore.domain.history import encode_part, encode_payload
+from fleetstore.domain.codec import encode_part, encode_payload
 from fleetstore.domain.operations import REGISTRY, dump_json
 
 BLOB_THRESHOLD = 200  # small, so that some payloads become blob files

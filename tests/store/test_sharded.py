@@ -27,7 +27,8 @@ import apsw
 import pytest
 
 import fleetstore
-from fleetstore.engine.sharded import CATALOG, SHARDS, shard_key
+from fleetstore.core.targets import CATALOG, SHARDS
+from fleetstore.engine.sharded import shard_key
 from fleetstore.store.sharded import CRASH_ENV
 from tests.fix_procs import Barrier, Proc
 

@@ -150,7 +150,7 @@ def resolve(path: str | os.PathLike[str] | None) -> str:
     """The database file *path* names (a file, a directory holding fleetstore.db, a
     sqlite:/// URL, or None for the default store), symlinks resolved.  ``NotFound`` if
     there is no such file; nothing is ever created."""
-    from fleetstore.store.facade import resolve_target
+    from fleetstore.core.targets import resolve_target
 
     target = resolve_target(path)
     if not target.exists():
@@ -210,7 +210,7 @@ def diagnose(
     ``NotFound`` if there is no file; ``InspectFailed`` (reason ``not-a-database``) if it
     is not SQLite; ``PermanentError`` if this very process has it open (run doctor from
     another process: see ``inspect.check_not_open_here``)."""
-    from fleetstore.store.facade import parse_target
+    from fleetstore.core.targets import parse_target
 
     kind, target = parse_target(path)
     if kind == "sharded":
@@ -271,8 +271,8 @@ def _diagnose_sharded(
     The files are listed before the catalog is read: a tree created meanwhile is then
     seen with its intent or its index row, never as an orphan; an index row whose
     file is not in the list is looked for again after the read."""
-    from fleetstore.engine.sharded import CATALOG, SHARDS, shard_key
-    from fleetstore.store.facade import SHARDED_SCHEME
+    from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, SHARDS
+    from fleetstore.engine.sharded import shard_key
 
     root = Path(os.path.realpath(directory))
     catalog_path = root / CATALOG

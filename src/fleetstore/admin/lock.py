@@ -24,8 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from fleetstore.core.targets import CATALOG, SHARDS, sharded_root
 from fleetstore.engine.outside import outside_write_lock
-from fleetstore.engine.sharded import CATALOG, SHARDS
 from fleetstore.errors import FleetstoreError, StoreBusy
 
 EXIT_OK = 0
@@ -87,12 +87,11 @@ def hold_lock(
     err = sys.stderr if err is None else err
     server = path.startswith(("postgresql://", "postgres://"))
     shown = path
-    if path.startswith("sqlite+sharded://"):
-        path = path[len("sqlite+sharded://") :]
-    if path.startswith("sqlite://"):
+    root = None if server else sharded_root(path)
+    if root is not None:
+        path = str(root / CATALOG)  # a sharded store: its catalog and every shard
+    elif path.startswith("sqlite://"):
         path = path[len("sqlite://") :]
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, CATALOG)):
-        path = os.path.join(path, CATALOG)  # a sharded store: its catalog and every shard
     if not server and not os.path.isfile(path):
         what = "a directory" if os.path.isdir(path) else "missing"
         print(

@@ -80,9 +80,9 @@ from typing import Any, TypeVar
 
 import fleetstore.domain.maintenance  # noqa: F401  registers the mnt_* operations
 from fleetstore import errors, sql
-from fleetstore.cli.util import size as _size
 from fleetstore.core.ids import new_id
 from fleetstore.core.settings import Settings
+from fleetstore.core.units import size as _size
 from fleetstore.domain import operations
 from fleetstore.domain.blobs import TOUCH_AFTER
 from fleetstore.domain.operations import Operation
@@ -306,7 +306,7 @@ def _check_file(path: str) -> bool:
 
 def resolve(path: str | os.PathLike[str] | None) -> str:
     """The database file *path* names; ``NotFound`` if there is none (nothing is created)."""
-    from fleetstore.store.facade import resolve_target
+    from fleetstore.core.targets import resolve_target
 
     target = resolve_target(path)
     if not target.is_file():
@@ -323,7 +323,8 @@ def _is_store(db: Database) -> bool:
 def maintain(config: Config, progress: Progress | None = None) -> Report:
     """Run every maintenance step on the database at ``config.path`` (a sharded store:
     on its catalog and every shard) and report."""
-    from fleetstore.store.facade import Store, migrations, parse_target
+    from fleetstore.core.targets import parse_target
+    from fleetstore.store.facade import Store, migrations
     from fleetstore.store.facade import open as open_store
 
     config.validate()
@@ -384,8 +385,9 @@ def _maintain_sharded(config: Config, directory: Path, progress: Progress | None
     tree's deletion goes through the router), the per-file steps on the catalog and
     then each shard, one open at a time (``router.each``: linear in shards, with a
     bounded number of files open), then the removal of empty shard files."""
-    from fleetstore.engine.sharded import CATALOG, ShardSet
-    from fleetstore.store.facade import SHARDED_SCHEME, Store, migrations
+    from fleetstore.core.targets import CATALOG, SHARDED_SCHEME
+    from fleetstore.engine.sharded import ShardSet
+    from fleetstore.store.facade import Store, migrations
     from fleetstore.store.facade import open as open_store
 
     directory = directory.expanduser().absolute()
@@ -1434,8 +1436,9 @@ def _empty_shards(
     every user); read it again (still empty?); only then delete.  Otherwise it is put
     back, never over a file made meanwhile.  This process holds none of them: the
     store was closed before this step."""
+    from fleetstore.core.targets import CATALOG, SHARDS
     from fleetstore.engine import inspect
-    from fleetstore.engine.sharded import CATALOG, SHARDS, shard_key
+    from fleetstore.engine.sharded import shard_key
 
     files = [
         _ShardFile(p.name[:-3], p)

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fleetstore.cli.util import size as _size
 from fleetstore.core.metrics import Histogram
+from fleetstore.core.targets import CATALOG, SHARDS, sharded_root
+from fleetstore.core.units import size as _size
 from fleetstore.store.procstats import Published, read_published
 
 
@@ -118,12 +119,8 @@ def _file_sizes(path: str) -> dict[str, int]:
 def layout(path: str) -> tuple[str, Path | None]:
     """(the file whose figures and sizes are shown, the shard directory or None) for a
     store file's path or a ``sqlite+sharded:///DIR`` URL."""
-    from fleetstore.engine.sharded import CATALOG
-    from fleetstore.store.facade import SHARDED_SCHEME
-
-    prefix = SHARDED_SCHEME + "://"
-    if path.startswith(prefix):
-        directory = Path(path[len(prefix) :])
+    directory = sharded_root(path)
+    if directory is not None:
         return str(directory / CATALOG), directory
     return path, None
 
@@ -131,7 +128,6 @@ def layout(path: str) -> tuple[str, Path | None]:
 def shard_files(directory: Path) -> dict[str, Any]:
     """The shard files under a sharded store's *directory*: how many, their bytes
     (database and WAL) and the largest WAL.  Only ``stat``: nothing is opened."""
-    from fleetstore.engine.sharded import SHARDS
 
     count = db_bytes = wal_bytes = 0
     largest: dict[str, Any] | None = None

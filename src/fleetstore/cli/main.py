@@ -653,7 +653,7 @@ def merge_command(stores: tuple[str, ...]) -> None:
     """
     import os
 
-    from fleetstore.store.facade import resolve_target
+    from fleetstore.core.targets import resolve_target
     from fleetstore.transfer import stream as transfer
 
     if len(stores) < 2:

@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from fleetstore.core.units import size
+
 STORE_HELP = (
     "The store: its file, a directory holding fleetstore.db, sqlite:///absolute/path, or "
     "a sharded store (sqlite+sharded:///absolute/dir, or the directory holding its "
@@ -27,9 +29,8 @@ def existing_store(command: str, store: str | None, *, server: bool = True) -> s
     ``sqlite+sharded:///DIR`` URL (it exists iff ``DIR/catalog.db`` is a file), or a
     PostgreSQL store's URL (where *server*); exit 2 if there is no store (commands
     that read a store never create one)."""
-    from fleetstore.engine.sharded import CATALOG
+    from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
     from fleetstore.errors import ConfigError
-    from fleetstore.store.facade import SHARDED_SCHEME, parse_target
 
     try:
         kind, target = parse_target(store)
@@ -66,16 +67,6 @@ def env(command: str, option: str) -> dict[str, Any]:
     """``envvar``/``show_envvar`` for an option: FLEETSTORE_<COMMAND>_<OPTION>."""
     name = f"FLEETSTORE_{command}_{option}".upper().replace("-", "_").replace(" ", "_")
     return {"envvar": name, "show_envvar": True}
-
-
-def size(n: float) -> str:
-    """Bytes for people: ``512 B``, ``49.0 KB``, ``10.5 MB`` (powers of 1000)."""
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{n} B"
 
 
 class ProgressBars:

@@ -16,7 +16,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import zstandard
 
 from fleetstore import errors
+from fleetstore.engine.base import Engine
 
 CODEC = "zstd"
 _SHA = re.compile(r"[0-9a-f]{64}")
@@ -175,12 +176,13 @@ class DbBlobStore:
     and hashes as the files of a SQLite store; written in a transaction of their own
     before the one that refers to them, as the files are."""
 
-    def __init__(self, store: Any, max_bytes: int) -> None:
-        self._store = store
+    def __init__(self, db: Engine, queries: Mapping[str, str], max_bytes: int) -> None:
+        self._db = db
+        self._queries = queries
         self.max_bytes = max_bytes
 
     def _q(self, name: str) -> str:
-        return str(self._store.queries[name])
+        return self._queries[name]
 
     def put(self, data: bytes) -> BlobRef:
         if len(data) > self.max_bytes:
@@ -200,7 +202,7 @@ class DbBlobStore:
         return BlobRef(sha, len(data), len(packed))
 
     def _stored_size(self, sha: str) -> int:
-        rows = self._store.db.read(lambda tx: tx.execute(self._q("blobdata_exists"), (sha,)))
+        rows = self._db.read(lambda tx: tx.execute(self._q("blobdata_exists"), (sha,)))
         return int(rows[0][1]) if rows and rows[0][0] else 0
 
     def _write(self, sha: str, packed: bytes, replace: bool = False) -> None:
@@ -216,11 +218,11 @@ class DbBlobStore:
             for chunk in chunks:  # all chunks or none: one transaction
                 tx.execute(sql, chunk)
 
-        self._store.db.run_write(write)
+        self._db.run_write(write)
 
     def read_stored(self, sha256: str) -> bytes:
         check_sha(sha256)
-        rows = self._store.db.read(lambda tx: tx.execute(self._q("blobdata_get"), (sha256,)))
+        rows = self._db.read(lambda tx: tx.execute(self._q("blobdata_get"), (sha256,)))
         if not rows:
             raise errors.BlobCorrupt(f"blob {sha256}: no data in blob_chunks")
         return b"".join(bytes(r[0]) for r in rows)
@@ -258,9 +260,8 @@ class DbBlobStore:
         """The hashes of every blob with data in the database."""
         after, page = "", 1000
         while True:
-            rows = self._store.db.read(
-                lambda tx, a=after: tx.execute(self._q("blobdata_list_after"), (a, page))
-            )
+            sql, params = self._q("blobdata_list_after"), (after, page)
+            rows = self._db.read(lambda tx: tx.execute(sql, params))
             for (sha,) in rows:
                 yield str(sha)
             if len(rows) < page:

@@ -8,7 +8,6 @@ chunks; a part is never rewritten whole.
 
 from __future__ import annotations
 
-import base64
 import builtins
 import json
 import math
@@ -19,16 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id, new_id
+from fleetstore.domain.codec import decode_part, encode_part, encode_parts
 from fleetstore.domain.operations import ROLES_MAX, Operation, check_text, dump_json
+from fleetstore.domain.outbox import effects_args
+from fleetstore.domain.ports import StorePort
 from fleetstore.models import (
-    PART_TYPES,
     USAGE_FIELDS,
-    File,
     Message,
     MessageStatus,
     NewEffect,
     Part,
-    Reasoning,
     Session,
     SessionStatus,
     Text,
@@ -39,142 +38,10 @@ from fleetstore.models import (
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
-    from fleetstore.store.facade import Store
 
 #: Seconds a listing waits for this process's recent writes to reach a sharded
 #: store's catalog index (its background refresh); past it, it lists what is there.
 LISTING_SYNC_WAIT = 0.5
-
-
-# -- payload encoding ------------------------------------------------------------------------
-
-
-def encode_payload(store: Store, value: str | bytes, enc: str) -> dict[str, Any]:
-    """``{"enc", "body"}`` inline, or ``{"enc", "blob"}`` after writing the blob file."""
-    return _encoded(store, _raw(store, value), value, enc)
-
-
-def _encoded(store: Store, raw: bytes, value: str | bytes, enc: str) -> dict[str, Any]:
-    if len(raw) >= store.settings.blob_threshold:
-        ref = store.blobs.put(raw)
-        return {
-            "enc": enc,
-            "blob": {"sha256": ref.sha256, "size": ref.size, "stored_size": ref.stored_size},
-        }
-    if isinstance(value, str):
-        return {"enc": enc, "body": value}
-    return {"enc": enc, "body": base64.b64encode(raw).decode("ascii")}
-
-
-def _raw(store: Store, value: str | bytes) -> bytes:
-    if isinstance(value, str):
-        try:
-            raw = value.encode("utf-8")
-        except UnicodeEncodeError:
-            check_text(value, "text")  # raises InvalidInput
-            raise
-    else:
-        raw = bytes(value)
-    limit = store.settings.max_payload_bytes
-    if len(raw) > limit:
-        raise errors.PayloadTooLarge(
-            f"payload of {len(raw):,} bytes is over max_payload_bytes ({limit:,})"
-        )
-    return raw
-
-
-def _prepare_part(store: Store, part: object) -> tuple[dict[str, Any], bytes, str | bytes, str]:
-    """(kind and meta, raw bytes, payload, encoding) of *part*: every check done,
-    nothing written."""
-    if isinstance(part, Text | Reasoning):
-        _check_type(part, "text", str)
-        head: dict[str, Any] = {"kind": part.kind, "meta": {}}
-        value: str | bytes = part.text
-        enc = "str"
-    elif isinstance(part, ToolCall):
-        _check_type(part, "name", str)
-        _check_type(part, "call_id", str)
-        value = dump_json(part.arguments, f"arguments of tool call {part.name!r}")
-        head = {"kind": part.kind, "meta": {"name": part.name, "call_id": part.call_id}}
-        enc = "json"
-    elif isinstance(part, ToolResult):
-        _check_type(part, "call_id", str)
-        _check_type(part, "name", str)
-        _check_type(part, "is_error", bool)
-        _check_type(part, "output", str | bytes)
-        meta = {"call_id": part.call_id, "is_error": part.is_error, "name": part.name}
-        head = {"kind": part.kind, "meta": meta}
-        value = part.output
-        enc = "str" if isinstance(part.output, str) else "bytes"
-    elif isinstance(part, File):
-        _check_type(part, "data", bytes)
-        _check_type(part, "mime_type", str)
-        _check_type(part, "name", str)
-        head = {"kind": part.kind, "meta": {"mime_type": part.mime_type, "name": part.name}}
-        value = part.data
-        enc = "bytes"
-    else:
-        kinds = ", ".join(t.__name__ for t in PART_TYPES.values())
-        raise errors.InvalidInput(f"not a message part: {type(part).__name__} (parts are {kinds})")
-    return head, _raw(store, value), value, enc
-
-
-def encode_parts(store: Store, parts: Sequence[object]) -> list[dict[str, Any]]:
-    """The operation JSON of *parts*.  Every part is checked before any blob file
-    is written, so a rejected write leaves no file behind."""
-    prepared = [_prepare_part(store, p) for p in parts]
-    return [{**head, **_encoded(store, raw, value, enc)} for head, raw, value, enc in prepared]
-
-
-def encode_part(store: Store, part: object) -> dict[str, Any]:
-    """An operation's JSON for *part* (a ``Text``, ``ToolCall``...)."""
-    return encode_parts(store, [part])[0]
-
-
-def _check_type(part: object, name: str, kind: Any) -> None:
-    value = getattr(part, name)
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise errors.InvalidInput(
-            f"{type(part).__name__}.{name} has the wrong type: {type(value).__name__}"
-        )
-
-
-def decode_value(store: Store, enc: str, body: Any, blob_sha: str | None, size: int) -> Any:
-    """The stored value: ``str`` for 'str'/'chunks', ``bytes``, or parsed JSON."""
-    if blob_sha is not None:
-        raw = store.blobs.get(blob_sha, size)
-        if enc == "bytes":
-            return raw
-        body = raw.decode("utf-8")
-    if enc == "bytes":
-        return bytes(body) if body is not None else b""
-    if isinstance(body, bytes | memoryview):
-        # A column that holds text and bytes alike is BYTEA on PostgreSQL: text
-        # bodies come back as their UTF-8 bytes (SQLite gives back the str stored).
-        body = bytes(body).decode("utf-8")
-    if enc == "json":
-        return json.loads(body)
-    return body if body is not None else ""
-
-
-def decode_part(store: Store, row: Sequence[Any]) -> Part:
-    _mid, _seq, kind, meta_text, enc, body, blob_sha, size, chunk_text = row
-    meta = json.loads(meta_text)
-    if enc == "chunks":
-        value: Any = chunk_text or ""
-    else:
-        value = decode_value(store, enc, body, blob_sha, size)
-    if kind == "text":
-        return Text(value)
-    if kind == "reasoning":
-        return Reasoning(value)
-    if kind == "tool_call":
-        return ToolCall(meta["name"], value, meta["call_id"])
-    if kind == "tool_result":
-        return ToolResult(meta["call_id"], value, meta.get("is_error", False), meta.get("name", ""))
-    if kind == "file":
-        return File(value, meta.get("mime_type", "application/octet-stream"), meta.get("name", ""))
-    raise errors.CorruptStore(f"part of unknown kind {kind!r} in message {_mid}")
 
 
 def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -204,11 +71,8 @@ def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None
     return data
 
 
-def effects_arg(store: Store, effects: Sequence[NewEffect]) -> list[dict[str, Any]] | None:
+def effects_arg(store: StorePort, effects: Sequence[NewEffect]) -> list[dict[str, Any]] | None:
     """The ``effects`` argument of an operation: the effects that commit with it."""
-    # outbox imports this module; importing it here, when first needed, breaks the cycle.
-    from fleetstore.domain.outbox import effects_args
-
     return effects_args(store, effects)
 
 
@@ -259,7 +123,7 @@ def session_from_row(row: Sequence[Any]) -> Session:
     )
 
 
-def messages_from_rows(store: Store, tx: Tx, rows: Sequence[Sequence[Any]]) -> list[Message]:
+def messages_from_rows(store: StorePort, tx: Tx, rows: Sequence[Sequence[Any]]) -> list[Message]:
     if not rows:
         return []
     q = store.queries
@@ -296,7 +160,7 @@ def messages_from_rows(store: Store, tx: Tx, rows: Sequence[Sequence[Any]]) -> l
 class Sessions:
     """``store.sessions``: create, read, list, fork, archive and delete sessions."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StorePort) -> None:
         self._store = store
 
     def create(
@@ -474,7 +338,7 @@ class Sessions:
 class Messages:
     """``store.messages``: append, stream, get and list messages."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StorePort) -> None:
         self._store = store
 
     def append(
@@ -627,7 +491,7 @@ class Stream:
 
     def __init__(
         self,
-        store: Store,
+        store: StorePort,
         session_id: str,
         role: str,
         model: str | None,

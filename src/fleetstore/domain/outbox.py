@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
-from fleetstore.domain.history import decode_value, encode_payload
+from fleetstore.domain.codec import decode_value, encode_payload
 from fleetstore.domain.operations import (
     Args,
     Operation,
@@ -42,11 +42,11 @@ from fleetstore.domain.operations import (
     encoded_body,
     register,
 )
+from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectError, EffectState, NewEffect
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
-    from fleetstore.store.facade import Store
 
 #: Seconds a claim's lease lasts unless renewed; workers heartbeat at a third of it.
 DEFAULT_LEASE = 30.0
@@ -424,7 +424,7 @@ def _declare_effect_kinds(tx: Tx, q: Queries, a: Args) -> Result:
 # -- reading ------------------------------------------------------------------------------------
 
 
-def effect_from_row(store: Store, row: Sequence[Any]) -> Effect:
+def effect_from_row(store: StorePort, row: Sequence[Any]) -> Effect:
     (
         eid,
         thread,
@@ -481,7 +481,7 @@ def effect_from_row(store: Store, row: Sequence[Any]) -> Effect:
     )
 
 
-def effect_args(store: Store, spec: NewEffect) -> dict[str, Any]:
+def effect_args(store: StorePort, spec: NewEffect) -> dict[str, Any]:
     """``enqueue_effect`` arguments for *spec*, its payload encoded (a large one
     becomes a blob file now, before any transaction)."""
     if not isinstance(spec, NewEffect):
@@ -515,7 +515,9 @@ def effect_args(store: Store, spec: NewEffect) -> dict[str, Any]:
     }
 
 
-def effects_args(store: Store, effects: Sequence[NewEffect] | None) -> list[dict[str, Any]] | None:
+def effects_args(
+    store: StorePort, effects: Sequence[NewEffect] | None
+) -> list[dict[str, Any]] | None:
     """The ``effects`` argument of a history operation (None when there are none)."""
     if not effects:
         return None
@@ -538,7 +540,7 @@ class Swept:
 class Effects:
     """``store.effects``: the durable outbox."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StorePort) -> None:
         self._store = store
 
     def enqueue(
@@ -624,7 +626,7 @@ class Effects:
     def wait_for_work(self, timeout: float) -> bool:
         """Wait up to *timeout* seconds for an effect to become ready (PostgreSQL:
         a NOTIFY from the effects trigger; SQLite: just the wait).  True if woken."""
-        return bool(self._store.db.notify_wait("fleetstore_effects", timeout))
+        return bool(self._store.notify_wait("fleetstore_effects", timeout))
 
     def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
         """When the next claimable effect (of *kinds*) becomes available: a time
@@ -710,7 +712,7 @@ class Claim:
     a store locked past the write budget is spooled and lands later: the call
     returns False and the worker keeps the lease alive until it has landed."""
 
-    def __init__(self, store: Store, effect: Effect, owner: str, lease: float) -> None:
+    def __init__(self, store: StorePort, effect: Effect, owner: str, lease: float) -> None:
         self._store = store
         self.effect = effect
         self.owner = owner

@@ -14,19 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id, new_id
-from fleetstore.domain.history import decode_value, effects_arg, encode_payload
+from fleetstore.domain.codec import decode_value, encode_payload
+from fleetstore.domain.history import effects_arg
 from fleetstore.domain.operations import Operation, check_text, dump_json
+from fleetstore.domain.ports import StorePort
 from fleetstore.models import NewEffect, StateValue
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
-    from fleetstore.store.facade import Store
 
 
 class State:
     """``store.state``: versioned values per session."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StorePort) -> None:
         self._store = store
 
     def get(self, session_id: str, key: str, *, namespace: str = "default") -> StateValue | None:

@@ -33,16 +33,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fleetstore import errors
-from fleetstore.domain.outbox import DEFAULT_LEASE, Claim
+from fleetstore.domain.outbox import DEFAULT_LEASE, Claim, Effects
+from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect
 
-if TYPE_CHECKING:
-    from fleetstore.store.facade import Store
-
-log = logging.getLogger("fleetstore.domain.worker")
+log = logging.getLogger("fleetstore.worker")
 
 #: ``run()``'s result: stopped after its running effects finished (or idle).
 EXIT_OK = 0
@@ -137,7 +135,7 @@ class Worker:
 
     def __init__(
         self,
-        store: Store,
+        store: StorePort,
         handlers: Mapping[str, Callable[[Effect], Any] | Handler],
         *,
         concurrency: int = 4,
@@ -169,6 +167,7 @@ class Worker:
         if lease <= 0:
             raise errors.ConfigError("lease must be > 0 seconds")
         self.store = store
+        self._effects = Effects(store)
         self.handlers = {kind: _handler(fn, kind) for kind, fn in handlers.items()}
         # Only kinds given as Handler say anything about replay safety.
         self._declared = {k: h.replay_safe for k, h in handlers.items() if isinstance(h, Handler)}
@@ -219,7 +218,7 @@ class Worker:
         installed = self._install_signals(loop)
         try:
             if self._declared:
-                await self._call(self.store.effects.declare, self._declared)
+                await self._call(self._effects.declare, self._declared)
             beat = asyncio.create_task(self._heartbeats())
             try:
                 await self._claim_loop()
@@ -290,7 +289,7 @@ class Worker:
                 await self._sleep(self.poll_interval)
                 continue
             try:
-                ready = await self._call(self.store.effects.next_ready, kinds)
+                ready = await self._call(self._effects.next_ready, kinds)
             except errors.FleetstoreError as exc:
                 log.error("looking for ready effects failed: %s", exc)
                 await self._sleep(self.poll_interval)
@@ -299,7 +298,7 @@ class Worker:
                 # Idle only when nothing of its kinds is left anywhere: a thread
                 # whose head runs in another worker still has work to come.
                 if self.until_idle and not self._jobs:
-                    active = await self._call(self.store.effects.active, kinds)
+                    active = await self._call(self._effects.active, kinds)
                     if not active:
                         return
                 await self._idle()
@@ -332,7 +331,7 @@ class Worker:
         """Wait for work: on a store that notifies (PostgreSQL LISTEN/NOTIFY) until
         an effect is enqueued or freed, else a jittered poll interval; a stop
         request wakes it either way."""
-        if self.store.dialect == "sqlite":
+        if not self.store.notifies:
             await self._sleep(self._idle_wait())
             return
         assert self._wake is not None
@@ -348,7 +347,7 @@ class Worker:
                 # soon after a stop, or the worker's exit waits out a long poll
                 # interval (tests/engine/test_pg_engine.py::test_an_idle_worker_starts_*).
                 notified: asyncio.Future[Any] = loop.run_in_executor(
-                    self._store_pool, self.store.effects.wait_for_work, min(left, 1.0)
+                    self._store_pool, self._effects.wait_for_work, min(left, 1.0)
                 )
                 await asyncio.wait([notified, woken], return_when=asyncio.FIRST_COMPLETED)
                 if notified.done() and (notified.exception() is not None or notified.result()):
@@ -367,13 +366,13 @@ class Worker:
         return self.poll_interval * random.uniform(0.5, 1.0)
 
     def _claim(self, limit: int, kinds: list[str]) -> list[Claim]:
-        return self.store.effects.claim(self.owner, limit=limit, lease=self.lease, kinds=kinds)
+        return self._effects.claim(self.owner, limit=limit, lease=self.lease, kinds=kinds)
 
     async def _maybe_sweep(self) -> None:
         try:
-            counts = await self._call(self.store.effects.counts)
+            counts = await self._call(self._effects.counts)
             if counts["expired"]:
-                swept = await self._call(self.store.effects.sweep)
+                swept = await self._call(self._effects.sweep)
                 if swept:
                     log.warning(
                         "swept %d effect(s) of lost workers: %s",
@@ -483,7 +482,7 @@ class Worker:
             await self._beat_once()
 
     async def _beat_once(self) -> None:
-        if self._settling and not len(self.store.spool):
+        if self._settling and not self.store.spool_pending():
             self._settling.clear()  # every spooled settlement has been applied (or rejected)
         claims = [j.claim for j in self._jobs.values() if not j.buried]
         claims += list(self._settling.values())
@@ -559,7 +558,7 @@ class Worker:
             return
         deadline = time.monotonic() + self.store.settings.write_budget
         while self._settling and time.monotonic() < deadline:
-            if not len(self.store.spool):
+            if not self.store.spool_pending():
                 self._settling.clear()
                 break
             await self._beat_once()

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from fleetstore import errors
 
@@ -133,24 +132,10 @@ def apply_steps(
     return applied
 
 
-def redact(url: str) -> str:
-    """A store URL without its password, for messages and reports.
-
-    >>> redact("postgresql://app:secret@db:5432/agents")
-    'postgresql://app:***@db:5432/agents'
-    """
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
 __all__ = [
     "Engine",
     "Tx",
     "apply_steps",
     "check_not_newer",
     "ordered_migrations",
-    "redact",
 ]

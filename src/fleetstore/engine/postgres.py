@@ -43,7 +43,8 @@ import psycopg_pool
 from fleetstore import errors
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
-from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations, redact
+from fleetstore.core.targets import redact
+from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations
 
 T = TypeVar("T")
 Row = tuple[Any, ...]

@@ -21,10 +21,9 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.metrics import WriteMetrics
+from fleetstore.core.targets import CATALOG, SHARDS
 from fleetstore.engine.sqlite import Database, Migration
 
-CATALOG = "catalog.db"
-SHARDS = "shards"
 _SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 

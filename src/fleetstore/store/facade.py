@@ -14,29 +14,37 @@ import collections
 import dataclasses
 import logging
 import os
-import re
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from fleetstore import errors, sql
-from fleetstore.core.settings import Settings, default_data_dir
+from fleetstore.core.settings import Settings
+from fleetstore.core.targets import (
+    CATALOG,
+    DEFAULT_FILENAME,
+    SHARDED_SCHEME,
+    local_base,
+    parse_target,
+    redact,
+    resolve_target,
+)
 from fleetstore.domain import maintenance as _maintenance  # noqa: F401  registers the mnt_* operations
 from fleetstore.domain import operations
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.frameworks import adk as _adk_ops  # noqa: F401  registers the adk_* operations
 from fleetstore.domain.frameworks import langgraph as _checkpoints  # noqa: F401  registers the ckpt_* operations
 from fleetstore.domain.frameworks import openai_agents as _agents_ops  # noqa: F401  registers the agt_* operations
-from fleetstore.domain.history import Messages, Sessions, Stream
+from fleetstore.domain.history import Messages, Sessions
+from fleetstore.domain.ports import Flushable
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import Effects
 from fleetstore.domain.state import State
-from fleetstore.engine.base import Engine, Tx, redact
-from fleetstore.engine.sharded import CATALOG, SHARDS, ShardSet
+from fleetstore.engine.base import Engine, Tx
+from fleetstore.engine.sharded import ShardSet
 from fleetstore.engine.sqlite import Database, Migration
 from fleetstore.store.procstats import Publisher
 from fleetstore.store.sharded import Router
@@ -55,82 +63,6 @@ from fleetstore.transfer import stream as _transfer  # noqa: F401  registers the
 
 T = TypeVar("T")
 log = logging.getLogger("fleetstore")
-
-DEFAULT_FILENAME = "fleetstore.db"
-
-
-POSTGRES_SCHEMES = ("postgresql", "postgres")
-SHARDED_SCHEME = "sqlite+sharded"
-
-
-def resolve_target(url_or_path: str | os.PathLike[str] | None) -> Path:
-    """The SQLite file a URL or path names.  ``None``: ``$FLEETSTORE_URL``, else
-    ``<data dir>/fleetstore.db``.  A directory means ``<dir>/fleetstore.db``.
-    A PostgreSQL URL raises ``ConfigError`` (this is for file-level commands)."""
-    kind, target = parse_target(url_or_path)
-    if kind == "sharded":
-        raise errors.ConfigError(
-            f"{target}: a sharded store (a directory of SQLite files); "
-            "this works on single SQLite store files only"
-        )
-    if kind != "sqlite":
-        raise errors.ConfigError(
-            f"{target}: a PostgreSQL store; this works on SQLite store files only"
-        )
-    assert isinstance(target, Path)
-    return target
-
-
-def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path | str]:
-    """``("sqlite", Path)``, ``("sharded", directory Path)`` or ``("postgresql", url)``
-    for a path or store URL (``None``: ``$FLEETSTORE_URL``, else
-    ``<data dir>/fleetstore.db``).  A directory holding a sharded store's
-    ``catalog.db`` is that sharded store."""
-    if url_or_path is None:
-        url_or_path = os.environ.get("FLEETSTORE_URL") or None
-    if url_or_path is None:
-        return "sqlite", default_data_dir() / DEFAULT_FILENAME
-    text = os.fspath(url_or_path)
-    if "://" in text:
-        scheme, _, rest = text.partition("://")
-        if scheme in POSTGRES_SCHEMES:
-            return "postgresql", text
-        if scheme not in ("sqlite", SHARDED_SCHEME):
-            raise errors.ConfigError(
-                f"unsupported store URL scheme {scheme!r} in {redact(text)!r}: use a path, "
-                "sqlite:///absolute/path, sqlite+sharded:///absolute/directory or "
-                "postgresql://user@host:port/database"
-            )
-        if not rest.startswith("/"):
-            raise errors.ConfigError(f"{text!r}: write {scheme}:///absolute/path (three slashes)")
-        if scheme == SHARDED_SCHEME:
-            directory = Path(rest)
-            if directory.exists() and not directory.is_dir():
-                raise errors.ConfigError(f"{text!r}: a sharded store is a directory, not a file")
-            return "sharded", directory
-        text = rest
-    if not text:
-        raise errors.ConfigError("an empty store path")
-    path = Path(text).expanduser()
-    if path.is_dir():
-        if (path / CATALOG).is_file() and not (path / DEFAULT_FILENAME).exists():
-            return "sharded", path
-        path = path / DEFAULT_FILENAME
-    if path.name == CATALOG and (path.parent / SHARDS).is_dir():
-        return "sharded", path.parent
-    return "sqlite", path
-
-
-def local_base(url: str, settings: Settings) -> Path:
-    """Where this host keeps a PostgreSQL store's spool and figures: the base path
-    (``<base>.spool/``, ``<base>.procs/``)."""
-    if settings.local_dir:
-        return Path(settings.local_dir).expanduser() / "store"
-    parts = urlsplit(url)
-    dbname = parts.path.lstrip("/") or (parts.username or "postgres")
-    name = f"{parts.hostname or 'local'}_{parts.port or 5432}_{dbname}"
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    return default_data_dir() / "postgres" / name
 
 
 def migrations(dialect: str = "sqlite") -> list[Migration]:
@@ -166,7 +98,7 @@ def _process_alive(pid: int | None) -> bool:
     return True
 
 
-def _due(stream: Stream, now: float) -> bool:
+def _due(stream: Flushable, now: float) -> bool:
     due = stream.due()
     return due is not None and due <= now
 
@@ -203,7 +135,7 @@ class Store:
         if self.dialect == "sqlite":
             self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
         else:
-            self.blobs = DbBlobStore(self, settings.max_payload_bytes)
+            self.blobs = DbBlobStore(db, self.queries, settings.max_payload_bytes)
         self.spool_dir = Path(str(self.path) + ".spool")
         self.spool = Spool(self.spool_dir)
         self.sessions = Sessions(self)
@@ -222,7 +154,7 @@ class Store:
         # _cond guards _streams, _thread, _running and _stop, and is notified
         # whenever the spool shrinks (flush() waits on it).
         self._cond = threading.Condition()
-        self._streams: set[Stream] = set()
+        self._streams: set[Flushable] = set()
         self._thread: threading.Thread | None = None
         self._running = False
         self._stop = self._closed
@@ -327,6 +259,29 @@ class Store:
             log.debug("%s: %s queued in the spool behind earlier writes", self.path, op.name)
         self._wake()
 
+    @property
+    def notifies(self) -> bool:
+        """Whether ``notify_wait`` waits for notifications (PostgreSQL) or sleeps."""
+        return self.dialect == "postgresql"
+
+    @property
+    def spans_files(self) -> bool:
+        """Whether the catalog's index and the sessions live in different files."""
+        return self.router is not None
+
+    def notify_wait(self, channel: str, timeout: float) -> bool:
+        """Wait up to *timeout* seconds for a notification on *channel* (a sleep on
+        SQLite, which has none)."""
+        return self.db.notify_wait(channel, timeout)
+
+    def spool_pending(self, session_id: str | None = None) -> int:
+        """This process's writes waiting in its spool (only those that touch
+        *session_id*, if given: then 0 or the whole count)."""
+        pending = len(self.spool)
+        if pending and session_id is not None and not self.spool.touches(session_id):
+            return 0
+        return pending
+
     def check_visible(self, session_id: str | None) -> None:
         """Raise ``SpoolPending`` if a read of *session_id* (None: of anything) would
         miss writes of this process still in its spool."""
@@ -412,12 +367,12 @@ class Store:
 
     # -- background work: the spool drain and timed stream flushes -------------------------
 
-    def streams_opened(self, stream: Stream) -> None:
+    def streams_opened(self, stream: Flushable) -> None:
         with self._cond:
             self._streams.add(stream)
         self._wake()
 
-    def streams_closed(self, stream: Stream) -> None:
+    def streams_closed(self, stream: Flushable) -> None:
         with self._cond:
             self._streams.discard(stream)
 

@@ -66,8 +66,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetstore import errors
-from fleetstore.engine.sharded import CATALOG, shard_key
-from fleetstore.store.facade import SHARDED_SCHEME, parse_target
+from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
+from fleetstore.engine.sharded import shard_key
 from fleetstore.store.facade import open as open_store
 from fleetstore.store.sharded import LIFECYCLE_OPS, SESSION_OPS
 from fleetstore.transfer.stream import session_digest

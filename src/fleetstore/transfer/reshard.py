@@ -52,10 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
 from fleetstore.domain.blobs import BlobStore, fsync_dir
-from fleetstore.engine.sharded import CATALOG, shard_key
+from fleetstore.engine.sharded import shard_key
 from fleetstore.engine.sqlite import Database
-from fleetstore.store.facade import SHARDED_SCHEME, Store, parse_target
+from fleetstore.store.facade import Store
 from fleetstore.transfer import migrate as _migrate
 from fleetstore.transfer.migrate import DEFAULT_BATCH_ROWS, MigrateReport, Progress
 from fleetstore.transfer.stream import session_digest

@@ -1817,9 +1817,9 @@ def merge(
     count and content hash), that the source did not change meanwhile, and that
     every blob verifies.  Idempotent: merging again changes nothing.  The report's
     ``problems`` say what did not verify."""
+    from fleetstore.core.targets import resolve_target
     from fleetstore.store.facade import Store as StoreClass
     from fleetstore.store.facade import open as open_store
-    from fleetstore.store.facade import resolve_target
 
     def target(s: str | os.PathLike[str] | Store) -> Path:
         return (s.path if isinstance(s, StoreClass) else resolve_target(s)).resolve()

@@ -45,7 +45,7 @@ import fleetstore
 from fleetstore import Settings
 from fleetstore.admin.stress.agent import figures_path, read_journal
 from fleetstore.core.metrics import Histogram
-from fleetstore.engine.base import redact
+from fleetstore.core.targets import redact
 
 _START_DELAY = 0.25  # seconds between "start" being sent and the common start time
 _POLL = 0.05

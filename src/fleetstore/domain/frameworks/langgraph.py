@@ -29,11 +29,11 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
-from fleetstore.domain.history import decode_value, encode_payload
+from fleetstore.domain.codec import decode_value, encode_payload
 from fleetstore.domain.operations import (
     Args,
     Operation,
@@ -43,10 +43,8 @@ from fleetstore.domain.operations import (
     encoded_body,
     register,
 )
+from fleetstore.domain.ports import StorePort
 from fleetstore.engine.base import Tx
-
-if TYPE_CHECKING:
-    from fleetstore.store.facade import Store
 
 #: A serialised value: the serializer's type tag and its bytes.
 Typed = tuple[str, bytes]
@@ -134,7 +132,7 @@ class Checkpoints:
     seconds a read waits for this process's spooled writes it would otherwise
     miss (None: the write budget)."""
 
-    def __init__(self, store: Store, *, read_wait: float | None = None) -> None:
+    def __init__(self, store: StorePort, *, read_wait: float | None = None) -> None:
         if read_wait is not None and (
             not isinstance(read_wait, int | float)
             or isinstance(read_wait, bool)
@@ -405,9 +403,9 @@ class Checkpoints:
     def _drain(self) -> None:
         store = self._store
         wait = store.settings.write_budget if self._read_wait is None else self._read_wait
-        if len(store.spool) and not store.flush(wait):
+        if store.spool_pending() and not store.flush(wait):
             raise errors.SpoolPending(
-                f"{len(store.spool)} write(s) of this process still wait in its spool after "
+                f"{store.spool_pending()} write(s) of this process still wait in its spool after "
                 f"{wait:g}s: the store stays locked; this read would not see them"
             )
 
@@ -452,7 +450,7 @@ def _read_one(tx: Tx, q: Queries, row: tuple[Any, ...]) -> _Raw:
 _EMPTY_VALUE: dict[str, Any] = {"type": EMPTY, "enc": "bytes", "body": ""}
 
 
-def _encode(store: Store, value: Typed) -> dict[str, Any]:
+def _encode(store: StorePort, value: Typed) -> dict[str, Any]:
     return {"type": value[0], **encode_payload(store, value[1], "bytes")}
 
 

@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
-from fleetstore.domain.history import LISTING_SYNC_WAIT, encode_parts, messages_from_rows
+from fleetstore.domain.codec import encode_parts
+from fleetstore.domain.history import LISTING_SYNC_WAIT, messages_from_rows
 from fleetstore.domain.operations import (
     REGISTRY,
     ROLES_MAX,
@@ -59,11 +60,11 @@ from fleetstore.domain.operations import (
     dump_json,
     register,
 )
+from fleetstore.domain.ports import StorePort
 from fleetstore.models import Message, Text
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
-    from fleetstore.store.facade import Store
 
 #: The session metadata key that marks (and names) an SDK session.
 META_KEY: Final = "openai_agents"
@@ -162,7 +163,9 @@ class _Pending:
 
 
 _pending_lock = threading.Lock()
-_pending: weakref.WeakKeyDictionary[Store, dict[str, list[_Pending]]] = weakref.WeakKeyDictionary()
+_pending: weakref.WeakKeyDictionary[StorePort, dict[str, list[_Pending]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _after_fork_in_child() -> None:
@@ -176,20 +179,20 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _remember(store: Store, sid: str, entry: _Pending) -> None:
+def _remember(store: StorePort, sid: str, entry: _Pending) -> None:
     with _pending_lock:
         _pending.setdefault(store, {}).setdefault(sid, []).append(entry)
 
 
-def _pending_of(store: Store, sid: str) -> list[_Pending]:
+def _pending_of(store: StorePort, sid: str) -> list[_Pending]:
     with _pending_lock:
         return list(_pending.get(store, {}).get(sid, ()))
 
 
-def _forget(store: Store, sid: str, applied: set[str]) -> None:
+def _forget(store: StorePort, sid: str, applied: set[str]) -> None:
     """Drop entries that landed; all of them once the spool holds nothing of *sid*
     (an operation rejected on replay never lands: it is in ``rejected.jsonl``)."""
-    gone = not store.spool.touches(sid)
+    gone = not store.spool_pending(sid)
     with _pending_lock:
         by_sid = _pending.get(store)
         if by_sid is None or sid not in by_sid:
@@ -284,7 +287,7 @@ ANY_LAST: Final = _Keep()
 
 
 def add_items(
-    store: Store,
+    store: StorePort,
     session_id: str,
     items: Sequence[Mapping[str, Any]],
     *,
@@ -342,7 +345,7 @@ def add_items(
     return result
 
 
-def get_items(store: Store, session_id: str, limit: int | None = None) -> list[Item]:
+def get_items(store: StorePort, session_id: str, limit: int | None = None) -> list[Item]:
     """The session's items in order; with *limit* > 0 the last *limit* of them
     (still oldest first), 0 none, negative all (as the SDK's ``SQLiteSession``).
     Includes this process's writes still in its spool.  An unknown session has none."""
@@ -377,17 +380,17 @@ def get_items(store: Store, session_id: str, limit: int | None = None) -> list[I
     return items if last is None else items[-last:]
 
 
-def wait_for_spool(store: Store, timeout: float | None) -> None:
+def wait_for_spool(store: StorePort, timeout: float | None) -> None:
     """Wait (up to *timeout*; None: the write budget) until this process's spool is
     empty; ``SpoolPending`` if it is not by then."""
-    if len(store.spool) and not store.flush(timeout) and len(store.spool):
+    if store.spool_pending() and not store.flush(timeout) and store.spool_pending():
         raise errors.SpoolPending(
-            f"{len(store.spool)} write(s) of this process still wait in its spool "
+            f"{store.spool_pending()} write(s) of this process still wait in its spool "
             f"(the store is locked); nothing was changed. Retry once store.flush() returns True."
         )
 
 
-def pop_item(store: Store, session_id: str, *, read_wait: float | None = None) -> Item | None:
+def pop_item(store: StorePort, session_id: str, *, read_wait: float | None = None) -> Item | None:
     """Remove the session's last item and return it (None if it has none).  A
     conditional write, so never spooled: it first waits up to *read_wait* for this
     process's spooled writes to land (``SpoolPending`` if they do not), and past
@@ -416,7 +419,7 @@ def pop_item(store: Store, session_id: str, *, read_wait: float | None = None) -
     )
 
 
-def clear_items(store: Store, session_id: str) -> dict[str, Any] | None:
+def clear_items(store: StorePort, session_id: str) -> dict[str, Any] | None:
     """Delete every item of the session (the session itself stays, with no items).
     None if the write went to the spool (reads in this process already see it)."""
     sid = session_key(session_id)
@@ -427,7 +430,7 @@ def clear_items(store: Store, session_id: str) -> dict[str, Any] | None:
     return result
 
 
-def stored_message_ids(store: Store, session_id: str) -> builtins.list[str]:
+def stored_message_ids(store: StorePort, session_id: str) -> builtins.list[str]:
     """The ids of the session's stored messages, in order (no spooled writes)."""
     sid = session_key(session_id)
     q = store.queries
@@ -469,13 +472,13 @@ def _parse_cursor(cursor: str) -> tuple[float, str]:
     return when, sid
 
 
-def _item_count(store: Store, sid: str) -> int:
+def _item_count(store: StorePort, sid: str) -> int:
     q = store.queries
     rows = store.read(lambda tx: tx.execute(q["agt_item_count"], (sid,)), session_id=sid)
     return int(rows[0][0])
 
 
-def list_sessions(store: Store, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
+def list_sessions(store: StorePort, *, limit: int = 100, cursor: str | None = None) -> SessionPage:
     """The SDK sessions in *store*, newest first, *limit* a page."""
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise errors.InvalidInput(f"limit must be a positive integer, not {limit!r}")
@@ -484,7 +487,7 @@ def list_sessions(store: Store, *, limit: int = 100, cursor: str | None = None) 
     q = store.queries
     store.sync_catalog(LISTING_SYNC_WAIT)
     rows = store.read(lambda tx: tx.execute(q["agt_session_list"], params))
-    if store.router is not None:
+    if store.spans_files:
         # A sharded store's catalog indexes sessions; their items are in the shards.
         rows = [(*r[:4], _item_count(store, str(r[0]))) for r in rows]
     found = tuple(

@@ -44,8 +44,8 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
+from fleetstore.domain.codec import encode_payload
 from fleetstore.domain.frameworks.langgraph import Typed, canonical_json, thread_key, version_key
-from fleetstore.domain.history import encode_payload
 from fleetstore.domain.operations import Operation
 from fleetstore.engine import inspect
 from fleetstore.integrations.langgraph import FleetstoreSaver

@@ -1,0 +1,138 @@
+"""What a store URL or path names: one SQLite file, a sharded directory or a
+PostgreSQL database.  Every command and the facade resolve targets here, and only
+here; nothing is opened or created."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from fleetstore import errors
+from fleetstore.core.settings import Settings, default_data_dir
+
+#: The file a directory names, and the default store under the data directory.
+DEFAULT_FILENAME = "fleetstore.db"
+#: A sharded store's directory holds CATALOG and the SHARDS folder.
+CATALOG = "catalog.db"
+SHARDS = "shards"
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+SHARDED_SCHEME = "sqlite+sharded"
+
+
+def redact(url: str) -> str:
+    """A store URL without its password, for messages and reports.
+
+    >>> redact("postgresql://app:secret@db:5432/agents")
+    'postgresql://app:***@db:5432/agents'
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path | str]:
+    """``("sqlite", Path)``, ``("sharded", directory Path)`` or ``("postgresql", url)``
+    for a path or store URL (``None``: ``$FLEETSTORE_URL``, else
+    ``<data dir>/fleetstore.db``).  A directory holding a sharded store's
+    ``catalog.db`` is that sharded store."""
+    if url_or_path is None:
+        url_or_path = os.environ.get("FLEETSTORE_URL") or None
+    if url_or_path is None:
+        return "sqlite", default_data_dir() / DEFAULT_FILENAME
+    text = os.fspath(url_or_path)
+    if "://" in text:
+        scheme, _, rest = text.partition("://")
+        if scheme in POSTGRES_SCHEMES:
+            return "postgresql", text
+        if scheme not in ("sqlite", SHARDED_SCHEME):
+            raise errors.ConfigError(
+                f"unsupported store URL scheme {scheme!r} in {redact(text)!r}: use a path, "
+                "sqlite:///absolute/path, sqlite+sharded:///absolute/directory or "
+                "postgresql://user@host:port/database"
+            )
+        if not rest.startswith("/"):
+            raise errors.ConfigError(f"{text!r}: write {scheme}:///absolute/path (three slashes)")
+        if scheme == SHARDED_SCHEME:
+            directory = Path(rest)
+            if directory.exists() and not directory.is_dir():
+                raise errors.ConfigError(f"{text!r}: a sharded store is a directory, not a file")
+            return "sharded", directory
+        text = rest
+    if not text:
+        raise errors.ConfigError("an empty store path")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if (path / CATALOG).is_file() and not (path / DEFAULT_FILENAME).exists():
+            return "sharded", path
+        path = path / DEFAULT_FILENAME
+    if path.name == CATALOG and (path.parent / SHARDS).is_dir():
+        return "sharded", path.parent
+    return "sqlite", path
+
+
+def resolve_target(url_or_path: str | os.PathLike[str] | None) -> Path:
+    """The SQLite file a URL or path names.  ``None``: ``$FLEETSTORE_URL``, else
+    ``<data dir>/fleetstore.db``.  A directory means ``<dir>/fleetstore.db``.
+    A PostgreSQL URL or a sharded store raises ``ConfigError`` (this is for
+    file-level commands)."""
+    kind, target = parse_target(url_or_path)
+    if kind == "sharded":
+        raise errors.ConfigError(
+            f"{target}: a sharded store (a directory of SQLite files); "
+            "this works on single SQLite store files only"
+        )
+    if kind != "sqlite":
+        raise errors.ConfigError(
+            f"{target}: a PostgreSQL store; this works on SQLite store files only"
+        )
+    assert isinstance(target, Path)
+    return target
+
+
+def sharded_url(directory: Path) -> str:
+    """The URL ``fleetstore.open`` takes for the sharded store in *directory*."""
+    return f"{SHARDED_SCHEME}://{directory.expanduser().absolute()}"
+
+
+def sharded_root(url_or_path: str) -> Path | None:
+    """The directory of the sharded store *url_or_path* names (a
+    ``sqlite+sharded://`` URL, its directory, or its ``catalog.db``), else None.
+    Checks the file system only where the text alone does not tell."""
+    if url_or_path.startswith(("postgresql://", "postgres://")):
+        return None
+    try:
+        kind, target = parse_target(url_or_path)
+    except errors.ConfigError:
+        return None
+    return target if kind == "sharded" and isinstance(target, Path) else None
+
+
+def local_base(url: str, settings: Settings) -> Path:
+    """Where this host keeps a PostgreSQL store's spool and figures: the base path
+    (``<base>.spool/``, ``<base>.procs/``)."""
+    if settings.local_dir:
+        return Path(settings.local_dir).expanduser() / "store"
+    parts = urlsplit(url)
+    dbname = parts.path.lstrip("/") or (parts.username or "postgres")
+    name = f"{parts.hostname or 'local'}_{parts.port or 5432}_{dbname}"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return default_data_dir() / "postgres" / name
+
+
+__all__ = [
+    "CATALOG",
+    "DEFAULT_FILENAME",
+    "POSTGRES_SCHEMES",
+    "SHARDED_SCHEME",
+    "SHARDS",
+    "local_base",
+    "parse_target",
+    "redact",
+    "resolve_target",
+    "sharded_root",
+    "sharded_url",
+]

@@ -1,0 +1,120 @@
+"""What the domain needs of a store: the narrow, typed protocol every domain module
+is written against (psycopg's ``abc.py`` style).  ``fleetstore.store.facade.Store``
+implements it; the domain never imports the store, so the layers stay one-way.
+
+Reads and writes go through these members only: an operation is submitted (applied
+now, or spooled past the budget), a read function runs in one read transaction of
+the right file, and blobs are written before the transaction that refers to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+from fleetstore.core.settings import Settings
+from fleetstore.domain.blobs import BlobRef
+from fleetstore.domain.operations import Operation
+from fleetstore.engine.base import Tx
+
+T = TypeVar("T")
+
+
+class Blobs(Protocol):
+    """Content-addressed payloads (files beside a SQLite store, rows on PostgreSQL)."""
+
+    def put(self, data: bytes) -> BlobRef:
+        """Store *data* (compressed, durable before this returns); its reference."""
+        ...
+
+    def get(self, sha256: str, size: int | None = None) -> bytes:
+        """The payload, verified against its hash (``BlobCorrupt`` if it is not)."""
+        ...
+
+
+class Flushable(Protocol):
+    """A stream the store's background thread flushes when its pending text is due."""
+
+    @property
+    def id(self) -> str:
+        """The id of the message being streamed."""
+        ...
+
+    def due(self) -> float | None: ...
+
+    def flush(self) -> None: ...
+
+
+class StorePort(Protocol):
+    """The members of a store the domain uses, and nothing else."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def queries(self) -> Mapping[str, str]:
+        """The named queries of the store's dialect."""
+        ...
+
+    @property
+    def blobs(self) -> Blobs: ...
+
+    @property
+    def notifies(self) -> bool:
+        """Whether ``notify_wait`` really waits for a notification (PostgreSQL's
+        LISTEN/NOTIFY) rather than sleeping (SQLite)."""
+        ...
+
+    @property
+    def spans_files(self) -> bool:
+        """Whether sessions and the catalog's index of them live in different files
+        (the sharded layout): a listing then reads the index."""
+        ...
+
+    def submit(
+        self,
+        op: Operation,
+        *,
+        spool: bool = True,
+        must_land: bool = False,
+        independent: bool = False,
+    ) -> dict[str, Any] | None:
+        """Apply *op* now; past the write budget spool it (None) or raise ``StoreBusy``."""
+        ...
+
+    def read(self, fn: Callable[[Tx], T], *, session_id: str | None = None) -> T:
+        """``fn(tx)`` in one read transaction (of *session_id*'s file, if it has one)."""
+        ...
+
+    def read_first(self, fn: Callable[[Tx], list[T]]) -> list[T]:
+        """``fn(tx)`` on each file until one returns rows (a lookup by an id that does
+        not name its session)."""
+        ...
+
+    def check_visible(self, session_id: str | None) -> None:
+        """``SpoolPending`` if a read of *session_id* would miss this process's
+        spooled writes."""
+        ...
+
+    def spool_pending(self, session_id: str | None = None) -> int:
+        """This process's writes waiting in its spool (that touch *session_id*)."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Write pending stream text and wait for the spool to drain."""
+        ...
+
+    def sync_catalog(self, timeout: float | None = None) -> bool:
+        """Bring a sharded store's index up to date with this process's writes."""
+        ...
+
+    def notify_wait(self, channel: str, timeout: float) -> bool:
+        """Wait up to *timeout* seconds for a notification on *channel*."""
+        ...
+
+    def streams_opened(self, stream: Flushable) -> None: ...
+
+    def streams_closed(self, stream: Flushable) -> None: ...
+
+
+__all__ = ["Blobs", "Flushable", "StorePort"]
