@@ -318,7 +318,7 @@ def test_reference_lists_every_store_metrics_key(tmp_path: Path) -> None:
 
 def test_reference_lists_every_operation() -> None:
     """Every registered operation is named, with whether applied_ops logs it."""
-    from fleetstore.domain.operations import REGISTRY
+    from fleetstore.domain.registry import REGISTRY
 
     rows = table_rows(reference_text())
     for name, spec in REGISTRY.items():

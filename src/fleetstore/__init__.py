@@ -10,6 +10,7 @@ writer gate, a bounded lock wait and strict connection hygiene.
 
 from fleetstore import errors
 from fleetstore.core.settings import Settings, default_data_dir
+from fleetstore.core.version import __version__
 from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import Claim, Effects, Swept
@@ -61,8 +62,6 @@ from fleetstore.store.aio import (
     open_async,
 )
 from fleetstore.store.facade import Store, open
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AlreadyExists",

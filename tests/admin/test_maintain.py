@@ -26,7 +26,7 @@ import pytest
 import fleetstore
 from fleetstore.admin import maintain
 from fleetstore.core.ids import new_id
-from fleetstore.domain import operations
+from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore
 from fleetstore.domain.operations import Operation
 from fleetstore.store.spool import encode_line
@@ -232,7 +232,7 @@ def test_a_long_session_is_deleted_in_short_transactions(store_path: Path) -> No
                     },
                     new_id(),
                 )
-                operations.apply(tx, q, op, time.time())
+                registry.apply(tx, q, op, time.time())
         step = maintain.Step("rm")
         result = maintain.delete_tree(maintain.Writer(store.db), step, s.id)
         assert (result.messages, result.sessions, result.outcome) == (5000, 1, "deleted")
@@ -654,14 +654,14 @@ def prefill(store: fleetstore.Store, rng: random.Random) -> dict[str, int]:
     for n in sizes:
         sid = new_id()
         with store.db.write() as tx:
-            operations.apply(
+            registry.apply(
                 tx,
                 q,
                 Operation("create_session", {"id": sid, "title": "old"}, new_id()),
                 time.time(),
             )
             for i in range(n):
-                operations.apply(tx, q, message(sid, i), time.time())
+                registry.apply(tx, q, message(sid, i), time.time())
                 ops += 1
         old.append(sid)
     backdate(store, old, 60)

@@ -39,6 +39,7 @@ from fleetstore import (
     errors,
 )
 from fleetstore.core.ids import new_id
+from fleetstore.domain import registry
 from tests.fix_stores import read_everywhere
 
 TABLES = ("sessions", "messages", "parts", "chunks", "usage", "state", "blobs", "applied_ops")
@@ -1189,7 +1190,7 @@ def test_applying_an_operation_twice_has_one_effect(store: Store) -> None:
 
 def test_operation_json_round_trip() -> None:
     op = Operation("delete_session", {"id": "s-1"}, new_id())
-    assert Operation.from_json(op.to_json()) == op
+    assert registry.decode(op.to_json()) == op
 
 
 @pytest.mark.parametrize(
@@ -1212,7 +1213,7 @@ def test_operation_json_round_trip() -> None:
 )
 def test_operation_from_json_rejects_bad_records(record: Any) -> None:
     with pytest.raises(errors.InvalidInput):
-        Operation.from_json(record)
+        registry.decode(record)
 
 
 def test_an_unknown_operation_is_refused_by_apply(store: Store) -> None:

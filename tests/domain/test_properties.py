@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 
 import fleetstore
 from fleetstore import File, Operation, Reasoning, Store, Text, ToolCall, ToolResult, errors
+from fleetstore.core.validate import dump_json
 from fleetstore.domain.codec import encode_part, encode_payload
-from fleetstore.domain.operations import REGISTRY, dump_json
+from fleetstore.domain.registry import REGISTRY
 
 BLOB_THRESHOLD = 200  # small, so that some payloads become blob files
 EXPECTED_ERRORS = (

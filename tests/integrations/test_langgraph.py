@@ -407,7 +407,7 @@ def test_checkpoints_module_imports_without_langgraph() -> None:
         "sys.modules['langgraph'] = None\n"
         "sys.modules['langchain_core'] = None\n"
         "import fleetstore, fleetstore.domain.frameworks.langgraph\n"
-        "from fleetstore.domain.operations import REGISTRY\n"
+        "from fleetstore.domain.registry import REGISTRY\n"
         "print(sorted(n for n in REGISTRY if n.startswith('ckpt_')))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

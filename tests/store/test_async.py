@@ -277,8 +277,17 @@ NOT_COROUTINES = {
     ("Stream", "usage"),
     ("Store", "metrics"),
 }
-# Store methods that are hooks between the Store and its own domain objects.
-STORE_INTERNALS = {"check_visible", "streams_opened", "streams_closed"}
+# Store members that are hooks between the Store and its own domain objects (the
+# domain's StorePort, fleetstore/domain/ports.py), not calls for users.
+STORE_INTERNALS = {
+    "check_visible",
+    "streams_opened",
+    "streams_closed",
+    "notifies",
+    "spans_files",
+    "notify_wait",
+    "spool_pending",
+}
 MIRRORS = [
     (Sessions, AsyncSessions),
     (Messages, AsyncMessages),

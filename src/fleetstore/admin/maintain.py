@@ -78,12 +78,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import fleetstore.domain.maintenance  # noqa: F401  registers the mnt_* operations
 from fleetstore import errors, sql
 from fleetstore.core.ids import new_id
 from fleetstore.core.settings import Settings
 from fleetstore.core.units import size as _size
-from fleetstore.domain import operations
+from fleetstore.domain import registry
 from fleetstore.domain.blobs import TOUCH_AFTER
 from fleetstore.domain.operations import Operation
 from fleetstore.engine.base import Engine, Tx
@@ -273,7 +272,7 @@ class Writer:
             step.record(0.0, time.monotonic() - started)
             return result
         op = Operation(name, args, "maintenance")
-        return self.run(step, lambda tx: operations.apply(tx, self.queries, op, tx.now))
+        return self.run(step, lambda tx: registry.apply(tx, self.queries, op, tx.now))
 
 
 class Batch:
@@ -324,8 +323,10 @@ def maintain(config: Config, progress: Progress | None = None) -> Report:
     """Run every maintenance step on the database at ``config.path`` (a sharded store:
     on its catalog and every shard) and report."""
     from fleetstore.core.targets import parse_target
-    from fleetstore.store.facade import Store, migrations
+    from fleetstore.store.backend import migrations
+    from fleetstore.store.facade import Store
     from fleetstore.store.facade import open as open_store
+    from fleetstore.store.single import FileBackend
 
     config.validate()
     kind, target = parse_target(config.path)
@@ -359,7 +360,7 @@ def maintain(config: Config, progress: Progress | None = None) -> Report:
         return report
     if config.dry_run:
         # Neither migrations nor the replay of dead journals: a dry run writes nothing.
-        store = Store(db, settings)
+        store = Store(FileBackend(db, sql.queries("sqlite"), settings), settings)
         latest = max(m.version for m in migrations())
         version = db.schema_version
         if version < latest:
@@ -387,8 +388,10 @@ def _maintain_sharded(config: Config, directory: Path, progress: Progress | None
     bounded number of files open), then the removal of empty shard files."""
     from fleetstore.core.targets import CATALOG, SHARDED_SCHEME
     from fleetstore.engine.sharded import ShardSet
-    from fleetstore.store.facade import Store, migrations
+    from fleetstore.store.backend import migrations
+    from fleetstore.store.facade import Store
     from fleetstore.store.facade import open as open_store
+    from fleetstore.store.sharded import Router
 
     directory = directory.expanduser().absolute()
     catalog = directory / CATALOG
@@ -405,7 +408,7 @@ def _maintain_sharded(config: Config, directory: Path, progress: Progress | None
         # intents: a dry run writes nothing.
         shards = ShardSet(directory, [], dataclasses.asdict(settings), settings.max_open_shards)
         try:
-            store = Store(shards.catalog, settings, shards=shards)
+            store = Store(Router(shards, sql.queries("sqlite"), settings), settings)
         except BaseException:
             shards.close()
             raise

@@ -256,12 +256,15 @@ class DbBlobStore:
     def describe(self, sha256: str) -> str:
         return f"blob_chunks rows of {sha256}"
 
+    def _page(self, after: str, limit: int) -> list[tuple[Any, ...]]:
+        sql = self._q("blobdata_list_after")
+        return self._db.read(lambda tx: tx.execute(sql, (after, limit)))
+
     def __iter__(self) -> Iterator[str]:
         """The hashes of every blob with data in the database."""
         after, page = "", 1000
         while True:
-            sql, params = self._q("blobdata_list_after"), (after, page)
-            rows = self._db.read(lambda tx: tx.execute(sql, params))
+            rows = self._page(after, page)
             for (sha,) in rows:
                 yield str(sha)
             if len(rows) < page:

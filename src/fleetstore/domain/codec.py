@@ -15,8 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.domain.operations import check_text, dump_json
+from fleetstore.core.validate import MAX_TEXT, arg_int, check_text, dump_json
+from fleetstore.domain.blobs import CODEC, check_sha
+from fleetstore.domain.operations import Args, Queries
 from fleetstore.domain.ports import StorePort
+from fleetstore.engine.base import Tx
 from fleetstore.models import PART_TYPES, File, Part, Reasoning, Text, ToolCall, ToolResult
 
 
@@ -148,7 +151,55 @@ def decode_part(store: StorePort, row: Sequence[Any]) -> Part:
     raise errors.CorruptStore(f"part of unknown kind {kind!r} in message {_mid}")
 
 
+# -- inside the transaction: an encoded payload's columns -------------------------------
+
+
+def blob_ref(tx: Tx, q: Queries, ref: object, now: float) -> tuple[str, int]:
+    if not isinstance(ref, dict):
+        raise errors.InvalidInput("blob reference must be an object")
+    sha = check_sha(ref.get("sha256"))
+    size = arg_int(ref, "size", optional=False)
+    stored = arg_int(ref, "stored_size", optional=False)
+    tx.execute(q["blob_insert"], (sha, size, stored, CODEC, now))
+    return sha, size
+
+
+def encoded_body(
+    tx: Tx, q: Queries, item: Args, what: str, now: float
+) -> tuple[str, Any, str | None, int]:
+    """(enc, inline body, blob sha, size) from an encoded payload:
+    ``{"enc": "str"|"json"|"bytes", "body": ...}`` or ``{"enc": ..., "blob": {...}}``."""
+    enc = item.get("enc")
+    if enc not in ("str", "json", "bytes"):
+        raise errors.InvalidInput(f"{what}: unknown encoding {enc!r}")
+    if "blob" in item:
+        sha, size = blob_ref(tx, q, item["blob"], now)
+        return enc, None, sha, size
+    body = item.get("body")
+    if not isinstance(body, str) or len(body) > MAX_TEXT:
+        raise errors.InvalidInput(f"{what}: body must be a string")
+    check_text(body, what)
+    if enc == "bytes":
+        try:
+            raw = base64.b64decode(body, validate=True)
+        except ValueError:
+            raise errors.InvalidInput(f"{what}: body is not base64") from None
+        return enc, raw, None, len(raw)
+    if enc == "json":
+        try:
+            json.loads(body)
+        except ValueError:
+            raise errors.InvalidInput(f"{what}: body is not JSON") from None
+    if "\x00" in body:
+        # PostgreSQL text cannot hold NUL (the body column is BYTEA there): such a body
+        # goes as its UTF-8 bytes on both engines, and reads decode it (decode_value).
+        return enc, body.encode("utf-8"), None, len(body.encode("utf-8"))
+    return enc, body, None, len(body.encode("utf-8"))
+
+
 __all__ = [
+    "blob_ref",
+    "encoded_body",
     "decode_part",
     "decode_value",
     "encode_part",

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id, new_id
+from fleetstore.core.validate import ROLES_MAX, check_text, dump_json
 from fleetstore.domain.codec import decode_part, encode_part, encode_parts
-from fleetstore.domain.operations import ROLES_MAX, Operation, check_text, dump_json
+from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import effects_args
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import (

@@ -21,8 +21,10 @@ from typing import Any
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id
 from fleetstore.domain.blobs import check_sha
-from fleetstore.domain.operations import Args, Queries, Result, register
+from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
 from fleetstore.engine.base import Tx
+
+OPERATIONS = Declarations()
 
 #: Most rows one maintenance operation may touch.
 MAX_LIMIT = 100_000
@@ -44,7 +46,7 @@ def _horizon(a: Args, key: str, optional: bool = False) -> float | None:
     return float(value)
 
 
-@register("mnt_delete_tree", logged=False)
+@OPERATIONS.declare("mnt_delete_tree", scope=Scope.TREE, session_args=("id",), logged=False)
 def _delete_tree(tx: Tx, q: Queries, a: Args) -> Result:
     """Delete up to ``limit`` rows of the session tree under ``id`` (the session and
     its subagents): messages first (their parts, chunks and usage cascade), then
@@ -110,7 +112,7 @@ def referenced(tx: Tx, q: Queries, shas: list[str]) -> set[str]:
     return found
 
 
-@register("mnt_delete_blobs", logged=False)
+@OPERATIONS.declare("mnt_delete_blobs", scope=Scope.CATALOG, logged=False)
 def _delete_blobs(tx: Tx, q: Queries, a: Args) -> Result:
     """Delete the rows of the blobs in ``shas`` that no row refers to, re-checked
     inside this transaction; returns the hashes deleted (their files may go after
@@ -129,7 +131,7 @@ def _delete_blobs(tx: Tx, q: Queries, a: Args) -> Result:
     return {"deleted": deleted, "kept": sorted(keep)}
 
 
-@register("mnt_prune_ops", logged=False)
+@OPERATIONS.declare("mnt_prune_ops", scope=Scope.CATALOG, logged=False)
 def _prune_ops(tx: Tx, q: Queries, a: Args) -> Result:
     """Delete the ``applied_ops`` rows applied before ``applied_before`` among the next
     ``limit`` rows in key order after ``after`` and below ``below`` (operation ids are

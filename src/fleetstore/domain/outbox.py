@@ -31,22 +31,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
-from fleetstore.domain.codec import decode_value, encode_payload
-from fleetstore.domain.operations import (
-    Args,
-    Operation,
-    Queries,
-    Result,
-    check_text,
-    dump_json,
-    encoded_body,
-    register,
-)
+from fleetstore.core.validate import check_text, dump_json
+from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
+from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectError, EffectState, NewEffect
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
+
+OPERATIONS = Declarations()
 
 #: Seconds a claim's lease lasts unless renewed; workers heartbeat at a third of it.
 DEFAULT_LEASE = 30.0
@@ -186,12 +180,12 @@ def enqueue_in(tx: Tx, q: Queries, a: Args, now: float) -> Result:
     return {"id": eid, "seq": seq}
 
 
-@register("enqueue_effect")
-def _enqueue_effect(tx: Tx, q: Queries, a: Args) -> Result:
+@OPERATIONS.declare("enqueue_effect", scope=Scope.CATALOG)
+def enqueue_effect(tx: Tx, q: Queries, a: Args) -> Result:
     return enqueue_in(tx, q, a, float(a["now"]))
 
 
-@register("claim_effects", logged=False, single_statement=True)
+@OPERATIONS.declare("claim_effects", scope=Scope.CATALOG, logged=False, single_statement=True)
 def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
     """Not logged and never spooled: a claim whose outcome is unknown (a crash)
     is recovered by its lease expiring.  A claim run again after a COMMIT whose
@@ -218,7 +212,7 @@ def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
     return {"rows": rows}
 
 
-@register("heartbeat_effect", logged=False)
+@OPERATIONS.declare("heartbeat_effect", scope=Scope.CATALOG, logged=False)
 def _heartbeat_effect(tx: Tx, q: Queries, a: Args) -> Result:
     eid = _effect_id(a)
     fence = _count(a, "fence", 0, 1, 2**62)
@@ -265,7 +259,7 @@ _SWEEP_REASONS = ("not_replay_safe", "attempts_exhausted")
 _DEAD_REASONS = ("failed", "interrupted")
 
 
-@register("settle_effect")
+@OPERATIONS.declare("settle_effect", scope=Scope.CATALOG)
 def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
     """A claim's outcome, applied only while the claim's token is current.
 
@@ -341,7 +335,7 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
     return {"id": eid, "state": state}
 
 
-@register("sweep_effects", logged=False)
+@OPERATIONS.declare("sweep_effects", scope=Scope.CATALOG, logged=False)
 def _sweep_effects(tx: Tx, q: Queries, a: Args) -> Result:
     swept = tx.execute(q["effect_sweep"], {"now": float(a["now"]), "kept": ERRORS_KEPT})
     for thread in sorted({thread for _id, thread, state in swept if state == "dead"}):
@@ -349,7 +343,7 @@ def _sweep_effects(tx: Tx, q: Queries, a: Args) -> Result:
     return {"swept": [(eid, state) for eid, _thread, state in swept]}
 
 
-@register("retry_effect")
+@OPERATIONS.declare("retry_effect", scope=Scope.CATALOG)
 def _retry_effect(tx: Tx, q: Queries, a: Args) -> Result:
     """An operator's retry: a dead or cancelled effect goes back to ``pending``
     at the end of its thread with fresh attempts; a pending one runs now."""
@@ -372,7 +366,7 @@ def _retry_effect(tx: Tx, q: Queries, a: Args) -> Result:
     return {"id": eid, "state": "pending", "seq": seq}
 
 
-@register("cancel_effect")
+@OPERATIONS.declare("cancel_effect", scope=Scope.CATALOG)
 def _cancel_effect(tx: Tx, q: Queries, a: Args) -> Result:
     """An operator's cancel: a pending or running effect becomes ``cancelled``
     (a worker running it gets ``LeaseLost`` at its next heartbeat)."""
@@ -408,7 +402,7 @@ def _cancel_effect(tx: Tx, q: Queries, a: Args) -> Result:
     return {"id": eid, "state": "cancelled"}
 
 
-@register("declare_effect_kinds", logged=False)
+@OPERATIONS.declare("declare_effect_kinds", scope=Scope.CATALOG, logged=False)
 def _declare_effect_kinds(tx: Tx, q: Queries, a: Args) -> Result:
     kinds = a.get("kinds")
     if not isinstance(kinds, dict):

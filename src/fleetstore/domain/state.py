@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id, new_id
-from fleetstore.domain.codec import decode_value, encode_payload
+from fleetstore.core.validate import arg_id, arg_int, arg_str, arg_time, check_text, dump_json
+from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
 from fleetstore.domain.history import effects_arg
-from fleetstore.domain.operations import Operation, check_text, dump_json
+from fleetstore.domain.history_ops import session_row
+from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
+from fleetstore.engine.base import Tx
 from fleetstore.models import NewEffect, StateValue
 
-if TYPE_CHECKING:
-    from fleetstore.engine.base import Tx
+OPERATIONS = Declarations()
 
 
 class State:
@@ -145,6 +147,63 @@ def _check_key(session_id: object, key: object, namespace: object) -> None:
                 f"not {str(value)[:80]!r}"
             )
         check_text(value, f"a state {name}")
+
+
+# -- the operations ----------------------------------------------------------------------------
+
+
+def _state_key(a: Args) -> tuple[str, str, str]:
+    key = (
+        arg_id(a, "session_id"),
+        arg_str(a, "namespace", optional=False, limit=256),
+        arg_str(a, "key", optional=False, limit=1024),
+    )
+    if not key[1] or not key[2]:
+        raise errors.InvalidInput("a state namespace and key must not be empty")
+    return key
+
+
+def _check_version(current: int | None, expected: int | None, what: str) -> None:
+    if expected is None:
+        return
+    if (current or 0) != expected:
+        raise errors.VersionConflict(
+            f"{what} is at version {current or 0}, not {expected}", expected, current or 0
+        )
+
+
+@OPERATIONS.declare("put_state", scope=Scope.SESSION)
+def put_state(tx: Tx, q: Queries, a: Args) -> Result:
+    sid, ns, key = _state_key(a)
+    expected = arg_int(a, "expected_version", minimum=0)
+    value = a.get("value")
+    if not isinstance(value, dict):
+        raise errors.InvalidInput("state value must be an encoded payload")
+    now = arg_time(a, "now")
+    enc, body, sha, size = encoded_body(tx, q, value, f"state {ns}/{key}", now)
+    if enc == "str":
+        raise errors.InvalidInput("state values are JSON or bytes")
+    session_row(tx, q, sid)
+    rows = tx.execute(q["state_version"], (sid, ns, key))
+    current = rows[0][0] if rows else None
+    _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")
+    version = (current or 0) + 1
+    tx.execute(q["state_upsert"], (sid, ns, key, version, enc, body, sha, size, now))
+    return {"version": version, "updated_at": now}
+
+
+@OPERATIONS.declare("delete_state", scope=Scope.SESSION)
+def delete_state(tx: Tx, q: Queries, a: Args) -> Result:
+    sid, ns, key = _state_key(a)
+    expected = arg_int(a, "expected_version", minimum=0)
+    rows = tx.execute(q["state_version"], (sid, ns, key))
+    if not rows:
+        session_row(tx, q, sid)  # an unknown session is NotFound, as for put_state
+    current = rows[0][0] if rows else None
+    _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")
+    if current is not None:
+        tx.execute(q["state_delete"], (sid, ns, key))
+    return {"deleted": current is not None}
 
 
 __all__ = ["State"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from fleetstore import errors
@@ -16,6 +17,20 @@ T = TypeVar("T")
 
 
 class Tx(Protocol):
+    """One transaction of an engine, read or write."""
+
+    @property
+    def now(self) -> float:
+        """The transaction's clock when it began: this host's ``time.time()`` on SQLite,
+        the server's ``transaction_timestamp()`` on PostgreSQL (lease times use it)."""
+        ...
+
+    @property
+    def uncertain(self) -> bool:
+        """Set on a rerun after a COMMIT whose outcome is unknown (PostgreSQL, a lost
+        connection): the work may already be committed, so it must be idempotent."""
+        ...
+
     def execute(
         self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
     ) -> list[tuple[Any, ...]]:
@@ -35,18 +50,18 @@ class Engine(Protocol):
     #: The file, or the URL without its password: what messages name.
     path: str
 
-    def write(self) -> AbstractContextManager[Any]:
+    def write(self) -> AbstractContextManager[Tx]:
         """A write transaction taken within the write budget; its body runs once."""
         ...
 
-    def run_write(self, fn: Callable[[Any], T], *, single_statement: bool = False) -> T:
+    def run_write(self, fn: Callable[[Tx], T], *, single_statement: bool = False) -> T:
         """``fn(tx)`` in a write transaction, committed, within the write budget.  *fn*
         may run more than once (PostgreSQL starts over on a serialization failure or
         a lost connection), so it must do nothing but database work.
         *single_statement*: *fn* is one statement that re-checks its own conditions."""
         ...
 
-    def read(self, fn: Callable[[Any], T]) -> T:
+    def read(self, fn: Callable[[Tx], T]) -> T:
         """``fn(tx)`` in a read transaction; never waits on writers."""
         ...
 
@@ -72,21 +87,18 @@ class Engine(Protocol):
         ...
 
 
-class _Step(Protocol):
-    @property
-    def version(self) -> int: ...
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One versioned schema step: SQL text (several statements allowed) or a
+    function given the write transaction.  Versions are positive and unique.
+    (The one migration type: both engines, the store's own and callers' own.)"""
 
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def sql(self) -> str | Callable[[Any], None]: ...
-
-
-S = TypeVar("S", bound=_Step)
+    version: int
+    name: str
+    sql: str | Callable[[Tx], None]
 
 
-def ordered_migrations(migrations: Iterable[S]) -> list[S]:
+def ordered_migrations(migrations: Iterable[Migration]) -> list[Migration]:
     """The migrations in version order; ``ConfigError`` unless every version is a
     positive integer, used once.  (Both engines.)"""
     steps = sorted(migrations, key=lambda m: m.version)
@@ -98,7 +110,7 @@ def ordered_migrations(migrations: Iterable[S]) -> list[S]:
     return steps
 
 
-def check_not_newer(where: str, current: int, steps: Sequence[_Step]) -> None:
+def check_not_newer(where: str, current: int, steps: Sequence[Migration]) -> None:
     """``MigrationError`` if the store is at a schema newer than this program knows."""
     if steps and current > steps[-1].version:
         raise errors.MigrationError(
@@ -108,7 +120,7 @@ def check_not_newer(where: str, current: int, steps: Sequence[_Step]) -> None:
 
 
 def apply_steps(
-    tx: Tx, where: str, steps: Sequence[_Step], current: int, record_sql: str
+    tx: Tx, where: str, steps: Sequence[Migration], current: int, record_sql: str
 ) -> list[int]:
     """Inside the migrating transaction: each step newer than *current*, in order (its
     SQL, or its function given *tx*), recorded with *record_sql* (parameters: version,
@@ -134,6 +146,7 @@ def apply_steps(
 
 __all__ = [
     "Engine",
+    "Migration",
     "Tx",
     "apply_steps",
     "check_not_newer",

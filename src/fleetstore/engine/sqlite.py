@@ -17,7 +17,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import apsw
@@ -25,7 +24,7 @@ import apsw
 from fleetstore import errors
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
-from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations
+from fleetstore.engine.base import Migration, apply_steps, check_not_newer, ordered_migrations
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.proclocks import lock_holders
 
@@ -36,16 +35,6 @@ Params = Sequence[Any] | dict[str, Any]
 _MIGRATIONS_TABLE = "fleetstore_migrations"
 _BEGIN_RETRY_SLEEP = 0.001
 _MAX_IDLE_READERS = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Migration:
-    """One versioned schema step: SQL text (several statements allowed) or a
-    function given the write transaction.  Versions are positive and unique."""
-
-    version: int
-    name: str
-    sql: str | Callable[[WriteTx], None]
 
 
 def _translate(exc: apsw.Error, path: str) -> errors.FleetstoreError:

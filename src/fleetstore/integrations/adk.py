@@ -68,9 +68,10 @@ from pydantic_core import to_jsonable_python
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
+from fleetstore.core.validate import check_text, dump_json
 from fleetstore.domain.codec import decode_value, encode_payload
 from fleetstore.domain.frameworks.adk import adk_fs_id, adk_message_id
-from fleetstore.domain.operations import Operation, check_text, dump_json
+from fleetstore.domain.operations import Operation
 from fleetstore.engine.base import Tx
 from fleetstore.integrations import adopt_store, check_threads
 from fleetstore.store.aio import AsyncStore, _bridge

@@ -7,19 +7,13 @@ the loader turns them into one dict (a name used twice is an error).  ``migratio
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from fleetstore.engine.base import Migration
+
 _HEADER = re.compile(r"^-- ([a-z_][a-z0-9_]*):(.*)$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-
-
-@dataclass(frozen=True, slots=True)
-class MigrationFile:
-    version: int
-    name: str
-    sql: str
 
 
 @cache
@@ -44,18 +38,16 @@ def queries(dialect: str) -> dict[str, str]:
 
 
 @cache
-def migrations(dialect: str) -> tuple[MigrationFile, ...]:
+def migrations(dialect: str) -> tuple[Migration, ...]:
     """The migrations of *dialect*, in version order."""
     folder = resources.files(__package__).joinpath(dialect, "migrations")
     steps = []
     for entry in folder.iterdir():
         match = _MIGRATION.match(entry.name)
         if match:
-            steps.append(
-                MigrationFile(int(match.group(1)), match.group(2), entry.read_text("utf-8"))
-            )
+            steps.append(Migration(int(match.group(1)), match.group(2), entry.read_text("utf-8")))
     steps.sort(key=lambda m: m.version)
     return tuple(steps)
 
 
-__all__ = ["MigrationFile", "migrations", "queries"]
+__all__ = ["migrations", "queries"]

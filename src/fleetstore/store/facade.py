@@ -11,7 +11,6 @@ queue behind it, so a process's writes land in the order it made them.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import os
 import threading
@@ -26,28 +25,23 @@ from fleetstore.core.settings import Settings
 from fleetstore.core.targets import (
     CATALOG,
     DEFAULT_FILENAME,
-    SHARDED_SCHEME,
     local_base,
     parse_target,
     redact,
     resolve_target,
 )
-from fleetstore.domain import maintenance as _maintenance  # noqa: F401  registers the mnt_* operations
-from fleetstore.domain import operations
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
-from fleetstore.domain.frameworks import adk as _adk_ops  # noqa: F401  registers the adk_* operations
-from fleetstore.domain.frameworks import langgraph as _checkpoints  # noqa: F401  registers the ckpt_* operations
-from fleetstore.domain.frameworks import openai_agents as _agents_ops  # noqa: F401  registers the agt_* operations
 from fleetstore.domain.history import Messages, Sessions
-from fleetstore.domain.ports import Flushable
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import Effects
+from fleetstore.domain.ports import Flushable
 from fleetstore.domain.state import State
-from fleetstore.engine.base import Engine, Tx
-from fleetstore.engine.sharded import ShardSet
-from fleetstore.engine.sqlite import Database, Migration
+from fleetstore.engine.base import Tx
+from fleetstore.store.backend import Backend
 from fleetstore.store.procstats import Publisher
-from fleetstore.store.sharded import Router
+from fleetstore.store.server import open_server
+from fleetstore.store.sharded import Router, open_sharded
+from fleetstore.store.single import open_file
 from fleetstore.store.spool import (
     REJECTED,
     Recovered,
@@ -59,14 +53,9 @@ from fleetstore.store.spool import (
     reject,
     remove_stale_new_files,
 )
-from fleetstore.transfer import stream as _transfer  # noqa: F401  registers the import operations
 
 T = TypeVar("T")
 log = logging.getLogger("fleetstore")
-
-
-def migrations(dialect: str = "sqlite") -> list[Migration]:
-    return [Migration(m.version, m.name, m.sql) for m in sql.migrations(dialect)]
 
 
 _live: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -106,36 +95,26 @@ def _due(stream: Flushable, now: float) -> bool:
 class Store:
     """An open fleetstore store.  Use ``fleetstore.open()``; thread-safe."""
 
-    def __init__(
-        self,
-        db: Engine,
-        settings: Settings,
-        local: Path | None = None,
-        shards: ShardSet | None = None,
-    ) -> None:
-        #: The database (a sharded store: its catalog).
-        self.db = db
+    def __init__(self, backend: Backend, settings: Settings) -> None:
+        #: The layout: where each write and read goes (store/backend.py).
+        self.backend = backend
+        #: The database the store names (a sharded store: its catalog).
+        self.db = backend.db
         self.settings = settings
         #: "sqlite" or "postgresql"; only the engine and the SQL files differ.
-        self.dialect: str = db.dialect
+        self.dialect: str = backend.db.dialect
         #: "file" (one SQLite file), "sharded" (a directory) or "server" (PostgreSQL).
-        self.layout = "sharded" if shards is not None else "server" if local else "file"
+        self.layout = backend.layout
         #: The store file (SQLite; sharded: the catalog) or this host's base path for a
         #: server store.
-        self.path = Path(db.path) if local is None else local
+        self.path = backend.path
         #: What messages name: the file, the directory, or the URL without its password.
-        self.url: str = str(db.path)
+        self.url: str = backend.url
         self.queries = sql.queries(self.dialect)
-        #: The sharded layout's routing of writes and reads (None: one database).
-        self.router: Router | None = None
-        if shards is not None:
-            self.url = f"{SHARDED_SCHEME}://{shards.root}"
-            self.router = Router(self, shards)
-        self.blobs: BlobStore | DbBlobStore
-        if self.dialect == "sqlite":
-            self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
-        else:
-            self.blobs = DbBlobStore(db, self.queries, settings.max_payload_bytes)
+        #: The sharded layout's router, for the tools that work file by file (None:
+        #: another layout).
+        self.router: Router | None = backend if isinstance(backend, Router) else None
+        self.blobs: BlobStore | DbBlobStore = backend.blobs
         self.spool_dir = Path(str(self.path) + ".spool")
         self.spool = Spool(self.spool_dir)
         self.sessions = Sessions(self)
@@ -172,8 +151,7 @@ class Store:
         # background thread.  (Spool's own at-fork hook did the same; doing it
         # here too does not depend on the order the hooks run in.)
         self.spool._after_fork()
-        if self.router is not None:
-            self.router.after_fork()
+        self.backend.after_fork()
         self._init_process()
 
     # -- writing ---------------------------------------------------------------------------
@@ -227,16 +205,7 @@ class Store:
 
     def apply(self, op: Operation) -> dict[str, Any]:
         """Apply *op* now, in its own write transaction (``StoreBusy`` past the budget)."""
-        # On PostgreSQL the function may run again (serialization failure, lost
-        # connection); operations are idempotent by op_id, so a rerun is safe.
-        q = self.queries
-        spec = operations.REGISTRY.get(op.name)
-        single = spec is not None and spec.single_statement
-        if self.router is not None:
-            return self.router.apply(op, single)
-        return self.db.run_write(
-            lambda tx: operations.apply(tx, q, op, tx.now), single_statement=single
-        )
+        return self.backend.apply(op)
 
     def _spool(self, op: Operation, busy: errors.StoreBusy | None) -> None:
         try:
@@ -267,7 +236,7 @@ class Store:
     @property
     def spans_files(self) -> bool:
         """Whether the catalog's index and the sessions live in different files."""
-        return self.router is not None
+        return self.layout == "sharded"
 
     def notify_wait(self, channel: str, timeout: float) -> bool:
         """Wait up to *timeout* seconds for a notification on *channel* (a sleep on
@@ -328,17 +297,13 @@ class Store:
         self._check_open()
         if self._publisher is None:
             self._start_publisher()
-        if self.router is not None:
-            return self.router.read(fn, session_id)
-        return self.db.read(fn)
+        return self.backend.read(fn, session_id)
 
     def read_first(self, fn: Callable[[Tx], list[T]]) -> list[T]:
         """``fn(tx)`` for a lookup by an id that does not name its session (a message
         id): a sharded store asks the catalog, then each shard, until one has rows."""
         self._check_open()
-        if self.router is not None:
-            return self.router.read_first(fn)
-        return self.read(fn)
+        return self.backend.read_first(fn)
 
     def sync_catalog(self, timeout: float | None = None) -> bool:
         """A sharded store: bring the catalog's sessions index up to date with what
@@ -347,12 +312,7 @@ class Store:
         (``sessions.list`` waits 0.5 s: a listing does not wait for a locked
         catalog).  True if the index is up to date with this process's writes."""
         self._check_open()
-        if self.router is None:
-            return True
-        if timeout is None:
-            self.router.sync_dirty()
-            return True
-        return self.router.request_sync(timeout)
+        return self.backend.sync_catalog(timeout)
 
     def _start_publisher(self) -> None:
         """This process's figures, published for ``fleetstore top`` (a child after
@@ -554,7 +514,7 @@ class Store:
         """This process's figures: the engine's, plus operations, spool and streams."""
         with self._counts_lock:
             counts, rejected = dict(self._op_counts), self._rejected
-        engine = self.router.shards.metrics() if self.router is not None else self.db.metrics()
+        engine = self.backend.metrics()
         return {
             **engine,
             "operations": counts,
@@ -605,12 +565,9 @@ class Store:
             if self._publisher is not None:
                 self._publisher.stop()
             self.spool.close()
-            if self.router is not None:
-                # The index refresh may wait for the catalog's lock: not when the
-                # caller asked not to wait, nor when the spool says it is locked.
-                self.router.close(sync=drained and (timeout is None or timeout > 0))
-            else:
-                self.db.close()
+            # A sharded store's index refresh may wait for the catalog's lock: not when
+            # the caller asked not to wait, nor when the spool says it is locked.
+            self.backend.close(sync=drained and (timeout is None or timeout > 0))
             _live.discard(self)
 
     def __enter__(self) -> Store:
@@ -624,36 +581,18 @@ class Store:
 
 
 def _open_store(path: Path | str, config: Settings, kind: str = "") -> Store:
+    backend: Backend
     if kind == "sharded":
         assert isinstance(path, Path)
-        shards = ShardSet(path, migrations(), dataclasses.asdict(config), config.max_open_shards)
-        try:
-            return Store(shards.catalog, config, shards=shards)
-        except BaseException:
-            shards.close()
-            raise
-    if isinstance(path, str):  # a PostgreSQL URL
-        try:
-            from fleetstore.engine.postgres import PgDatabase
-        except ImportError as exc:
-            raise errors.ConfigError(
-                f"{redact(path)}: PostgreSQL stores need psycopg: "
-                f"pip install 'fleetstore[postgres]' ({exc})"
-            ) from exc
-
-        pg = PgDatabase.open(path, migrations("postgresql"), **dataclasses.asdict(config))
-        try:
-            local = local_base(path, config)
-            local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            return Store(pg, config, local)
-        except BaseException:
-            pg.close()
-            raise
-    db = Database.open(path, migrations(), **dataclasses.asdict(config))
+        backend = open_sharded(path, config, sql.queries("sqlite"))
+    elif isinstance(path, str):  # a PostgreSQL URL
+        backend = open_server(path, config, sql.queries("postgresql"))
+    else:
+        backend = open_file(path, config, sql.queries("sqlite"))
     try:
-        return Store(db, config)
+        return Store(backend, config)
     except BaseException:
-        db.close()
+        backend.close(sync=False)
         raise
 
 
@@ -667,8 +606,7 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     path = redact(target) if isinstance(target, str) else target
     store = _open_store(target, config, kind)
     try:
-        if store.router is not None:
-            store.router.recover()
+        store.backend.recover()
         if journals(store.spool_dir):
             results = store.recover()
             if any(r.status == "unfinished" for r in results):
@@ -714,8 +652,7 @@ def recover_journals(
         return path, []
     store = _open_store(target, config, kind)
     try:
-        if store.router is not None:
-            store.router.recover()
+        store.backend.recover()
         return path, store.recover()
     finally:
         store.close(timeout=0)

@@ -35,55 +35,30 @@ writes by about a second; ``sessions.get`` reads the shard.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
 
 from fleetstore import errors
-from fleetstore.domain import operations
-from fleetstore.domain.operations import Operation
-from fleetstore.engine.base import Tx
+from fleetstore.core.settings import Settings
+from fleetstore.core.targets import sharded_url
+from fleetstore.domain import registry
+from fleetstore.domain.blobs import BlobStore, DbBlobStore
+from fleetstore.domain.operations import Operation, Scope, check_effects, earlier_result
+from fleetstore.domain.outbox import enqueue_effect
+from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.sharded import ShardSet, shard_key
+from fleetstore.store.backend import migrations
 from fleetstore.store.spool import decode_line, encode_line, is_rejectable
-
-if TYPE_CHECKING:
-    from fleetstore.store.facade import Store
 
 T = TypeVar("T")
 log = logging.getLogger("fleetstore")
 
-#: Writes of one session: applied in its shard.
-SESSION_OPS = frozenset(
-    {
-        "append_message",
-        "append_chunks",
-        "add_part",
-        "finish_message",
-        "put_state",
-        "delete_state",
-        "agt_add_items",
-        "agt_pop_item",
-        "agt_clear_session",
-        "import_message",
-        "import_parts",
-        "import_state",
-    }
-)
-#: Writes that change sessions rows: applied in the shard, then the catalog's index.
-LIFECYCLE_OPS = frozenset(
-    {
-        "create_session",
-        "fork_session",
-        "update_session",
-        "archive_session",
-        "delete_session",
-        "import_session",
-        "mnt_delete_tree",
-    }
-)
 #: Seconds between refreshes of the catalog's copy of sessions this process wrote.
 _SYNC_INTERVAL = 1.0
 _HOMES_CACHED = 4096
@@ -117,13 +92,23 @@ def _crash_point(name: str) -> None:
 
 
 class Router:
-    """Routes a sharded store's operations and reads (``Store`` holds one)."""
+    """The sharded layout's backend (store/backend.py): routes each operation and read
+    to its file, and keeps the catalog's index of the shards."""
 
-    def __init__(self, store: Store, shards: ShardSet) -> None:
-        self.store = store
+    layout = "sharded"
+
+    def __init__(self, shards: ShardSet, queries: Mapping[str, str], settings: Settings) -> None:
         self.shards = shards
         self.catalog = shards.catalog
-        self.q = store.queries
+        self.db: Engine = shards.catalog
+        self.path = Path(shards.catalog.path)
+        self.url = sharded_url(shards.root)
+        # One blob directory for every file: a fork shares its tree's blobs, and a
+        # blob's file outlives any one shard (maintain collects it store-wide).
+        self.blobs: BlobStore | DbBlobStore = BlobStore(
+            str(self.path) + ".blobs", settings.max_payload_bytes
+        )
+        self.q = queries
         self._homes: collections.OrderedDict[str, str | None] = collections.OrderedDict()
         self._init_process()
 
@@ -185,43 +170,33 @@ class Router:
             self.catalog.read(lambda tx: tx.execute(self.q["session_exists"], (session_id,)))
         )
 
-    def _target(self, op: Operation) -> tuple[str | None, bool]:
-        """(shard key or None for the catalog, whether the write is catalog+shard)."""
-        name, args = op.name, op.args
-        if name not in SESSION_OPS and name not in LIFECYCLE_OPS:
+    def route(self, op: Operation) -> tuple[str | None, bool]:
+        """(shard key or None for the catalog, whether the write is catalog+shard),
+        from the operation's declared scope (domain/operations.py, ``Scope``)."""
+        spec = registry.spec_of(op.name)
+        if spec.scope is Scope.CATALOG:
             return None, False
-        cross = name in LIFECYCLE_OPS or bool(args.get("effects"))
-        if name == "create_session" or name == "import_session":
-            parent = args.get("parent_id")
-            sid = args.get("id")
-            if isinstance(parent, str):
-                return self.home(parent), cross
-            if not isinstance(sid, str):
-                return None, cross
-            key = self.home(sid)
-            if key is None and not self._in_catalog(sid):
-                key = shard_key(sid)  # a new tree: a new shard
-            return key, cross
-        if name == "fork_session":
-            source = args.get("source_id")
-            return self.home(source if isinstance(source, str) else None), cross
-        sid = op.session_id
-        key = self.home(sid)
+        args = op.args
+        cross = spec.scope is Scope.TREE or bool(args.get("effects"))
+        anchor = next((v for a in spec.session_args if isinstance(v := args.get(a), str)), None)
+        if anchor is None:
+            return None, cross  # names no session: the catalog answers (NotFound)
+        key = self.home(anchor)
         if (
             key is None
-            and name == "agt_add_items"
-            and isinstance(sid, str)
-            and not self._in_catalog(sid)
+            and spec.creates is not None
+            and args.get(spec.creates) == anchor
+            and not self._in_catalog(anchor)
         ):
-            return shard_key(sid), True  # it creates its session: a new tree
+            return shard_key(anchor), True  # it creates a session of no tree: a new tree
         return key, cross
 
     # -- writing ---------------------------------------------------------------------------
 
-    def apply(self, op: Operation, single_statement: bool = False) -> dict[str, Any]:
-        key, cross = self._target(op)
+    def apply(self, op: Operation) -> dict[str, Any]:
+        key, cross = self.route(op)
         if key is None:
-            return self._apply_in(self.catalog, op, single_statement)
+            return self._apply_in(self.catalog, op, registry.spec_of(op.name).single_statement)
         try:
             return self._apply_to_shard(key, op, cross)
         except errors.FileMoved:
@@ -236,7 +211,7 @@ class Router:
                 raise errors.NotFound(
                     f"session {sid!r}: its tree's file was moved out of the store (archived?)"
                 ) from None
-            return self.apply(op, single_statement)
+            return self.apply(op)
         except errors.NotFound:
             sid = op.args.get("source_id") if op.name == "fork_session" else op.session_id
             if not isinstance(sid, str):
@@ -244,7 +219,7 @@ class Router:
             if self.home(sid, fresh=True) != key:
                 # A session deleted and made again in another tree since this process
                 # looked it up: look again, once.
-                return self.apply(op, single_statement)
+                return self.apply(op)
             if self._recover_quietly():
                 # A process that died half-way through making it left an intent that
                 # no open has finished yet: finish it, then try once more.
@@ -254,7 +229,7 @@ class Router:
     def _apply_in(self, db: Any, op: Operation, single_statement: bool = False) -> dict[str, Any]:
         q = self.q
         result: dict[str, Any] = db.run_write(
-            lambda tx: operations.apply(tx, q, op, tx.now), single_statement=single_statement
+            lambda tx: registry.apply(tx, q, op, tx.now), single_statement=single_statement
         )
         return result
 
@@ -266,7 +241,7 @@ class Router:
             return result
         effects = op.args.get("effects")
         if effects is not None:
-            operations.check_effects(operations.REGISTRY[op.name], effects)
+            check_effects(registry.spec_of(op.name), effects)
         try:
             text = encode_line(op).decode("utf-8")
         except UnicodeEncodeError as exc:
@@ -315,14 +290,14 @@ class Router:
         q = self.q
         args = {k: v for k, v in op.args.items() if k != "effects"}
         shard_op = Operation(op.name, args, op.op_id)
-        logged = operations.REGISTRY[op.name].logged
+        logged = registry.spec_of(op.name).logged
 
         def run(tx: Tx) -> tuple[dict[str, Any], dict[str, Any]]:
             found = tx.execute(q["op_applied"], (op.op_id,)) if logged else []
             if found:  # applied before (a recovery, a spool replay)
-                first = operations.earlier_result(found[0][1])
+                first = earlier_result(found[0][1])
                 return {**first, "duplicate": True}, first
-            result = operations.apply(tx, q, shard_op, tx.now)  # type: ignore[attr-defined]
+            result = registry.apply(tx, q, shard_op, tx.now)
             return result, result
 
         existed = self.shards.exists(key)
@@ -352,14 +327,13 @@ class Router:
         # A write that found its content already there (the same message again)
         # enqueues nothing, as in one file.
         effects = [] if applied.get("duplicate") else op.args.get("effects") or []
-        enqueue = operations.REGISTRY["enqueue_effect"].fn
 
         def run(tx: Tx) -> None:
             if not tx.execute(q["shard_intent_get"], (op.op_id,)):
                 return  # finished by another process (a recovery)
             self._sync_index(tx, key)
             for effect in effects:
-                enqueue(tx, q, {**effect, "now": tx.now})  # type: ignore[attr-defined]
+                enqueue_effect(tx, q, {**effect, "now": tx.now})
             tx.execute(q["shard_intent_done"], (op.op_id,))
 
         self.catalog.run_write(run)
@@ -505,6 +479,19 @@ class Router:
 
     # -- reading ---------------------------------------------------------------------------
 
+    def sync_catalog(self, timeout: float | None) -> bool:
+        """Bring the catalog's sessions index up to date with what this process wrote.
+        *timeout* None: now, in this thread (up to the write budget); else wait at most
+        *timeout* seconds for the background refresh (a listing does not wait for a
+        locked catalog).  True if the index holds this process's writes."""
+        if timeout is None:
+            self.sync_dirty()
+            return True
+        return self.request_sync(timeout)
+
+    def metrics(self) -> dict[str, Any]:
+        return self.shards.metrics()
+
     def read(self, fn: Callable[[Any], T], session_id: str | None) -> T:
         key = self.home(session_id)
         if key is None:
@@ -620,10 +607,9 @@ class Router:
 
 def _created_id(op: Operation) -> str | None:
     """The id of the session *op* may create (None: it creates none)."""
-    if op.name in ("create_session", "fork_session", "import_session", "agt_add_items"):
-        value = op.args.get("session_id" if op.name == "agt_add_items" else "id")
-        return value if isinstance(value, str) else None
-    return None
+    spec = registry.spec_of(op.name)
+    value = op.args.get(spec.creates) if spec.creates is not None else None
+    return value if isinstance(value, str) else None
 
 
 def _parents_first(rows: list[Any]) -> list[Any]:
@@ -646,3 +632,16 @@ def _parents_first(rows: list[Any]) -> list[Any]:
     for sid in by_id:
         visit(sid, 0)
     return out
+
+
+def open_sharded(directory: Path, settings: Settings, queries: Mapping[str, str]) -> Router:
+    """Open (creating if needed) the sharded store in *directory*: its catalog now,
+    each shard file on first use."""
+    shards = ShardSet(
+        directory, migrations(), dataclasses.asdict(settings), settings.max_open_shards
+    )
+    try:
+        return Router(shards, queries, settings)
+    except BaseException:
+        shards.close()
+        raise

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetstore import errors
+from fleetstore.domain import registry
 from fleetstore.domain.blobs import fsync_dir
 from fleetstore.domain.operations import Operation
 
@@ -70,7 +71,7 @@ def _operation(body: bytes) -> Operation:
         data = json.loads(body)
     except ValueError:
         raise errors.InvalidInput("journal line is not JSON") from None
-    return Operation.from_json(data)
+    return registry.decode(data)
 
 
 def decode_line(line: bytes) -> Operation:

@@ -67,9 +67,9 @@ from urllib.parse import urlsplit
 
 from fleetstore import errors
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
+from fleetstore.domain.registry import TREE_FILE_OPS
 from fleetstore.engine.sharded import shard_key
 from fleetstore.store.facade import open as open_store
-from fleetstore.store.sharded import LIFECYCLE_OPS, SESSION_OPS
 from fleetstore.transfer.stream import session_digest
 
 #: ``progress(stage, done, total)``: called as batches are copied and tables verified.
@@ -112,7 +112,7 @@ _BY_MESSAGE = {"chunks": "message_id"}
 #: applied_ops rows of these operations live where the router applies them: in the
 #: session's shard; any other operation's in the catalog (an effect's op names the
 #: effect in its ``session_id`` column).
-_TREE_OPS = SESSION_OPS | LIFECYCLE_OPS
+_TREE_OPS = TREE_FILE_OPS
 
 
 class DestinationNotEmpty(errors.AlreadyExists):

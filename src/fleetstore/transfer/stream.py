@@ -39,10 +39,9 @@ import functools
 import hashlib
 import io
 import json
-import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -50,20 +49,35 @@ from typing import IO, TYPE_CHECKING, Any, cast
 import zstandard
 
 from fleetstore import errors
-from fleetstore.core.ids import is_valid_id, new_id
+from fleetstore.core.ids import new_id
+from fleetstore.core.version import __version__
+from fleetstore.domain import registry
 from fleetstore.domain.blobs import check_sha
+from fleetstore.domain.imports import (
+    IMPORT_OPS,
+    INSERTED,
+    MISSING_PARENT,
+    NEWER,
+    PARSERS,
+    SESSION_FIELDS,
+    UNCHANGED,
+    UPDATED,
+    MessageIn,
+    PartIn,
+    PartsIn,
+    SessionIn,
+    StateIn,
+    blob_refs,
+    check_int,
+    run_import,
+    value_key,
+)
 from fleetstore.domain.operations import (
-    MAX_TEXT,
-    Args,
     Operation,
     Queries,
-    Result,
-    dump_json,
-    encoded_body,
-    register,
 )
 from fleetstore.engine.base import Tx
-from fleetstore.models import PART_KINDS, STREAMED_KINDS, USAGE_FIELDS
+from fleetstore.models import USAGE_FIELDS
 
 if TYPE_CHECKING:
     from fleetstore.store.facade import Store
@@ -74,8 +88,6 @@ VERSION = 1
 MAX_LINE = 64 * 1024 * 1024
 #: Most decompressed bytes an import reads from one file.
 MAX_TOTAL = 1 << 40
-#: Operations an export file may carry; any other is rejected.
-IMPORT_OPS = ("import_session", "import_message", "import_parts", "import_state")
 
 _BLOB_PIECE = 1024 * 1024
 _RECORD_BUDGET = 4 * 1024 * 1024  # an exported record is split beyond this
@@ -84,10 +96,7 @@ _CHUNK_LIMIT = 8 * 1024 * 1024  # a streamed part with a larger chunk is exporte
 _PAGE = 200  # messages read per read transaction
 _CHECK_BATCH = 256  # operations checked against the store per read transaction
 _WINDOW = 1 << 27  # largest zstd window accepted (128 MiB, zstd's own default)
-_INT_MAX = 2**63 - 1  # SQLite's integers
 
-INSERTED, UPDATED, UNCHANGED, NEWER = "inserted", "updated", "unchanged", "newer"
-_MISSING_PARENT = "missing parent"
 
 #: ``progress(stage, done, total)``; stages: export, check, import.
 Progress = Callable[[str, int, int], None]
@@ -175,662 +184,6 @@ class MergeReport:
         return sum(s.exported.blob_bytes for s in self.sources)
 
 
-# -- argument checks (pure: used on every line of a file before anything is written) ----------
-
-
-def _fields(a: Args, what: str, required: Sequence[str], optional: Sequence[str] = ()) -> None:
-    unknown = set(a) - set(required) - set(optional) - {"now"}
-    if unknown:
-        raise errors.InvalidInput(f"{what}: unknown field(s) {sorted(map(str, unknown))!r:.200}")
-    missing = [k for k in required if k not in a]
-    if missing:
-        raise errors.InvalidInput(f"{what}: missing field(s) {', '.join(missing)}")
-
-
-def _id(value: object, what: str) -> str:
-    if not is_valid_id(value):
-        raise errors.InvalidInput(f"{what} must be an id, not {str(value)[:80]!r}")
-    return str(value)
-
-
-def _opt_id(value: object, what: str) -> str | None:
-    return None if value is None else _id(value, what)
-
-
-def _text(value: object, what: str, limit: int) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) > limit:
-        raise errors.InvalidInput(f"{what} must be a string of at most {limit} characters")
-    return value
-
-
-def _int(value: object, what: str, minimum: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= _INT_MAX:
-        raise errors.InvalidInput(
-            f"{what} must be an integer from {minimum} to 2**63-1, not {str(value)[:80]}"
-        )
-    return value
-
-
-def _time(value: object, what: str) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise errors.InvalidInput(f"{what} must be a time in seconds, not {str(value)[:80]}")
-    return float(value)
-
-
-def _object(value: object, what: str) -> str:
-    if not isinstance(value, dict):
-        raise errors.InvalidInput(f"{what} must be a JSON object")
-    return dump_json(value, what)
-
-
-class _DryTx:
-    """A transaction that runs nothing: lets ``encoded_body`` check a payload
-    without a database, so file checks and writes share one code path."""
-
-    def execute(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        return []
-
-    def executemany(self, sql: str, seq_of_params: Iterable[Any]) -> None:
-        return None
-
-
-class _AnyQuery(dict[str, str]):
-    def __missing__(self, key: str) -> str:
-        return ""
-
-
-_DRY_TX = _DryTx()
-_DRY_QUERIES = _AnyQuery()
-
-
-@dataclass(frozen=True, slots=True)
-class _Payload:
-    item: Mapping[str, Any]  # the encoded payload, for encoded_body when written
-    enc: str
-    sha256: str  # of the value's bytes (a blob's own hash)
-    size: int
-    blob: tuple[str, int, int] | None  # (sha256, size, stored_size)
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.enc, self.sha256, self.size)
-
-
-def _payload(item: Mapping[str, Any], what: str, extra: Sequence[str] = ()) -> _Payload:
-    keys = set(item) - set(extra)
-    if keys not in ({"enc", "body"}, {"enc", "blob"}):
-        raise errors.InvalidInput(f"{what}: a payload has 'enc' and 'body' or 'blob'")
-    enc, body, sha, size = encoded_body(_DRY_TX, _DRY_QUERIES, item, what, 0.0)
-    if sha is not None:
-        ref = item["blob"]
-        if set(ref) != {"sha256", "size", "stored_size"}:
-            raise errors.InvalidInput(f"{what}: a blob reference has sha256, size, stored_size")
-        return _Payload(item, enc, sha, size, (sha, size, ref["stored_size"]))
-    raw = body if isinstance(body, bytes) else str(body).encode("utf-8")
-    return _Payload(item, enc, hashlib.sha256(raw).hexdigest(), size, None)
-
-
-def _value_key(
-    enc: str, body: Any, blob_sha: str | None, size: int, text: str | None = None
-) -> tuple[str, str, int]:
-    """(encoding, SHA-256 of the value, size) of a stored payload, however stored."""
-    if enc == "chunks":
-        raw = (text or "").encode("utf-8")
-        return ("str", hashlib.sha256(raw).hexdigest(), len(raw))
-    if blob_sha is not None:
-        return (enc, blob_sha, size)
-    if body is None:
-        raw = b""
-    elif isinstance(body, str):
-        raw = body.encode("utf-8")
-    else:
-        raw = bytes(body)
-    return (enc, hashlib.sha256(raw).hexdigest(), len(raw))
-
-
-@dataclass(frozen=True, slots=True)
-class _SessionIn:
-    id: str
-    parent_id: str | None
-    root_id: str
-    forked_from: str | None
-    fork_seq: int | None
-    project: str | None
-    title: str | None
-    status: str
-    metadata: str
-    created_at: float
-    updated_at: float
-    archived_at: float | None
-    version: int
-
-    def row(self) -> tuple[Any, ...]:
-        return (
-            self.id,
-            self.parent_id,
-            self.root_id,
-            self.forked_from,
-            self.fork_seq,
-            self.project,
-            self.title,
-            self.status,
-            self.metadata,
-            self.created_at,
-            self.updated_at,
-            self.archived_at,
-            self.version,
-        )
-
-
-_SESSION_FIELDS = (
-    "id",
-    "parent_id",
-    "root_id",
-    "forked_from",
-    "fork_seq",
-    "project",
-    "title",
-    "status",
-    "metadata",
-    "created_at",
-    "updated_at",
-    "archived_at",
-    "version",
-)
-
-
-def _parse_session(a: Args) -> _SessionIn:
-    _fields(a, "import_session", _SESSION_FIELDS)
-    sid = _id(a["id"], "id")
-    what = f"session {sid}"
-    parent = _opt_id(a["parent_id"], f"{what}: parent_id")
-    root = _id(a["root_id"], f"{what}: root_id")
-    if parent is None and root != sid and a["forked_from"] is None:
-        # (A fork of a top-level session has no parent but stays in its source's tree.)
-        raise errors.InvalidInput(
-            f"{what} has no parent and is no fork, so its root_id must be its own id"
-        )
-    if parent == sid:
-        raise errors.InvalidInput(f"{what} is its own parent")
-    status = a["status"]
-    archived_at = a["archived_at"]
-    if status not in ("active", "archived"):
-        raise errors.InvalidInput(f"{what}: status must be active or archived")
-    if (status == "archived") != (archived_at is not None):
-        raise errors.InvalidInput(f"{what}: archived_at is set exactly when it is archived")
-    fork_seq = a["fork_seq"]
-    return _SessionIn(
-        id=sid,
-        parent_id=parent,
-        root_id=root,
-        forked_from=_opt_id(a["forked_from"], f"{what}: forked_from"),
-        fork_seq=None if fork_seq is None else _int(fork_seq, f"{what}: fork_seq"),
-        project=_text(a["project"], f"{what}: project", 4096),
-        title=_text(a["title"], f"{what}: title", 4096),
-        status=status,
-        metadata=_object(a["metadata"], f"{what}: metadata"),
-        created_at=_time(a["created_at"], f"{what}: created_at"),
-        updated_at=_time(a["updated_at"], f"{what}: updated_at"),
-        archived_at=None if archived_at is None else _time(archived_at, f"{what}: archived_at"),
-        version=_int(a["version"], f"{what}: version", 1),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _PartIn:
-    seq: int
-    kind: str
-    meta: str
-    payload: _Payload | None  # a whole part
-    chunks: tuple[tuple[int, str], ...] | None  # a streamed part (or a slice of its chunks)
-
-
-def _parse_part(p: object, message_id: str) -> _PartIn:
-    if not isinstance(p, dict):
-        raise errors.InvalidInput(f"message {message_id}: a part must be an object")
-    seq = _int(p.get("seq"), f"message {message_id}: part seq")
-    what = f"part {seq} of message {message_id}"
-    kind = p.get("kind")
-    if kind not in PART_KINDS:
-        raise errors.InvalidInput(f"{what}: unknown part kind {str(kind)[:40]!r}")
-    meta = _object(p.get("meta"), f"{what}: meta")
-    if p.get("enc") != "chunks":
-        return _PartIn(seq, kind, meta, _payload(p, what, ("seq", "kind", "meta")), None)
-    _fields(p, what, ("seq", "kind", "meta", "enc", "chunks"))
-    if kind not in STREAMED_KINDS:
-        raise errors.InvalidInput(f"{what}: only text and reasoning parts are streamed")
-    raw = p["chunks"]
-    if not isinstance(raw, list):
-        raise errors.InvalidInput(f"{what}: chunks must be a list")
-    chunks: list[tuple[int, str]] = []
-    for c in raw:
-        if not isinstance(c, list) or len(c) != 2:
-            raise errors.InvalidInput(f"{what}: a chunk is [seq, text]")
-        text = _text(c[1], f"{what}: chunk text", MAX_TEXT)
-        if text is None:
-            raise errors.InvalidInput(f"{what}: a chunk's text must be a string")
-        chunks.append((_int(c[0], f"{what}: chunk seq"), text))
-    if len({s for s, _ in chunks}) != len(chunks):
-        raise errors.InvalidInput(f"{what}: a chunk seq appears twice")
-    return _PartIn(seq, kind, meta, None, tuple(chunks))
-
-
-def _parse_parts(raw: object, message_id: str) -> tuple[_PartIn, ...]:
-    if not isinstance(raw, list):
-        raise errors.InvalidInput(f"message {message_id}: parts must be a list")
-    return tuple(_parse_part(p, message_id) for p in raw)
-
-
-def _parse_usage(raw: object, what: str) -> tuple[Any, ...] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or set(raw) != set(USAGE_FIELDS):
-        raise errors.InvalidInput(f"{what}: usage has exactly the fields {', '.join(USAGE_FIELDS)}")
-    counts = [_int(raw[f], f"{what}: usage {f}") for f in USAGE_FIELDS[:-1]]
-    cost = raw["cost"]
-    if not isinstance(cost, int | float) or isinstance(cost, bool) or not math.isfinite(cost):
-        raise errors.InvalidInput(f"{what}: usage cost must be a number")
-    if cost < 0:
-        raise errors.InvalidInput(f"{what}: usage cost must be >= 0")
-    return (*counts, float(cost))
-
-
-@dataclass(frozen=True, slots=True)
-class _MessageIn:
-    id: str
-    session_id: str
-    seq: int
-    role: str
-    status: str
-    model: str | None
-    metadata: str
-    error: str | None
-    created_at: float
-    completed_at: float | None
-    usage: tuple[Any, ...] | None
-    parts: tuple[_PartIn, ...]
-
-
-_MESSAGE_FIELDS = (
-    "id",
-    "session_id",
-    "seq",
-    "role",
-    "status",
-    "model",
-    "metadata",
-    "error",
-    "created_at",
-    "completed_at",
-    "usage",
-    "parts",
-)
-
-
-def _parse_message(a: Args) -> _MessageIn:
-    _fields(a, "import_message", _MESSAGE_FIELDS)
-    mid = _id(a["id"], "id")
-    what = f"message {mid}"
-    role = _text(a["role"], f"{what}: role", 64)
-    if not role:
-        raise errors.InvalidInput(f"{what}: role must be a non-empty string")
-    status = a["status"]
-    if status not in ("streaming", "complete", "error"):
-        raise errors.InvalidInput(f"{what}: status must be streaming, complete or error")
-    completed = a["completed_at"]
-    return _MessageIn(
-        id=mid,
-        session_id=_id(a["session_id"], f"{what}: session_id"),
-        seq=_int(a["seq"], f"{what}: seq", 1),
-        role=role,
-        status=status,
-        model=_text(a["model"], f"{what}: model", 256),
-        metadata=_object(a["metadata"], f"{what}: metadata"),
-        error=_text(a["error"], f"{what}: error", 64 * 1024),
-        created_at=_time(a["created_at"], f"{what}: created_at"),
-        completed_at=None if completed is None else _time(completed, f"{what}: completed_at"),
-        usage=_parse_usage(a["usage"], what),
-        parts=_parse_parts(a["parts"], mid),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _PartsIn:
-    message_id: str
-    session_id: str
-    parts: tuple[_PartIn, ...]
-
-
-def _parse_more_parts(a: Args) -> _PartsIn:
-    _fields(a, "import_parts", ("message_id", "session_id", "parts"))
-    mid = _id(a["message_id"], "message_id")
-    return _PartsIn(mid, _id(a["session_id"], "session_id"), _parse_parts(a["parts"], mid))
-
-
-@dataclass(frozen=True, slots=True)
-class _StateIn:
-    session_id: str
-    namespace: str
-    key: str
-    version: int
-    updated_at: float
-    value: _Payload
-
-    @property
-    def what(self) -> str:
-        return f"state {self.namespace}/{self.key} of session {self.session_id}"
-
-
-def _parse_state(a: Args) -> _StateIn:
-    _fields(a, "import_state", ("session_id", "namespace", "key", "version", "updated_at", "value"))
-    sid = _id(a["session_id"], "session_id")
-    ns = _text(a["namespace"], "namespace", 256)
-    key = _text(a["key"], "key", 1024)
-    if ns is None or key is None:
-        raise errors.InvalidInput(f"state of session {sid}: namespace and key are strings")
-    what = f"state {ns}/{key} of session {sid}"
-    value = a["value"]
-    if not isinstance(value, dict):
-        raise errors.InvalidInput(f"{what}: value must be an encoded payload")
-    payload = _payload(value, what)
-    if payload.enc not in ("json", "bytes"):
-        raise errors.InvalidInput(f"{what}: state values are json or bytes")
-    return _StateIn(
-        sid,
-        ns,
-        key,
-        _int(a["version"], f"{what}: version", 1),
-        _time(a["updated_at"], f"{what}: updated_at"),
-        payload,
-    )
-
-
-def _blob_refs(parsed: object) -> list[tuple[str, int, int]]:
-    if isinstance(parsed, _MessageIn | _PartsIn):
-        return [p.payload.blob for p in parsed.parts if p.payload and p.payload.blob]
-    if isinstance(parsed, _StateIn) and parsed.value.blob:
-        return [parsed.value.blob]
-    return []
-
-
-_PARSERS: dict[str, Callable[[Args], Any]] = {
-    "import_session": _parse_session,
-    "import_message": _parse_message,
-    "import_parts": _parse_more_parts,
-    "import_state": _parse_state,
-}
-
-
-# -- applying: compare with what the store holds, then write (or, dry, only compare) ---------
-
-
-def _apply_session(tx: Tx, q: Queries, s: _SessionIn, write: bool) -> str:
-    rows = tx.execute(q["session_get"], (s.id,))
-    if not rows:
-        if s.parent_id is not None:
-            parent = tx.execute(q["transfer_session_root"], (s.parent_id,))
-            if not parent:
-                if not write:
-                    return _MISSING_PARENT
-                raise errors.NotFound(
-                    f"session {s.id}: its parent {s.parent_id} is not in the store"
-                )
-            if parent[0][0] != s.root_id:
-                raise errors.AlreadyExists(
-                    f"session {s.id}: its root_id is {s.root_id}, but its parent "
-                    f"{s.parent_id} is in the tree of {parent[0][0]} in the store"
-                )
-        if write:
-            tx.execute(q["transfer_session_insert"], s.row())
-        return INSERTED
-    # session_get: id, root_id, parent_id, forked_from, fork_seq, project, title, status,
-    # metadata, created_at, updated_at, archived_at, version
-    r = rows[0]
-    fixed = {
-        "parent_id": (r[2], s.parent_id),
-        "root_id": (r[1], s.root_id),
-        "forked_from": (r[3], s.forked_from),
-        "fork_seq": (r[4], s.fork_seq),
-        "project": (r[5], s.project),
-        "created_at": (r[9], s.created_at),
-    }
-    differ = [k for k, (here, there) in fixed.items() if here != there]
-    if differ:
-        raise errors.AlreadyExists(
-            f"session {s.id} is in the store with a different {', '.join(differ)}"
-        )
-    version, updated = r[12], r[10]
-    if s.version < version:
-        return NEWER
-    same = (r[6], json.loads(r[8]), r[7], r[11]) == (
-        s.title,
-        json.loads(s.metadata),
-        s.status,
-        s.archived_at,
-    )
-    if s.version == version:
-        if not same:
-            raise errors.AlreadyExists(
-                f"session {s.id} is at version {version} in the store and in the file, "
-                "with a different title, metadata or status"
-            )
-        if s.updated_at == updated:
-            return UNCHANGED
-        if s.updated_at < updated:
-            return NEWER
-    if write:
-        tx.execute(
-            q["transfer_session_update"],
-            (
-                s.title,
-                s.metadata,
-                s.status,
-                s.archived_at,
-                max(s.updated_at, updated),
-                s.version,
-                s.id,
-            ),
-        )
-    return UPDATED
-
-
-def _apply_part(
-    tx: Tx, q: Queries, message_id: str, session_id: str, p: _PartIn, write: bool, now: float
-) -> bool:
-    """Insert the part (or its missing chunks); True if anything was (or would be) written."""
-    what = f"part {p.seq} of message {message_id}"
-    rows = tx.execute(q["transfer_part_row"], (message_id, p.seq))
-    if not rows:
-        if write:
-            if p.chunks is not None:
-                tx.execute(
-                    q["transfer_part_insert_chunked"],
-                    (message_id, p.seq, session_id, p.kind, p.meta),
-                )
-                tx.executemany(
-                    q["chunk_insert"], [(message_id, p.seq, s, text) for s, text in p.chunks]
-                )
-            else:
-                assert p.payload is not None
-                enc, body, sha, size = encoded_body(tx, q, p.payload.item, what, now)
-                tx.execute(
-                    q["part_insert"],
-                    (message_id, p.seq, session_id, p.kind, p.meta, enc, body, sha, size),
-                )
-        return True
-    kind, meta, enc, body, sha, size = rows[0]
-    if kind != p.kind or json.loads(meta) != json.loads(p.meta):
-        raise errors.AlreadyExists(f"{what} has another kind or metadata in the store")
-    if p.chunks is not None:
-        if enc != "chunks":
-            raise errors.AlreadyExists(f"{what} is stored whole in the store, streamed in the file")
-        wrote = False
-        for s, chunk in p.chunks:
-            have = tx.execute(q["transfer_chunk_text"], (message_id, p.seq, s))
-            if not have:
-                if write:
-                    tx.execute(q["chunk_insert"], (message_id, p.seq, s, chunk))
-                wrote = True
-            elif have[0][0] != chunk:
-                raise errors.AlreadyExists(f"{what}: chunk {s} differs in the store")
-        return wrote
-    assert p.payload is not None
-    text = None
-    if enc == "chunks":
-        text = tx.execute(q["transfer_part_text"], (message_id, p.seq))[0][0]
-    if _value_key(enc, body, sha, size, text) != p.payload.key:
-        raise errors.AlreadyExists(f"{what} has other contents in the store")
-    return False
-
-
-def _apply_message(tx: Tx, q: Queries, m: _MessageIn, write: bool, now: float) -> str:
-    rows = tx.execute(q["transfer_message_row"], (m.id,))
-    if not rows:
-        if tx.execute(q["transfer_session_root"], (m.session_id,)):
-            holder = tx.execute(q["transfer_message_at_seq"], (m.session_id, m.seq))
-            if holder:
-                raise errors.AlreadyExists(
-                    f"message {m.id}: session {m.session_id} already has another message "
-                    f"({holder[0][0]}) at seq {m.seq} in the store"
-                )
-        elif write:
-            raise errors.NotFound(f"message {m.id}: no session {m.session_id} in the store")
-        if write:
-            tx.execute(
-                q["transfer_message_insert"],
-                (
-                    m.id,
-                    m.session_id,
-                    m.seq,
-                    m.role,
-                    m.status,
-                    m.model,
-                    m.metadata,
-                    m.error,
-                    m.created_at,
-                    m.completed_at,
-                ),
-            )
-            for p in m.parts:
-                _apply_part(tx, q, m.id, m.session_id, p, write, now)
-            _write_usage(tx, q, m)
-        return INSERTED
-    # transfer_message_row: session_id, seq, role, status, model, metadata, error,
-    # created_at, completed_at
-    r = rows[0]
-    fixed = {
-        "session": (r[0], m.session_id),
-        "seq": (r[1], m.seq),
-        "role": (r[2], m.role),
-        "model": (r[4], m.model),
-        "metadata": (json.loads(r[5]), json.loads(m.metadata)),
-        "created_at": (r[7], m.created_at),
-    }
-    differ = [k for k, (here, there) in fixed.items() if here != there]
-    if differ:
-        raise errors.AlreadyExists(
-            f"message {m.id} is in the store with a different {', '.join(differ)}"
-        )
-    status = r[3]
-    if (status, r[6], r[8]) == (m.status, m.error, m.completed_at):
-        stage = UNCHANGED
-    elif status == "streaming" and m.status != "streaming":
-        stage = UPDATED  # it was still being written when it reached the store; it ended since
-    elif status != "streaming" and m.status == "streaming":
-        stage = NEWER
-    else:
-        raise errors.AlreadyExists(
-            f"message {m.id} ended {status} in the store but {m.status} in the file"
-        )
-    changed = False
-    for p in m.parts:
-        changed = _apply_part(tx, q, m.id, m.session_id, p, write, now) or changed
-    here = tx.execute(q["transfer_usage_row"], (m.id,))
-    if m.usage is not None and (not here or tuple(here[0]) != m.usage):
-        if here and stage != UPDATED:
-            raise errors.AlreadyExists(f"message {m.id} has another usage in the store")
-        changed = True
-        if write:
-            _write_usage(tx, q, m)
-    if stage == UPDATED and write:
-        tx.execute(q["transfer_message_finish"], (m.status, m.error, m.completed_at, m.id))
-    if stage == UNCHANGED and changed:
-        return UPDATED
-    return stage
-
-
-def _write_usage(tx: Tx, q: Queries, m: _MessageIn) -> None:
-    if m.usage is not None:
-        tx.execute(q["usage_upsert"], (m.id, m.session_id, m.model, *m.usage))
-
-
-def _apply_parts(tx: Tx, q: Queries, ps: _PartsIn, write: bool, now: float) -> str:
-    rows = tx.execute(q["transfer_message_row"], (ps.message_id,))
-    if not rows:
-        if write:
-            raise errors.NotFound(f"no message {ps.message_id} in the store for its parts")
-        return INSERTED
-    if rows[0][0] != ps.session_id:
-        raise errors.AlreadyExists(f"message {ps.message_id} is in another session in the store")
-    changed = False
-    for p in ps.parts:
-        changed = _apply_part(tx, q, ps.message_id, ps.session_id, p, write, now) or changed
-    return UPDATED if changed else UNCHANGED
-
-
-def _apply_state(tx: Tx, q: Queries, s: _StateIn, write: bool, now: float) -> str:
-    rows = tx.execute(q["state_get"], (s.session_id, s.namespace, s.key))
-    if rows:
-        version, enc, body, sha, size, updated = rows[0]
-        if s.version < version:
-            return NEWER
-        if s.version == version:
-            if _value_key(enc, body, sha, size) == s.value.key and updated == s.updated_at:
-                return UNCHANGED
-            raise errors.AlreadyExists(
-                f"{s.what} is at version {version} in the store and in the file, with another value"
-            )
-    elif not tx.execute(q["transfer_session_root"], (s.session_id,)) and write:
-        raise errors.NotFound(f"{s.what}: no such session in the store")
-    if write:
-        enc, body, sha, size = encoded_body(tx, q, s.value.item, s.what, now)
-        tx.execute(
-            q["transfer_state_write"],
-            (s.session_id, s.namespace, s.key, s.version, enc, body, sha, size, s.updated_at),
-        )
-    return UPDATED if rows else INSERTED
-
-
-def _now(a: Args) -> float:
-    return _time(a.get("now", 0.0), "now")
-
-
-def _run(tx: Tx, q: Queries, name: str, parsed: Any, write: bool, now: float) -> str:
-    if name == "import_session":
-        return _apply_session(tx, q, parsed, write)
-    if name == "import_message":
-        return _apply_message(tx, q, parsed, write, now)
-    if name == "import_parts":
-        return _apply_parts(tx, q, parsed, write, now)
-    return _apply_state(tx, q, parsed, write, now)
-
-
-def _register(name: str) -> None:
-    def apply(tx: Tx, q: Queries, a: Args) -> Result:
-        return {"action": _run(tx, q, name, _PARSERS[name](a), True, _now(a))}
-
-    apply.__name__ = apply.__qualname__ = f"_{name}"
-    # Idempotent by content (see the module docstring), so not logged in applied_ops:
-    # importing a file twice leaves every table as it was.
-    register(name, logged=False)(apply)
-
-
-for _name in IMPORT_OPS:
-    _register(_name)
-
-
 # -- reading a store -------------------------------------------------------------------------
 
 
@@ -850,7 +203,7 @@ class _PartRow:
         return "".join(t for _, t in self.chunks)
 
     def value_key(self) -> tuple[str, str, int]:
-        return _value_key(self.enc, self.body, self.blob_sha, self.size, self.text)
+        return value_key(self.enc, self.body, self.blob_sha, self.size, self.text)
 
 
 @dataclass(slots=True)
@@ -942,7 +295,7 @@ class _Digest:
 
     def state(self, s: _StateRow) -> None:
         ns, key, version, enc, body, sha, size, updated = s
-        self._add(["state", ns, key, version, *_value_key(enc, body, sha, size), updated])
+        self._add(["state", ns, key, version, *value_key(enc, body, sha, size), updated])
 
     def result(self) -> SessionDigest:
         return SessionDigest(self.messages, self._sha.hexdigest())
@@ -1212,7 +565,7 @@ class _Exporter:
             return None  # deleted since the list was read
         digest = _Digest()
         digest.session(row)
-        args = dict(zip(_SESSION_FIELDS, _session_columns(row), strict=True))
+        args = dict(zip(SESSION_FIELDS, _session_columns(row), strict=True))
         args["metadata"] = json.loads(args["metadata"])
         self.w.op("import_session", args)
         for m in _messages(self.store, sid):
@@ -1225,7 +578,7 @@ class _Exporter:
 
 
 def _session_columns(r: tuple[Any, ...]) -> tuple[Any, ...]:
-    """session_get's columns (id, root_id, parent_id, ...) in _SESSION_FIELDS' order."""
+    """session_get's columns (id, root_id, parent_id, ...) in SESSION_FIELDS' order."""
     return (r[0], r[2], r[1], *r[3:])
 
 
@@ -1239,7 +592,6 @@ def export_store(
     """Write the store's sessions (all, or *session_ids* with their subagent trees),
     with their messages, state and blobs, to *out*: a path (written to a temporary
     file and renamed, so a failed export leaves nothing) or a binary file."""
-    from fleetstore import __version__
 
     order = _session_order(store, session_ids)
     if isinstance(out, str | os.PathLike):
@@ -1457,14 +809,14 @@ class _Reader:
                 counts["ops"] += 1
                 item = self._op(n, obj)
                 parsed = item.parsed
-                for ref in _blob_refs(parsed):
+                for ref in blob_refs(parsed):
                     if blobs.get(ref[0]) != (ref[1], ref[2]):
                         raise self.fail(
                             n,
                             f"{item.op.name} refers to blob {ref[0]}, which the file does not "
                             "hold (with that size) before this line",
                         )
-                if isinstance(parsed, _SessionIn):
+                if isinstance(parsed, SessionIn):
                     if parsed.id in sessions:
                         raise self.fail(n, f"session {parsed.id} appears twice")
                     if parsed.parent_id in sessions:
@@ -1474,7 +826,7 @@ class _Reader:
                                 n, f"session {parsed.id}: root_id differs from its parent's"
                             )
                     sessions[parsed.id] = parsed.root_id
-                elif isinstance(parsed, _MessageIn):
+                elif isinstance(parsed, MessageIn):
                     if parsed.id in messages:
                         raise self.fail(n, f"message {parsed.id} appears twice")
                     if parsed.session_id not in sessions:
@@ -1490,7 +842,7 @@ class _Reader:
                     last_message = (parsed.id, parsed.session_id)
                     parts_seen.clear()
                     self._parts(n, parsed.id, parsed.parts, parts_seen)
-                elif isinstance(parsed, _PartsIn):
+                elif isinstance(parsed, PartsIn):
                     if last_message != (parsed.message_id, parsed.session_id):
                         raise self.fail(n, f"parts of message {parsed.message_id} do not follow it")
                     self._parts(n, parsed.message_id, parsed.parts, parts_seen)
@@ -1501,7 +853,7 @@ class _Reader:
                     if key in states:
                         raise self.fail(n, f"{parsed.what} appears twice")
                     states.add(key)
-                if isinstance(parsed, _SessionIn | _StateIn):
+                if isinstance(parsed, SessionIn | StateIn):
                     last_message = None
                 yield item
         finally:
@@ -1516,7 +868,7 @@ class _Reader:
         self,
         n: int,
         message_id: str,
-        parts: Sequence[_PartIn],
+        parts: Sequence[PartIn],
         seen: dict[int, tuple[str, str, set[int] | None]],
     ) -> None:
         """A part appears once, or (streamed) as slices of its chunks, each chunk once."""
@@ -1572,9 +924,9 @@ class _Reader:
             raise self.fail(n, "a blob piece has blob, size, stored_size, offset and data")
         try:
             sha = check_sha(obj["blob"])
-            size = _int(obj["size"], "size")
-            stored = _int(obj["stored_size"], "stored_size", 1)
-            offset = _int(obj["offset"], "offset")
+            size = check_int(obj["size"], "size")
+            stored = check_int(obj["stored_size"], "stored_size", 1)
+            offset = check_int(obj["offset"], "offset")
             data = obj["data"]
             if not isinstance(data, str):
                 raise errors.InvalidInput("data must be base64 text")
@@ -1607,7 +959,7 @@ class _Reader:
 
     def _op(self, n: int, obj: object) -> _OpItem:
         try:
-            op = Operation.from_json(obj)
+            op = registry.decode(obj)
         except errors.InvalidInput as exc:
             raise self.fail(n, str(exc)) from None
         if op.name not in IMPORT_OPS:
@@ -1617,7 +969,7 @@ class _Reader:
                 f"{', '.join(IMPORT_OPS)})",
             )
         try:
-            parsed = _PARSERS[op.name](op.args)
+            parsed = PARSERS[op.name](op.args)
         except errors.InvalidInput as exc:
             raise self.fail(n, f"{op.name}: {exc}") from None
         except RecursionError:
@@ -1664,14 +1016,14 @@ def _check_in(store: Store, reader: _Reader, batch: list[_OpItem], session_id: s
     def run(tx: Tx) -> None:
         for item in batch:
             try:
-                outcome = _run(tx, q, item.op.name, item.parsed, False, 0.0)
+                outcome = run_import(tx, q, item.op.name, item.parsed, False, 0.0)
             except errors.AlreadyExists as exc:
                 raise errors.AlreadyExists(
                     f"{reader.path}: line {item.line}: {exc}; nothing was imported"
                 ) from None
             except errors.InvalidInput as exc:
                 raise reader.fail(item.line, str(exc)) from None
-            if outcome == _MISSING_PARENT and not item.parent_in_file:
+            if outcome == MISSING_PARENT and not item.parent_in_file:
                 s = item.parsed
                 raise reader.fail(
                     item.line,

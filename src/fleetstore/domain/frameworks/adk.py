@@ -33,16 +33,12 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id
-from fleetstore.domain.operations import (
-    Args,
-    Queries,
-    Result,
-    check_text,
-    dump_json,
-    encoded_body,
-    register,
-)
+from fleetstore.core.validate import check_text, dump_json
+from fleetstore.domain.codec import encoded_body
+from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
 from fleetstore.engine.base import Tx
+
+OPERATIONS = Declarations()
 
 #: The state namespace of an ADK session's own state.
 NAMESPACE = "adk"
@@ -185,6 +181,7 @@ def _insert_session(
     created: float,
     updated: float,
 ) -> None:
+
     if tx.execute(q["session_exists"], (fs_id,)):
         raise errors.AlreadyExists(
             f"ADK session {session_id!r} (app {app_name!r}, user {user_id!r}): its fleetstore "
@@ -212,7 +209,7 @@ def _names(a: Args) -> tuple[str, str, str, str]:
     return fs_id, app_name, user_id, sid
 
 
-@register("adk_create_session")
+@OPERATIONS.declare("adk_create_session", scope=Scope.CATALOG)
 def _create_session(tx: Tx, q: Queries, a: Args) -> Result:
     fs_id, app_name, user_id, sid = _names(a)
     revision = _id(a, "revision")
@@ -226,7 +223,7 @@ def _create_session(tx: Tx, q: Queries, a: Args) -> Result:
     return {"id": fs_id, "revision": revision, "update_time": now}
 
 
-@register("adk_delete_session")
+@OPERATIONS.declare("adk_delete_session", scope=Scope.CATALOG)
 def _delete_session(tx: Tx, q: Queries, a: Args) -> Result:
     fs_id = _id(a, "session_id")
     if not tx.execute(q["adk_session_by_fs"], (fs_id,)):
@@ -307,7 +304,7 @@ def _insert(tx: Tx, q: Queries, fs_id: str, ev: _Event, now: float) -> int:
     return seq
 
 
-@register("adk_append_event")
+@OPERATIONS.declare("adk_append_event", scope=Scope.CATALOG)
 def _append_event(tx: Tx, q: Queries, a: Args) -> Result:
     fs_id = _id(a, "session_id")
     revision = _id(a, "revision")
@@ -355,7 +352,7 @@ def _append_event(tx: Tx, q: Queries, a: Args) -> Result:
 # -- import (fleetstore.transfer.frameworks.adk) ---------------------------------------------
 
 
-@register("adk_import_session")
+@OPERATIONS.declare("adk_import_session", scope=Scope.CATALOG)
 def _import_session(tx: Tx, q: Queries, a: Args) -> Result:
     """An ADK session as the source file had it, with its own state; present
     already: left as it is (``existed``)."""
@@ -374,7 +371,7 @@ def _import_session(tx: Tx, q: Queries, a: Args) -> Result:
     return {"existed": False}
 
 
-@register("adk_import_events")
+@OPERATIONS.declare("adk_import_events", scope=Scope.CATALOG)
 def _import_events(tx: Tx, q: Queries, a: Args) -> Result:
     """Events of one session, in order; each stored already (equal) is skipped.  If
     any is new, the session's revision changes (session objects read before are stale)."""
@@ -403,7 +400,7 @@ def _import_events(tx: Tx, q: Queries, a: Args) -> Result:
     return {"inserted": inserted, "unchanged": len(events) - inserted}
 
 
-@register("adk_import_scoped_state")
+@OPERATIONS.declare("adk_import_scoped_state", scope=Scope.CATALOG)
 def _import_scoped_state(tx: Tx, q: Queries, a: Args) -> Result:
     """App state (no ``user_id``) or one user's state: keys the store does not have
     are added; a key it has is left as it is (``newer`` if its value differs)."""

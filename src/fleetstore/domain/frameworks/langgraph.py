@@ -33,18 +33,13 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
-from fleetstore.domain.codec import decode_value, encode_payload
-from fleetstore.domain.operations import (
-    Args,
-    Operation,
-    Queries,
-    Result,
-    check_text,
-    encoded_body,
-    register,
-)
+from fleetstore.core.validate import check_text
+from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
+from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
 from fleetstore.engine.base import Tx
+
+OPERATIONS = Declarations()
 
 #: A serialised value: the serializer's type tag and its bytes.
 Typed = tuple[str, bytes]
@@ -524,7 +519,7 @@ def _delete_thread(tx: Tx, q: Queries, thread: str) -> None:
 # -- operations ------------------------------------------------------------------------------
 
 
-@register("ckpt_put")
+@OPERATIONS.declare("ckpt_put", scope=Scope.CATALOG)
 def _op_put(tx: Tx, q: Queries, a: Args) -> Result:
     thread = _arg_text(a, "thread_id")
     ns = _arg_text(a, "checkpoint_ns", _TEXT_MAX, empty=True)
@@ -570,7 +565,7 @@ def _op_put(tx: Tx, q: Queries, a: Args) -> Result:
     return {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": cid}
 
 
-@register("ckpt_put_writes")
+@OPERATIONS.declare("ckpt_put_writes", scope=Scope.CATALOG)
 def _op_put_writes(tx: Tx, q: Queries, a: Args) -> Result:
     thread = _arg_text(a, "thread_id")
     ns = _arg_text(a, "checkpoint_ns", _TEXT_MAX, empty=True)
@@ -603,13 +598,13 @@ def _op_put_writes(tx: Tx, q: Queries, a: Args) -> Result:
     return {"writes": len(writes)}
 
 
-@register("ckpt_delete_thread")
+@OPERATIONS.declare("ckpt_delete_thread", scope=Scope.CATALOG)
 def _op_delete_thread(tx: Tx, q: Queries, a: Args) -> Result:
     _delete_thread(tx, q, _arg_text(a, "thread_id"))
     return {}
 
 
-@register("ckpt_delete_runs")
+@OPERATIONS.declare("ckpt_delete_runs", scope=Scope.CATALOG)
 def _op_delete_runs(tx: Tx, q: Queries, a: Args) -> Result:
     run_ids = a.get("run_ids")
     if not isinstance(run_ids, list):
@@ -628,7 +623,7 @@ def _op_delete_runs(tx: Tx, q: Queries, a: Args) -> Result:
     return {"deleted": deleted}
 
 
-@register("ckpt_copy_thread")
+@OPERATIONS.declare("ckpt_copy_thread", scope=Scope.CATALOG)
 def _op_copy_thread(tx: Tx, q: Queries, a: Args) -> Result:
     source = _arg_text(a, "source")
     target = _arg_text(a, "target")
@@ -639,7 +634,7 @@ def _op_copy_thread(tx: Tx, q: Queries, a: Args) -> Result:
     return {}
 
 
-@register("ckpt_prune")
+@OPERATIONS.declare("ckpt_prune", scope=Scope.CATALOG)
 def _op_prune(tx: Tx, q: Queries, a: Args) -> Result:
     thread = _arg_text(a, "thread_id")
     strategy = a.get("strategy")

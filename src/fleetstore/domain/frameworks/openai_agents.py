@@ -47,24 +47,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
+from fleetstore.core.validate import ROLES_MAX, check_text, dump_json
 from fleetstore.domain.codec import encode_parts
 from fleetstore.domain.history import LISTING_SYNC_WAIT, messages_from_rows
-from fleetstore.domain.operations import (
-    REGISTRY,
-    ROLES_MAX,
-    Args,
-    Operation,
-    Queries,
-    Result,
-    check_text,
-    dump_json,
-    register,
-)
+from fleetstore.domain.history_ops import append_message, create_session
+from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Message, Text
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
+
+OPERATIONS = Declarations()
 
 #: The session metadata key that marks (and names) an SDK session.
 META_KEY: Final = "openai_agents"
@@ -226,7 +220,7 @@ def _last_message(tx: Tx, q: Queries, sid: str) -> str | None:
     return str(rows[0][0]) if rows else None
 
 
-@register("agt_add_items")
+@OPERATIONS.declare("agt_add_items", scope=Scope.SESSION, creates="session_id")
 def _add_items(tx: Tx, q: Queries, a: Args) -> Result:
     sid = _arg_id(a, "session_id")
     agents_sid = check_session_id(a.get("agents_session_id"))
@@ -236,7 +230,7 @@ def _add_items(tx: Tx, q: Queries, a: Args) -> Result:
         raise errors.InvalidInput("messages must be a non-empty list")
     if not tx.execute(q["session_exists"], (sid,)):
         create = {"id": sid, "metadata": {META_KEY: {"session_id": agents_sid}}}
-        REGISTRY["create_session"].fn(tx, q, {**create, "created_at": now, "now": a["now"]})
+        create_session(tx, q, {**create, "created_at": now, "now": a["now"]})
     if "expect_last" in a:
         # An importer appends only after the items it found: never after someone else's.
         last, expected = _last_message(tx, q, sid), a["expect_last"]
@@ -244,17 +238,16 @@ def _add_items(tx: Tx, q: Queries, a: Args) -> Result:
             raise errors.VersionConflict(
                 f"session {agents_sid!r} ends with message {last!r}, not {expected!r}"
             )
-    append = REGISTRY["append_message"].fn
     added = 0
     for m in messages:
         if not isinstance(m, dict):
             raise errors.InvalidInput("each message must be an object")
-        result = append(tx, q, {**m, "session_id": sid, "now": a["now"]})
+        result = append_message(tx, q, {**m, "session_id": sid, "now": a["now"]})
         added += not result.get("duplicate")
     return {"session_id": sid, "added": added}
 
 
-@register("agt_pop_item")
+@OPERATIONS.declare("agt_pop_item", scope=Scope.SESSION)
 def _pop_item(tx: Tx, q: Queries, a: Args) -> Result:
     sid = _arg_id(a, "session_id")
     mid = _arg_id(a, "message_id")
@@ -266,7 +259,7 @@ def _pop_item(tx: Tx, q: Queries, a: Args) -> Result:
     return {"id": mid}
 
 
-@register("agt_clear_session")
+@OPERATIONS.declare("agt_clear_session", scope=Scope.SESSION)
 def _clear_session(tx: Tx, q: Queries, a: Args) -> Result:
     sid = _arg_id(a, "session_id")
     if not tx.execute(q["session_exists"], (sid,)):

@@ -45,9 +45,10 @@ from pydantic import ValidationError
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id, new_id
+from fleetstore.core.validate import dump_json
 from fleetstore.domain.codec import decode_value, encode_payload
 from fleetstore.domain.frameworks.adk import adk_fs_id, adk_message_id
-from fleetstore.domain.operations import Operation, dump_json
+from fleetstore.domain.operations import Operation
 from fleetstore.engine import inspect
 from fleetstore.engine.base import Tx
 from fleetstore.integrations.adk import _text_of

@@ -1,0 +1,5 @@
+"""The package's version (``fleetstore --version``, export file headers)."""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,302 @@
+"""The operations of session history: sessions (create, fork, update, archive,
+delete) and messages (append, stream chunks, parts, finish), as applied inside
+the write transaction.  Arguments are checked here again (spool journals and
+export files are input too); ids come from the client, so a retry names the
+same rows (docs/design.md, "Operations and exactly-once")."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fleetstore import errors
+from fleetstore.core.ids import derived_id
+from fleetstore.core.validate import (
+    MAX_TEXT,
+    ROLES_MAX,
+    arg_id,
+    arg_int,
+    arg_meta,
+    arg_str,
+    arg_time,
+    dump_json,
+)
+from fleetstore.domain.codec import encoded_body
+from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
+from fleetstore.engine.base import Tx
+from fleetstore.models import PART_KINDS, STREAMED_KINDS, USAGE_FIELDS
+
+OPERATIONS = Declarations()
+
+
+def session_row(tx: Tx, q: Queries, session_id: str) -> tuple[Any, ...]:
+    rows = tx.execute(q["session_for_write"], (session_id,))
+    if not rows:
+        raise errors.NotFound(f"no session {session_id!r}")
+    return rows[0]
+
+
+# -- sessions --------------------------------------------------------------------------------
+
+
+@OPERATIONS.declare(
+    "create_session", scope=Scope.TREE, session_args=("parent_id", "id"), creates="id"
+)
+def create_session(tx: Tx, q: Queries, a: Args) -> Result:
+    sid = arg_id(a, "id")
+    parent = arg_id(a, "parent_id", optional=True)
+    project = arg_str(a, "project")
+    title = arg_str(a, "title")
+    metadata = arg_meta(a)
+    now = arg_time(a, "created_at")
+    existing = tx.execute(q["session_identity"], (sid,))
+    if existing:
+        if existing[0] == (parent, project, title, metadata):
+            return {"id": sid}  # the same create, retried under a new op id
+        raise errors.AlreadyExists(f"session {sid!r} already exists with other contents")
+    root = sid
+    if parent is not None:
+        root = session_row(tx, q, parent)[1]
+    tx.execute(
+        q["session_insert"], (sid, parent, root, None, None, project, title, metadata, now, now)
+    )
+    return {"id": sid}
+
+
+@OPERATIONS.declare("update_session", scope=Scope.TREE, session_args=("id",))
+def update_session(tx: Tx, q: Queries, a: Args) -> Result:
+    sid = arg_id(a, "id")
+    expected = arg_int(a, "expected_version", minimum=1)
+    row = session_row(tx, q, sid)
+    version = row[2]
+    if expected is not None and expected != version:
+        raise errors.VersionConflict(
+            f"session {sid!r} is at version {version}, not {expected}", expected, version
+        )
+    title = arg_str(a, "title") if "title" in a else row[3]
+    metadata = arg_meta(a) if "metadata" in a else row[4]
+    tx.execute(q["session_update"], (title, metadata, arg_time(a, "now"), sid))
+    return {"id": sid, "version": version + 1}
+
+
+@OPERATIONS.declare("archive_session", scope=Scope.TREE, session_args=("id",))
+def archive_session(tx: Tx, q: Queries, a: Args) -> Result:
+    sid = arg_id(a, "id")
+    archived = a.get("archived", True)
+    if not isinstance(archived, bool):
+        raise errors.InvalidInput("archived must be true or false")
+    session_row(tx, q, sid)
+    now = arg_time(a, "now")
+    tx.execute(
+        q["session_archive"],
+        ("archived" if archived else "active", now if archived else None, now, sid),
+    )
+    return {"id": sid}
+
+
+@OPERATIONS.declare("delete_session", scope=Scope.TREE, session_args=("id",))
+def delete_session(tx: Tx, q: Queries, a: Args) -> Result:
+    sid = arg_id(a, "id")
+    session_row(tx, q, sid)
+    # Subagent sessions go with their parent (ON DELETE CASCADE on parent_id).
+    tx.execute(q["session_delete"], (sid,))
+    return {"id": sid}
+
+
+@OPERATIONS.declare("fork_session", scope=Scope.TREE, session_args=("source_id",), creates="id")
+def fork_session(tx: Tx, q: Queries, a: Args) -> Result:
+    sid = arg_id(a, "id")
+    source = arg_id(a, "source_id")
+    at_seq = arg_int(a, "at_seq", minimum=0)
+    title = arg_str(a, "title")
+    now = arg_time(a, "created_at")
+    src = session_row(tx, q, source)
+    last = tx.execute(q["message_last_seq"], (source,))[0][0]
+    if at_seq is None:
+        at_seq = last
+    elif at_seq > last:
+        raise errors.NotFound(f"session {source!r} has no message {at_seq} (it has {last})")
+    existing = tx.execute(q["session_fork_origin"], (sid,))
+    if existing:
+        if existing[0] == (source, at_seq):
+            return {"id": sid, "fork_seq": at_seq, "duplicate": True}  # the same fork, retried
+        raise errors.AlreadyExists(f"session {sid!r} already exists")
+    src_parent, src_root, src_project, src_title, src_meta = src[5], src[1], src[6], src[3], src[4]
+    # A fork stays in its source's tree (same parent_id and root_id): the tree is
+    # the unit a sharded store keeps in one file, and a fork shares its blobs.
+    root = src_root
+    tx.execute(
+        q["session_insert"],
+        (
+            sid,
+            src_parent,
+            root,
+            source,
+            at_seq,
+            src_project,
+            title if title is not None else src_title,
+            src_meta,
+            now,
+            now,
+        ),
+    )
+    for (old_id,) in tx.execute(q["fork_message_ids"], (source, at_seq)):
+        new = derived_id("fork", sid, old_id)
+        tx.execute(q["fork_copy_message"], (new, sid, old_id))
+        tx.execute(q["fork_copy_parts"], (new, sid, old_id))
+        tx.execute(q["fork_copy_chunks"], (new, old_id))
+        tx.execute(q["fork_copy_usage"], (new, sid, old_id))
+    return {"id": sid, "fork_seq": at_seq}
+
+
+# -- messages --------------------------------------------------------------------------------
+
+
+def _part_meta(part: Args, what: str) -> str:
+    meta = part.get("meta")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise errors.InvalidInput(f"{what}: meta must be an object")
+    return dump_json(meta, f"{what} metadata")
+
+
+def _insert_part(
+    tx: Tx, q: Queries, message_id: str, session_id: str, seq: int, part: object, now: float
+) -> None:
+    what = f"part {seq} of message {message_id}"
+    if not isinstance(part, dict):
+        raise errors.InvalidInput(f"{what}: must be an object")
+    kind = part.get("kind")
+    if kind not in PART_KINDS:
+        raise errors.InvalidInput(
+            f"{what}: unknown part kind {kind!r}; known: {', '.join(PART_KINDS)}"
+        )
+    enc, body, sha, size = encoded_body(tx, q, part, what, now)
+    tx.execute(
+        q["part_insert"],
+        (message_id, seq, session_id, kind, _part_meta(part, what), enc, body, sha, size),
+    )
+
+
+def _usage(
+    tx: Tx, q: Queries, message_id: str, session_id: str, model: str | None, usage: object
+) -> None:
+    if usage is None:
+        return
+    if not isinstance(usage, dict):
+        raise errors.InvalidInput("usage must be an object")
+    unknown = set(usage) - set(USAGE_FIELDS)
+    if unknown:
+        raise errors.InvalidInput(f"usage has unknown fields: {', '.join(sorted(unknown))}")
+    counts = [arg_int(usage, f) or 0 for f in USAGE_FIELDS if f != "cost"]
+    cost = usage.get("cost", 0.0)
+    if (
+        not isinstance(cost, int | float)
+        or isinstance(cost, bool)
+        or not math.isfinite(cost)
+        or cost < 0
+    ):
+        raise errors.InvalidInput(f"usage cost must be a number >= 0, not {cost!r}")
+    tx.execute(q["usage_upsert"], (message_id, session_id, model, *counts, float(cost)))
+
+
+@OPERATIONS.declare("append_message", scope=Scope.SESSION)
+def append_message(tx: Tx, q: Queries, a: Args) -> Result:
+    mid = arg_id(a, "id")
+    sid = arg_id(a, "session_id")
+    role = arg_str(a, "role", optional=False, limit=ROLES_MAX)
+    if not role:
+        raise errors.InvalidInput("role must not be empty")
+    status = a.get("status", "complete")
+    if status not in ("complete", "streaming"):
+        raise errors.InvalidInput(f"a new message is 'complete' or 'streaming', not {status!r}")
+    model = arg_str(a, "model", limit=256)
+    metadata = arg_meta(a)
+    parts = a.get("parts")
+    if parts is None:
+        parts = []
+    if not isinstance(parts, list):
+        raise errors.InvalidInput("parts must be a list")
+    now = arg_time(a, "created_at")
+    existing = tx.execute(q["message_identity"], (mid,))
+    if existing:
+        if existing[0][0] == sid:
+            return {"id": mid, "seq": existing[0][1], "duplicate": True}
+        raise errors.AlreadyExists(f"message {mid!r} already exists in another session")
+    session_row(tx, q, sid)
+    seq = tx.execute(q["message_last_seq"], (sid,))[0][0] + 1
+    tx.execute(
+        q["message_insert"],
+        (mid, sid, seq, role, status, model, metadata, now, now if status == "complete" else None),
+    )
+    for i, part in enumerate(parts):
+        _insert_part(tx, q, mid, sid, i, part, now)
+    _usage(tx, q, mid, sid, model, a.get("usage"))
+    tx.execute(q["session_touch"], (now, sid))
+    return {"id": mid, "seq": seq, "created_at": now}
+
+
+def _streaming_message(tx: Tx, q: Queries, mid: str, sid: str) -> str:
+    rows = tx.execute(q["message_identity"], (mid,))
+    if not rows or rows[0][0] != sid:
+        raise errors.NotFound(f"no message {mid!r} in session {sid!r}")
+    return str(rows[0][2])
+
+
+@OPERATIONS.declare("append_chunks", scope=Scope.SESSION, logged=False)
+def append_chunks(tx: Tx, q: Queries, a: Args) -> Result:
+    """Streamed text: each chunk is a new row keyed (message, part, seq), so a
+    replay inserts nothing and no part is ever rewritten whole."""
+    mid = arg_id(a, "message_id")
+    sid = arg_id(a, "session_id")
+    chunks = a.get("chunks")
+    if not isinstance(chunks, list) or not chunks:
+        raise errors.InvalidInput("chunks must be a non-empty list")
+    if _streaming_message(tx, q, mid, sid) != "streaming":
+        return {"duplicate": True}  # the message was finished: this is a replay
+    for c in chunks:
+        if not isinstance(c, dict):
+            raise errors.InvalidInput("each chunk must be an object")
+        part_seq = arg_int(c, "part_seq", optional=False)
+        seq = arg_int(c, "seq", optional=False)
+        kind = c.get("kind")
+        if kind not in STREAMED_KINDS:
+            raise errors.InvalidInput(
+                f"only {' and '.join(STREAMED_KINDS)} parts stream, not {kind!r}"
+            )
+        text = arg_str(c, "text", optional=False, limit=MAX_TEXT)
+        tx.execute(q["part_insert_streamed"], (mid, part_seq, sid, kind))
+        tx.execute(q["chunk_insert"], (mid, part_seq, seq, text))
+    return {"id": mid}
+
+
+@OPERATIONS.declare("add_part", scope=Scope.SESSION, logged=False)
+def add_part(tx: Tx, q: Queries, a: Args) -> Result:
+    mid = arg_id(a, "message_id")
+    sid = arg_id(a, "session_id")
+    seq = arg_int(a, "seq", optional=False)
+    if _streaming_message(tx, q, mid, sid) != "streaming":
+        return {"duplicate": True}
+    if tx.execute(q["part_exists"], (mid, seq)):
+        return {"duplicate": True}
+    _insert_part(tx, q, mid, sid, seq, a.get("part"), arg_time(a, "now"))
+    return {"id": mid}
+
+
+@OPERATIONS.declare("finish_message", scope=Scope.SESSION)
+def finish_message(tx: Tx, q: Queries, a: Args) -> Result:
+    mid = arg_id(a, "message_id")
+    sid = arg_id(a, "session_id")
+    status = a.get("status")
+    if status not in ("complete", "error"):
+        raise errors.InvalidInput(f"a message finishes 'complete' or 'error', not {status!r}")
+    error = arg_str(a, "error", limit=64 * 1024)
+    now = arg_time(a, "now")
+    if _streaming_message(tx, q, mid, sid) != "streaming":
+        return {"duplicate": True}
+    model = tx.execute(q["message_model"], (mid,))[0][0]
+    _usage(tx, q, mid, sid, model, a.get("usage"))
+    tx.execute(q["message_finish"], (status, error, now, mid))
+    tx.execute(q["session_touch"], (now, sid))
+    return {"id": mid}

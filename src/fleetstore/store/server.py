@@ -1,0 +1,51 @@
+"""The PostgreSQL layout: one database on a server (``postgresql://...``), its blobs
+in ``blob_chunks`` rows so that every host sees them; this host's spool and
+published figures live under the data directory (``core/targets.local_base``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+from fleetstore import errors
+from fleetstore.core.settings import Settings
+from fleetstore.core.targets import local_base, redact
+from fleetstore.domain.blobs import DbBlobStore
+from fleetstore.engine.base import Engine
+from fleetstore.store.backend import OneDatabase, migrations
+
+
+class ServerBackend(OneDatabase):
+    """A PostgreSQL database shared by every host of the fleet."""
+
+    layout = "server"
+
+    def __init__(
+        self, db: Engine, queries: Mapping[str, str], settings: Settings, local: Path
+    ) -> None:
+        super().__init__(db, queries, local)
+        self.blobs = DbBlobStore(db, queries, settings.max_payload_bytes)
+
+
+def open_server(url: str, settings: Settings, queries: Mapping[str, str]) -> ServerBackend:
+    """Connect to (and migrate if needed) the PostgreSQL store at *url*."""
+    try:
+        from fleetstore.engine.postgres import PgDatabase  # an extra: fleetstore[postgres]
+    except ImportError as exc:
+        raise errors.ConfigError(
+            f"{redact(url)}: PostgreSQL stores need psycopg: "
+            f"pip install 'fleetstore[postgres]' ({exc})"
+        ) from exc
+
+    pg = PgDatabase.open(url, migrations("postgresql"), **dataclasses.asdict(settings))
+    try:
+        local = local_base(url, settings)
+        local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return ServerBackend(pg, queries, settings, local)
+    except BaseException:
+        pg.close()
+        raise
+
+
+__all__ = ["ServerBackend", "open_server"]

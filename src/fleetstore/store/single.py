@@ -1,0 +1,35 @@
+"""The default layout: one SQLite file, its blob files in ``<file>.blobs/``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+from fleetstore.core.settings import Settings
+from fleetstore.domain.blobs import BlobStore
+from fleetstore.engine.sqlite import Database
+from fleetstore.store.backend import OneDatabase, migrations
+
+
+class FileBackend(OneDatabase):
+    """One SQLite file (``fleetstore.open("path/to/store.db")``)."""
+
+    layout = "file"
+
+    def __init__(self, db: Database, queries: Mapping[str, str], settings: Settings) -> None:
+        super().__init__(db, queries, Path(db.path))
+        self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
+
+
+def open_file(path: Path, settings: Settings, queries: Mapping[str, str]) -> FileBackend:
+    """Open (creating and migrating if needed) the store file at *path*."""
+    db = Database.open(path, migrations(), **dataclasses.asdict(settings))
+    try:
+        return FileBackend(db, queries, settings)
+    except BaseException:
+        db.close()
+        raise
+
+
+__all__ = ["FileBackend", "open_file"]
