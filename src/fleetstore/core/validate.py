@@ -2,8 +2,13 @@
 
 Operations are checked inside their transaction (they also arrive from spool
 journals and export files), and the Python API checks the same arguments before
-anything is written; both use these functions, so a value accepted by one path
-is accepted by every other.  A bad value raises ``InvalidInput`` naming it.
+anything is written; both use these functions, so a value accepted by one path is
+accepted by every other and stored by either engine.  A bad value raises
+``InvalidInput`` naming it; a check never lets a raw ``TypeError``,
+``OverflowError`` or ``UnicodeEncodeError`` out.
+
+``check_*`` take a value and what to call it; ``arg_*`` take an operation's
+arguments and a key (the key names the value in the message).
 """
 
 from __future__ import annotations
@@ -18,30 +23,21 @@ from fleetstore.core.ids import is_valid_id
 
 Args = Mapping[str, Any]
 
+#: The largest integer either engine stores (SQLite INTEGER, PostgreSQL BIGINT).
+INT_MAX = 2**63 - 1
 #: One inline string (far above blob_threshold).
 MAX_TEXT = 64 * 1024 * 1024
+#: A short string argument (a title, a project, a namespace), unless said otherwise.
+MAX_SHORT = 4096
 #: A message role ("user", "assistant", "tool", ...).
 ROLES_MAX = 64
+#: A state value's key and namespace (the framework adapters keep their keys there too).
+STATE_KEY_MAX = 1024
+STATE_NAMESPACE_MAX = 256
 
 
-def arg_id(args: Args, key: str, optional: bool = False) -> Any:
-    value = args.get(key)
-    if value is None and optional:
-        return None
-    if not is_valid_id(value):
-        raise errors.InvalidInput(
-            f"{key} must be an id (a short string without '/'), not {value!r}"
-        )
-    return value
-
-
-def arg_str(args: Args, key: str, optional: bool = True, limit: int = 4096) -> Any:
-    value = args.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or len(value) > limit:
-        raise errors.InvalidInput(f"{key} must be a string of at most {limit} characters")
-    return check_text(value, key)
+def _show(value: object) -> str:
+    return repr(value) if not isinstance(value, str | bytes) else repr(value[:80])
 
 
 def check_text(value: str, what: str) -> str:
@@ -56,50 +52,179 @@ def check_text(value: str, what: str) -> str:
     return value
 
 
-def arg_int(args: Args, key: str, optional: bool = True, minimum: int = 0) -> Any:
-    value = args.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise errors.InvalidInput(f"{key} must be an integer >= {minimum}, not {value!r}")
+def check_id(value: object, what: str) -> str:
+    """An id: a non-empty string of at most 128 characters without '/' or control
+    characters (``core/ids.is_valid_id``)."""
+    if not is_valid_id(value):
+        raise errors.InvalidInput(
+            f"{what} must be an id (a short string without '/'), not {_show(value)}"
+        )
+    return str(value)
+
+
+def check_opt_id(value: object, what: str) -> str | None:
+    """An id, or None."""
+    return None if value is None else check_id(value, what)
+
+
+def check_str(value: object, what: str, *, limit: int = MAX_SHORT, empty: bool = True) -> str:
+    """A string of at most *limit* characters (and not empty unless *empty*)."""
+    if not isinstance(value, str) or len(value) > limit or (not empty and not value):
+        size = f"{'a non-empty' if not empty else 'a'} string of at most {limit} characters"
+        raise errors.InvalidInput(f"{what} must be {size}, not {_show(value)}")
+    return check_text(value, what)
+
+
+def check_opt_str(value: object, what: str, limit: int = MAX_SHORT) -> str | None:
+    """A string of at most *limit* characters, or None."""
+    return None if value is None else check_str(value, what, limit=limit)
+
+
+def check_int(value: object, what: str, *, minimum: int = 0, maximum: int = INT_MAX) -> int:
+    """An integer (not a bool) from *minimum* to *maximum* (at most 2**63-1)."""
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not minimum <= value <= min(maximum, INT_MAX)
+    ):
+        top = "2**63-1" if maximum >= INT_MAX else str(maximum)
+        raise errors.InvalidInput(
+            f"{what} must be an integer from {minimum} to {top}, not {_show(value)}"
+        )
     return value
 
 
-def arg_time(args: Args, key: str) -> float:
-    value = args.get(key, args["now"])
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise errors.InvalidInput(f"{key} must be a time in seconds, not {value!r}")
+def check_number(
+    value: object, what: str, *, minimum: float = -math.inf, maximum: float = math.inf
+) -> float:
+    """A finite number (int or float, not a bool) from *minimum* to *maximum*."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not minimum <= value <= maximum
+    ):
+        span = "" if math.isinf(minimum) and math.isinf(maximum) else f" in [{minimum}, {maximum}]"
+        raise errors.InvalidInput(f"{what} must be a finite number{span}, not {_show(value)}")
     return float(value)
+
+
+def check_time(value: object, what: str) -> float:
+    """A time in seconds since the epoch (any finite number)."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise errors.InvalidInput(f"{what} must be a time in seconds, not {_show(value)}")
+    return float(value)
+
+
+def check_bool(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise errors.InvalidInput(f"{what} must be true or false, not {_show(value)}")
+    return value
+
+
+def check_object(value: object, what: str) -> dict[str, Any]:
+    """A JSON object (a dict with string keys)."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise errors.InvalidInput(
+            f"{what} must be a JSON object (a dict with string keys), not {type(value).__name__}"
+        )
+    return value
+
+
+def object_json(value: object, what: str) -> str:
+    """The JSON text of a JSON object value (``check_object``, then ``dump_json``)."""
+    return dump_json(check_object(value, what), what)
 
 
 def dump_json(value: object, what: str) -> str:
     """JSON text for *value*, or ``InvalidInput`` naming *what* could not be stored."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise errors.InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
     return check_text(text, what)
 
 
-def arg_meta(args: Args, key: str = "metadata") -> str:
+# -- an operation's arguments ---------------------------------------------------------------
+
+
+def arg_id(args: Args, key: str, optional: bool = False) -> Any:
     value = args.get(key)
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise errors.InvalidInput(
-            f"{key} must be a JSON object (a dict), not {type(value).__name__}"
-        )
-    return dump_json(value, key)
+    if value is None and optional:
+        return None
+    return check_id(value, key)
+
+
+def arg_str(
+    args: Args, key: str, optional: bool = True, limit: int = MAX_SHORT, empty: bool = True
+) -> Any:
+    value = args.get(key)
+    if value is None and optional:
+        return None
+    return check_str(value, key, limit=limit, empty=empty)
+
+
+def arg_int(
+    args: Args,
+    key: str,
+    optional: bool = True,
+    minimum: int = 0,
+    maximum: int = INT_MAX,
+    default: int | None = None,
+) -> Any:
+    value = args.get(key, default)
+    if value is None and optional:
+        return None
+    return check_int(value, key, minimum=minimum, maximum=maximum)
+
+
+def arg_number(args: Args, key: str, default: float, minimum: float, maximum: float) -> float:
+    return check_number(args.get(key, default), key, minimum=minimum, maximum=maximum)
+
+
+def arg_time(args: Args, key: str) -> float:
+    """*key*'s time, by default the operation's ``now``."""
+    return check_time(args.get(key, args["now"]), key)
+
+
+def arg_when(args: Args, key: str, optional: bool = False) -> Any:
+    """A time argument with no default."""
+    value = args.get(key)
+    if value is None and optional:
+        return None
+    return check_time(value, key)
+
+
+def arg_meta(args: Args, key: str = "metadata") -> str:
+    """A JSON object argument (None: ``{}``) as the JSON text to store."""
+    value = args.get(key)
+    return object_json({} if value is None else value, key)
 
 
 __all__ = [
+    "INT_MAX",
+    "MAX_SHORT",
     "MAX_TEXT",
     "ROLES_MAX",
+    "STATE_KEY_MAX",
+    "STATE_NAMESPACE_MAX",
     "arg_id",
     "arg_int",
     "arg_meta",
+    "arg_number",
     "arg_str",
     "arg_time",
+    "arg_when",
+    "check_bool",
+    "check_id",
+    "check_int",
+    "check_number",
+    "check_object",
+    "check_opt_id",
+    "check_opt_str",
+    "check_str",
     "check_text",
+    "check_time",
     "dump_json",
+    "object_json",
 ]

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
-from fleetstore.core.ids import is_valid_id, new_id
-from fleetstore.core.validate import ROLES_MAX, check_text, dump_json
+from fleetstore.core.ids import new_id
+from fleetstore.core.validate import ROLES_MAX, check_id, check_str, check_text, dump_json
 from fleetstore.domain.codec import decode_part, encode_part, encode_parts
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import effects_args
@@ -75,22 +75,6 @@ def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None
 def effects_arg(store: StorePort, effects: Sequence[NewEffect]) -> list[dict[str, Any]] | None:
     """The ``effects`` argument of an operation: the effects that commit with it."""
     return effects_args(store, effects)
-
-
-def _check_role(role: object) -> None:
-    if not isinstance(role, str) or not 0 < len(role) <= ROLES_MAX:
-        raise errors.InvalidInput(
-            f"role must be a non-empty string of at most {ROLES_MAX} characters, not {role!r}"
-        )
-    check_text(role, "role")
-
-
-def _check_id(value: object, what: str) -> str:
-    if not is_valid_id(value):
-        raise errors.InvalidInput(
-            f"{what} must be an id (a short string without '/'), not {value!r}"
-        )
-    return str(value)
 
 
 def _metadata(value: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -176,9 +160,9 @@ class Sessions:
     ) -> Session:
         """A new session; with *parent_id*, a subagent's session in its parent's tree.
         *effects* are enqueued in the same transaction (the transactional outbox)."""
-        sid = new_id() if id is None else _check_id(id, "id")
+        sid = new_id() if id is None else check_id(id, "id")
         if parent_id is not None:
-            _check_id(parent_id, "parent_id")
+            check_id(parent_id, "parent_id")
         meta = _metadata(metadata)
         now = time.time()
         args: dict[str, Any] = {
@@ -260,7 +244,7 @@ class Sessions:
         """Change the title and/or metadata; with *expected_version*, only if
         nobody changed the session since (``VersionConflict``).  *effects* are
         enqueued in the same transaction.  Never spooled (see ``_unspooled``)."""
-        args: dict[str, Any] = {"id": _check_id(session_id, "session_id")}
+        args: dict[str, Any] = {"id": check_id(session_id, "session_id")}
         if title is not None:
             args["title"] = title
         if metadata is not None:
@@ -281,7 +265,7 @@ class Sessions:
     ) -> Session:
         """A new session holding a copy of *session_id*'s messages up to and
         including *at_message_id* (all of them by default).  Never spooled."""
-        new = new_id() if id is None else _check_id(id, "id")
+        new = new_id() if id is None else check_id(id, "id")
         at_seq = None
         if at_message_id is not None:
             # Only its seq: reading the whole message would read (and verify) its blobs.
@@ -296,7 +280,7 @@ class Sessions:
             at_seq = found[0][1]
         args = {
             "id": new,
-            "source_id": _check_id(session_id, "session_id"),
+            "source_id": check_id(session_id, "session_id"),
             "at_seq": at_seq,
             "title": title,
             "created_at": time.time(),
@@ -306,12 +290,12 @@ class Sessions:
     def archive(self, session_id: str, archived: bool = True) -> Session:
         """Archive a session (``archived=False`` restores it); its history is kept.
         Never spooled."""
-        args = {"id": _check_id(session_id, "session_id"), "archived": archived}
+        args = {"id": check_id(session_id, "session_id"), "archived": archived}
         return self._unspooled(Operation("archive_session", args, new_id()), session_id)
 
     def delete(self, session_id: str) -> None:
         """Delete a session with its subagent sessions, messages, parts, usage and state."""
-        args = {"id": _check_id(session_id, "session_id")}
+        args = {"id": check_id(session_id, "session_id")}
         self._store.submit(Operation("delete_session", args, new_id()))
 
     def usage(self, session_id: str) -> Usage:
@@ -357,9 +341,9 @@ class Messages:
         """Append a whole message.  *parts* may be a string (one ``Text`` part).
         Appending the same *id* again returns the stored message and writes nothing.
         *effects* are enqueued in the same transaction (the transactional outbox)."""
-        mid = new_id() if id is None else _check_id(id, "id")
-        _check_id(session_id, "session_id")
-        _check_role(role)
+        mid = new_id() if id is None else check_id(id, "id")
+        check_id(session_id, "session_id")
+        check_str(role, "role", limit=ROLES_MAX, empty=False)
         meta = _metadata(metadata)
         usage_dict = usage_args(usage)
         if isinstance(parts, Mapping):
@@ -500,9 +484,9 @@ class Stream:
         id: str | None,
     ) -> None:
         self._store = store
-        self.session_id = _check_id(session_id, "session_id")
-        self.id = new_id() if id is None else _check_id(id, "id")
-        _check_role(role)
+        self.session_id = check_id(session_id, "session_id")
+        self.id = new_id() if id is None else check_id(id, "id")
+        check_str(role, "role", limit=ROLES_MAX, empty=False)
         self.role = role
         self.model = model
         self._metadata = _metadata(metadata)

@@ -20,8 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.core.ids import is_valid_id
-from fleetstore.core.validate import MAX_TEXT, dump_json
+from fleetstore.core.validate import (
+    MAX_TEXT,
+    check_id,
+    check_int,
+    check_opt_id,
+    check_opt_str,
+    check_time,
+    object_json,
+)
 from fleetstore.domain.codec import encoded_body
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
 from fleetstore.engine.base import Tx
@@ -46,44 +53,6 @@ def _fields(a: Args, what: str, required: Sequence[str], optional: Sequence[str]
     missing = [k for k in required if k not in a]
     if missing:
         raise errors.InvalidInput(f"{what}: missing field(s) {', '.join(missing)}")
-
-
-def _id(value: object, what: str) -> str:
-    if not is_valid_id(value):
-        raise errors.InvalidInput(f"{what} must be an id, not {str(value)[:80]!r}")
-    return str(value)
-
-
-def _opt_id(value: object, what: str) -> str | None:
-    return None if value is None else _id(value, what)
-
-
-def _text(value: object, what: str, limit: int) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) > limit:
-        raise errors.InvalidInput(f"{what} must be a string of at most {limit} characters")
-    return value
-
-
-def check_int(value: object, what: str, minimum: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= INT_MAX:
-        raise errors.InvalidInput(
-            f"{what} must be an integer from {minimum} to 2**63-1, not {str(value)[:80]}"
-        )
-    return value
-
-
-def _time(value: object, what: str) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise errors.InvalidInput(f"{what} must be a time in seconds, not {str(value)[:80]}")
-    return float(value)
-
-
-def _object(value: object, what: str) -> str:
-    if not isinstance(value, dict):
-        raise errors.InvalidInput(f"{what} must be a JSON object")
-    return dump_json(value, what)
 
 
 class _DryTx:
@@ -207,10 +176,10 @@ SESSION_FIELDS = (
 
 def _parse_session(a: Args) -> SessionIn:
     _fields(a, "import_session", SESSION_FIELDS)
-    sid = _id(a["id"], "id")
+    sid = check_id(a["id"], "id")
     what = f"session {sid}"
-    parent = _opt_id(a["parent_id"], f"{what}: parent_id")
-    root = _id(a["root_id"], f"{what}: root_id")
+    parent = check_opt_id(a["parent_id"], f"{what}: parent_id")
+    root = check_id(a["root_id"], f"{what}: root_id")
     if parent is None and root != sid and a["forked_from"] is None:
         # (A fork of a top-level session has no parent but stays in its source's tree.)
         raise errors.InvalidInput(
@@ -229,16 +198,18 @@ def _parse_session(a: Args) -> SessionIn:
         id=sid,
         parent_id=parent,
         root_id=root,
-        forked_from=_opt_id(a["forked_from"], f"{what}: forked_from"),
+        forked_from=check_opt_id(a["forked_from"], f"{what}: forked_from"),
         fork_seq=None if fork_seq is None else check_int(fork_seq, f"{what}: fork_seq"),
-        project=_text(a["project"], f"{what}: project", 4096),
-        title=_text(a["title"], f"{what}: title", 4096),
+        project=check_opt_str(a["project"], f"{what}: project", 4096),
+        title=check_opt_str(a["title"], f"{what}: title", 4096),
         status=status,
-        metadata=_object(a["metadata"], f"{what}: metadata"),
-        created_at=_time(a["created_at"], f"{what}: created_at"),
-        updated_at=_time(a["updated_at"], f"{what}: updated_at"),
-        archived_at=None if archived_at is None else _time(archived_at, f"{what}: archived_at"),
-        version=check_int(a["version"], f"{what}: version", 1),
+        metadata=object_json(a["metadata"], f"{what}: metadata"),
+        created_at=check_time(a["created_at"], f"{what}: created_at"),
+        updated_at=check_time(a["updated_at"], f"{what}: updated_at"),
+        archived_at=None
+        if archived_at is None
+        else check_time(archived_at, f"{what}: archived_at"),
+        version=check_int(a["version"], f"{what}: version", minimum=1),
     )
 
 
@@ -259,7 +230,7 @@ def _parse_part(p: object, message_id: str) -> PartIn:
     kind = p.get("kind")
     if kind not in PART_KINDS:
         raise errors.InvalidInput(f"{what}: unknown part kind {str(kind)[:40]!r}")
-    meta = _object(p.get("meta"), f"{what}: meta")
+    meta = object_json(p.get("meta"), f"{what}: meta")
     if p.get("enc") != "chunks":
         return PartIn(seq, kind, meta, _payload(p, what, ("seq", "kind", "meta")), None)
     _fields(p, what, ("seq", "kind", "meta", "enc", "chunks"))
@@ -272,7 +243,7 @@ def _parse_part(p: object, message_id: str) -> PartIn:
     for c in raw:
         if not isinstance(c, list) or len(c) != 2:
             raise errors.InvalidInput(f"{what}: a chunk is [seq, text]")
-        text = _text(c[1], f"{what}: chunk text", MAX_TEXT)
+        text = check_opt_str(c[1], f"{what}: chunk text", MAX_TEXT)
         if text is None:
             raise errors.InvalidInput(f"{what}: a chunk's text must be a string")
         chunks.append((check_int(c[0], f"{what}: chunk seq"), text))
@@ -335,9 +306,9 @@ _MESSAGE_FIELDS = (
 
 def _parse_message(a: Args) -> MessageIn:
     _fields(a, "import_message", _MESSAGE_FIELDS)
-    mid = _id(a["id"], "id")
+    mid = check_id(a["id"], "id")
     what = f"message {mid}"
-    role = _text(a["role"], f"{what}: role", 64)
+    role = check_opt_str(a["role"], f"{what}: role", 64)
     if not role:
         raise errors.InvalidInput(f"{what}: role must be a non-empty string")
     status = a["status"]
@@ -346,15 +317,15 @@ def _parse_message(a: Args) -> MessageIn:
     completed = a["completed_at"]
     return MessageIn(
         id=mid,
-        session_id=_id(a["session_id"], f"{what}: session_id"),
-        seq=check_int(a["seq"], f"{what}: seq", 1),
+        session_id=check_id(a["session_id"], f"{what}: session_id"),
+        seq=check_int(a["seq"], f"{what}: seq", minimum=1),
         role=role,
         status=status,
-        model=_text(a["model"], f"{what}: model", 256),
-        metadata=_object(a["metadata"], f"{what}: metadata"),
-        error=_text(a["error"], f"{what}: error", 64 * 1024),
-        created_at=_time(a["created_at"], f"{what}: created_at"),
-        completed_at=None if completed is None else _time(completed, f"{what}: completed_at"),
+        model=check_opt_str(a["model"], f"{what}: model", 256),
+        metadata=object_json(a["metadata"], f"{what}: metadata"),
+        error=check_opt_str(a["error"], f"{what}: error", 64 * 1024),
+        created_at=check_time(a["created_at"], f"{what}: created_at"),
+        completed_at=None if completed is None else check_time(completed, f"{what}: completed_at"),
         usage=_parse_usage(a["usage"], what),
         parts=_parse_parts(a["parts"], mid),
     )
@@ -369,8 +340,8 @@ class PartsIn:
 
 def _parse_more_parts(a: Args) -> PartsIn:
     _fields(a, "import_parts", ("message_id", "session_id", "parts"))
-    mid = _id(a["message_id"], "message_id")
-    return PartsIn(mid, _id(a["session_id"], "session_id"), _parse_parts(a["parts"], mid))
+    mid = check_id(a["message_id"], "message_id")
+    return PartsIn(mid, check_id(a["session_id"], "session_id"), _parse_parts(a["parts"], mid))
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,9 +360,9 @@ class StateIn:
 
 def _parse_state(a: Args) -> StateIn:
     _fields(a, "import_state", ("session_id", "namespace", "key", "version", "updated_at", "value"))
-    sid = _id(a["session_id"], "session_id")
-    ns = _text(a["namespace"], "namespace", 256)
-    key = _text(a["key"], "key", 1024)
+    sid = check_id(a["session_id"], "session_id")
+    ns = check_opt_str(a["namespace"], "namespace", 256)
+    key = check_opt_str(a["key"], "key", 1024)
     if ns is None or key is None:
         raise errors.InvalidInput(f"state of session {sid}: namespace and key are strings")
     what = f"state {ns}/{key} of session {sid}"
@@ -405,8 +376,8 @@ def _parse_state(a: Args) -> StateIn:
         sid,
         ns,
         key,
-        check_int(a["version"], f"{what}: version", 1),
-        _time(a["updated_at"], f"{what}: updated_at"),
+        check_int(a["version"], f"{what}: version", minimum=1),
+        check_time(a["updated_at"], f"{what}: updated_at"),
         payload,
     )
 
@@ -668,7 +639,7 @@ def _apply_state(tx: Tx, q: Queries, s: StateIn, write: bool, now: float) -> str
 
 
 def _now(a: Args) -> float:
-    return _time(a.get("now", 0.0), "now")
+    return check_time(a.get("now", 0.0), "now")
 
 
 def run_import(tx: Tx, q: Queries, name: str, parsed: Any, write: bool, now: float) -> str:

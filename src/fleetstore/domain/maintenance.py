@@ -15,11 +15,11 @@ would grow the very table it prunes.  None is ever spooled (maintenance calls
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id
+from fleetstore.core.validate import arg_int, arg_when
 from fleetstore.domain.blobs import check_sha
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
 from fleetstore.engine.base import Tx
@@ -28,22 +28,6 @@ OPERATIONS = Declarations()
 
 #: Most rows one maintenance operation may touch.
 MAX_LIMIT = 100_000
-
-
-def _limit(a: Args) -> int:
-    value = a.get("limit")
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_LIMIT:
-        raise errors.InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}, not {value!r}")
-    return value
-
-
-def _horizon(a: Args, key: str, optional: bool = False) -> float | None:
-    value = a.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise errors.InvalidInput(f"{key} must be a time in seconds, not {value!r}")
-    return float(value)
 
 
 @OPERATIONS.declare("mnt_delete_tree", scope=Scope.TREE, session_args=("id",), logged=False)
@@ -57,8 +41,8 @@ def _delete_tree(tx: Tx, q: Queries, a: Args) -> Result:
     sid = a.get("id")
     if not is_valid_id(sid):
         raise errors.InvalidInput(f"id must be a session id, not {sid!r}")
-    limit = _limit(a)
-    before = _horizon(a, "written_before", optional=True)
+    limit = arg_int(a, "limit", False, 1, MAX_LIMIT)
+    before = arg_when(a, "written_before", optional=True)
     count, newest_session, newest_state = tx.execute(q["mnt_tree_freshness"], {"id": sid})[0]
     if not count:
         return {"id": sid, "messages": 0, "states": 0, "sessions": 0, "done": True, "gone": True}
@@ -136,17 +120,22 @@ def _prune_ops(tx: Tx, q: Queries, a: Args) -> Result:
     """Delete the ``applied_ops`` rows applied before ``applied_before`` among the next
     ``limit`` rows in key order after ``after`` and below ``below`` (operation ids are
     time-ordered, so ``below`` bounds the scan); returns the last key looked at."""
-    horizon = _horizon(a, "applied_before")
+    horizon = arg_when(a, "applied_before")
     after, below = a.get("after", ""), a.get("below")
     if not isinstance(after, str) or not isinstance(below, str):
         raise errors.InvalidInput("after and below must be strings (operation id bounds)")
-    rows = tx.execute(q["mnt_ops_page"], (after, below, _limit(a)))
+    rows = tx.execute(q["mnt_ops_page"], (after, below, arg_int(a, "limit", False, 1, MAX_LIMIT)))
     deleted = 0
     for op_id, applied_at in rows:
         if applied_at < horizon:
             deleted += len(tx.execute(q["mnt_ops_delete"], (op_id, horizon)))
     last: Any = rows[-1][0] if rows else None
-    return {"deleted": deleted, "scanned": len(rows), "last": last, "done": len(rows) < _limit(a)}
+    return {
+        "deleted": deleted,
+        "scanned": len(rows),
+        "last": last,
+        "done": len(rows) < arg_int(a, "limit", False, 1, MAX_LIMIT),
+    }
 
 
 __all__ = ["MAX_LIMIT", "blob_referrers", "referenced"]

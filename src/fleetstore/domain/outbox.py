@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +30,17 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
-from fleetstore.core.validate import check_text, dump_json
+from fleetstore.core.validate import (
+    arg_id,
+    arg_int,
+    arg_number,
+    arg_str,
+    check_int,
+    check_number,
+    check_str,
+    check_text,
+    dump_json,
+)
 from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
@@ -64,43 +73,6 @@ _OUTCOMES = ("succeeded", "retry", "dead", "cancelled", "release")
 # -- argument checks (inside the transaction: spooled ops are checked again) ---------------------
 
 
-def _text(a: Args, key: str, limit: int, optional: bool = False) -> Any:
-    value = a.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not 0 < len(value) <= limit:
-        raise errors.InvalidInput(f"{key} must be a non-empty string of at most {limit} characters")
-    return check_text(value, key)
-
-
-def _number(a: Args, key: str, default: float, lo: float, hi: float) -> float:
-    value = a.get(key, default)
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or not lo <= value <= hi
-    ):
-        raise errors.InvalidInput(
-            f"{key} must be a number of seconds in [{lo}, {hi}], not {value!r}"
-        )
-    return float(value)
-
-
-def _count(a: Args, key: str, default: int, lo: int, hi: int) -> int:
-    value = a.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise errors.InvalidInput(f"{key} must be an integer in [{lo}, {hi}], not {value!r}")
-    return value
-
-
-def _effect_id(a: Args) -> str:
-    value = a.get("id")
-    if not is_valid_id(value):
-        raise errors.InvalidInput(f"an effect id must be an id, not {value!r}")
-    return str(value)
-
-
 def _replay_safe(value: object) -> int | None:
     if value is None:
         return None
@@ -121,7 +93,7 @@ def _kinds_json(kinds: Iterable[str] | None) -> str | None:
         return None
     listed = sorted(set(kinds))
     for kind in listed:
-        _text({"kind": kind}, "kind", MAX_KIND)
+        check_str(kind, "kind", limit=MAX_KIND, empty=False)
     return json.dumps(listed)
 
 
@@ -131,12 +103,12 @@ def _kinds_json(kinds: Iterable[str] | None) -> str | None:
 def enqueue_in(tx: Tx, q: Queries, a: Args, now: float) -> Result:
     """Insert one effect (``enqueue_effect``'s arguments) in the transaction *tx*;
     history operations call this for their ``effects`` (the transactional outbox)."""
-    eid = _effect_id(a)
-    thread = _text(a, "thread_key", MAX_THREAD_KEY)
-    kind = _text(a, "kind", MAX_KIND)
-    key = _text(a, "idempotency_key", MAX_THREAD_KEY, optional=True)
-    delay = _number(a, "delay", 0.0, 0.0, MAX_DELAY)
-    max_attempts = _count(a, "max_attempts", DEFAULT_MAX_ATTEMPTS, 1, MAX_ATTEMPTS_LIMIT)
+    eid = arg_id(a, "id")
+    thread = arg_str(a, "thread_key", False, MAX_THREAD_KEY, empty=False)
+    kind = arg_str(a, "kind", False, MAX_KIND, empty=False)
+    key = arg_str(a, "idempotency_key", True, MAX_THREAD_KEY, empty=False)
+    delay = arg_number(a, "delay", 0.0, 0.0, MAX_DELAY)
+    max_attempts = arg_int(a, "max_attempts", False, 1, MAX_ATTEMPTS_LIMIT, DEFAULT_MAX_ATTEMPTS)
     safe = _replay_safe(a.get("replay_safe"))
     payload = a.get("payload")
     if not isinstance(payload, dict):
@@ -202,9 +174,9 @@ def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
         q["effect_claim"],
         {
             "claim_op": claim_op,
-            "owner": _text(a, "owner", 256),
-            "limit": _count(a, "limit", 1, 1, MAX_CLAIM),
-            "lease": _number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE),
+            "owner": arg_str(a, "owner", False, 256, empty=False),
+            "limit": arg_int(a, "limit", False, 1, MAX_CLAIM, 1),
+            "lease": arg_number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE),
             "kinds": a.get("kinds"),
             "now": float(a["now"]),
         },
@@ -214,14 +186,14 @@ def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
 
 @OPERATIONS.declare("heartbeat_effect", scope=Scope.CATALOG, logged=False)
 def _heartbeat_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    eid = _effect_id(a)
-    fence = _count(a, "fence", 0, 1, 2**62)
-    lease = _number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE)
+    eid = arg_id(a, "id")
+    fence = arg_int(a, "fence", False, 1, 2**62, 0)
+    lease = arg_number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE)
     params = {
         "id": eid,
         "fence": fence,
         "lease": lease,
-        "owner": _text(a, "owner", 256),
+        "owner": arg_str(a, "owner", False, 256, empty=False),
         "now": float(a["now"]),
     }
     # Pending with this claim's token can only mean a sweep took it from an owner
@@ -270,8 +242,8 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
     tests/domain/test_outbox_fleet.py::test_settlement_spooled_past_its_lease_is_not_lost_to_a_sweep
     (a spooled success, delayed by an outside lock past its lease, used to be
     rejected and a replay-safe effect ran twice)."""
-    eid = _effect_id(a)
-    fence = _count(a, "fence", 0, 1, 2**62)
+    eid = arg_id(a, "id")
+    fence = arg_int(a, "fence", False, 1, 2**62, 0)
     outcome = a.get("outcome")
     if outcome not in _OUTCOMES:
         raise errors.InvalidInput(f"outcome must be one of {', '.join(_OUTCOMES)}, not {outcome!r}")
@@ -280,7 +252,7 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
     result = a.get("result")
     if result is not None and (not isinstance(result, str) or len(result) > MAX_RESULT):
         raise errors.InvalidInput("result must be JSON text of at most 1 MiB")
-    delay = _number(a, "delay", 0.0, 0.0, MAX_DELAY)
+    delay = arg_number(a, "delay", 0.0, 0.0, MAX_DELAY)
     reason = a.get("dead_reason", "failed")
     if reason not in _DEAD_REASONS:
         raise errors.InvalidInput(f"dead_reason must be one of {', '.join(_DEAD_REASONS)}")
@@ -347,7 +319,7 @@ def _sweep_effects(tx: Tx, q: Queries, a: Args) -> Result:
 def _retry_effect(tx: Tx, q: Queries, a: Args) -> Result:
     """An operator's retry: a dead or cancelled effect goes back to ``pending``
     at the end of its thread with fresh attempts; a pending one runs now."""
-    eid = _effect_id(a)
+    eid = arg_id(a, "id")
     now = float(a["now"])
     rows = tx.execute(q["effect_for_settle"], (eid,))
     if not rows:
@@ -370,7 +342,7 @@ def _retry_effect(tx: Tx, q: Queries, a: Args) -> Result:
 def _cancel_effect(tx: Tx, q: Queries, a: Args) -> Result:
     """An operator's cancel: a pending or running effect becomes ``cancelled``
     (a worker running it gets ``LeaseLost`` at its next heartbeat)."""
-    eid = _effect_id(a)
+    eid = arg_id(a, "id")
     now = float(a["now"])
     rows = tx.execute(q["effect_for_settle"], (eid,))
     if not rows:
@@ -408,7 +380,7 @@ def _declare_effect_kinds(tx: Tx, q: Queries, a: Args) -> Result:
     if not isinstance(kinds, dict):
         raise errors.InvalidInput("kinds must be an object of kind -> replay_safe")
     for kind, safe in sorted(kinds.items()):
-        _text({"kind": kind}, "kind", MAX_KIND)
+        check_str(kind, "kind", limit=MAX_KIND, empty=False)
         if not isinstance(safe, bool):
             raise errors.InvalidInput(f"replay_safe of kind {kind!r} must be true or false")
         tx.execute(q["effect_declare_kind"], (kind, int(safe), float(a["now"])))
@@ -484,12 +456,12 @@ def effect_args(store: StorePort, spec: NewEffect) -> dict[str, Any]:
         ("thread_key", spec.thread_key, MAX_THREAD_KEY),
         ("kind", spec.kind, MAX_KIND),
     ):
-        _text({name: value}, name, limit)
+        check_str(value, name, limit=limit, empty=False)
     key = spec.idempotency_key
     if key is not None:
-        _text({"idempotency_key": key}, "idempotency_key", MAX_THREAD_KEY)
-    _number({"delay": spec.delay}, "delay", 0.0, 0.0, MAX_DELAY)
-    _count({"max_attempts": spec.max_attempts}, "max_attempts", 0, 1, MAX_ATTEMPTS_LIMIT)
+        check_str(key, "idempotency_key", limit=MAX_THREAD_KEY, empty=False)
+    check_number(spec.delay, "delay", minimum=0.0, maximum=MAX_DELAY)
+    check_int(spec.max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
     _replay_safe(spec.replay_safe)
     if isinstance(spec.payload, bytes | bytearray | memoryview):
         encoded = encode_payload(store, bytes(spec.payload), "bytes")

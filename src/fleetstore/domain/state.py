@@ -13,8 +13,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.core.ids import is_valid_id, new_id
-from fleetstore.core.validate import arg_id, arg_int, arg_str, arg_time, check_text, dump_json
+from fleetstore.core.ids import new_id
+from fleetstore.core.validate import (
+    STATE_KEY_MAX,
+    STATE_NAMESPACE_MAX,
+    arg_id,
+    arg_int,
+    arg_str,
+    arg_time,
+    check_id,
+    check_str,
+    dump_json,
+)
 from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
 from fleetstore.domain.history import effects_arg
 from fleetstore.domain.history_ops import session_row
@@ -138,29 +148,20 @@ def _in_session(
 
 
 def _check_key(session_id: object, key: object, namespace: object) -> None:
-    if not is_valid_id(session_id):
-        raise errors.InvalidInput(f"session_id must be an id, not {session_id!r}")
-    for name, value, limit in (("key", key, 1024), ("namespace", namespace, 256)):
-        if not isinstance(value, str) or not 0 < len(value) <= limit:
-            raise errors.InvalidInput(
-                f"a state {name} is a non-empty string of at most {limit} characters, "
-                f"not {str(value)[:80]!r}"
-            )
-        check_text(value, f"a state {name}")
+    check_id(session_id, "session_id")
+    check_str(key, "a state key", limit=STATE_KEY_MAX, empty=False)
+    check_str(namespace, "a state namespace", limit=STATE_NAMESPACE_MAX, empty=False)
 
 
 # -- the operations ----------------------------------------------------------------------------
 
 
 def _state_key(a: Args) -> tuple[str, str, str]:
-    key = (
+    return (
         arg_id(a, "session_id"),
-        arg_str(a, "namespace", optional=False, limit=256),
-        arg_str(a, "key", optional=False, limit=1024),
+        arg_str(a, "namespace", optional=False, limit=STATE_NAMESPACE_MAX, empty=False),
+        arg_str(a, "key", optional=False, limit=STATE_KEY_MAX, empty=False),
     )
-    if not key[1] or not key[2]:
-        raise errors.InvalidInput("a state namespace and key must not be empty")
-    return key
 
 
 def _check_version(current: int | None, expected: int | None, what: str) -> None:

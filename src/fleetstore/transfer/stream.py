@@ -50,6 +50,7 @@ import zstandard
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
+from fleetstore.core.validate import check_int
 from fleetstore.core.version import __version__
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import check_sha
@@ -68,7 +69,6 @@ from fleetstore.domain.imports import (
     SessionIn,
     StateIn,
     blob_refs,
-    check_int,
     run_import,
     value_key,
 )
@@ -925,7 +925,7 @@ class _Reader:
         try:
             sha = check_sha(obj["blob"])
             size = check_int(obj["size"], "size")
-            stored = check_int(obj["stored_size"], "stored_size", 1)
+            stored = check_int(obj["stored_size"], "stored_size", minimum=1)
             offset = check_int(obj["offset"], "offset")
             data = obj["data"]
             if not isinstance(data, str):

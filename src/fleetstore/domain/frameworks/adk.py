@@ -27,13 +27,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id
-from fleetstore.core.validate import check_text, dump_json
+from fleetstore.core.validate import (
+    STATE_KEY_MAX,
+    arg_id,
+    arg_str,
+    arg_when,
+    check_str,
+    check_text,
+    dump_json,
+)
 from fleetstore.domain.codec import encoded_body
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
 from fleetstore.engine.base import Tx
@@ -48,7 +55,6 @@ SCOPES = ("session", "app", "user")
 EVENT_MIME = "application/vnd.google.adk.event+json"
 EVENT_NAME = "adk-event.json"
 _NAME_LIMIT = 1024
-_KEY_LIMIT = 1024  # the state table's key limit (operations._state_key)
 
 
 def adk_fs_id(app_name: str, user_id: str, session_id: str) -> str:
@@ -65,34 +71,6 @@ def adk_message_id(fs_id: str, event_id: str) -> str:
 # -- argument checks -------------------------------------------------------------------------
 
 
-def _id(a: Args, key: str) -> str:
-    value = a.get(key)
-    if not is_valid_id(value):
-        raise errors.InvalidInput(f"{key} must be an id, not {str(value)[:80]!r}")
-    return str(value)
-
-
-def _name(a: Args, key: str, optional: bool = False) -> str | None:
-    value = a.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not 0 < len(value) <= _NAME_LIMIT:
-        raise errors.InvalidInput(
-            f"{key} must be a non-empty string of at most {_NAME_LIMIT} characters, "
-            f"not {str(value)[:80]!r}"
-        )
-    return check_text(value, key)
-
-
-def _float(a: Args, key: str, optional: bool = False) -> float | None:
-    value = a.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise errors.InvalidInput(f"{key} must be a time in seconds, not {str(value)[:80]!r}")
-    return float(value)
-
-
 def _deltas(a: Args) -> dict[str, dict[str, Any]]:
     raw = a.get("state")
     if raw is None:
@@ -104,12 +82,7 @@ def _deltas(a: Args) -> dict[str, dict[str, Any]]:
         if not isinstance(items, dict):
             raise errors.InvalidInput(f"{scope} state must be an object")
         for key in items:
-            if not isinstance(key, str) or not 0 < len(key) <= _KEY_LIMIT:
-                raise errors.InvalidInput(
-                    f"an ADK state key is a non-empty string of at most {_KEY_LIMIT} "
-                    f"characters, not {str(key)[:80]!r}"
-                )
-            check_text(key, "an ADK state key")
+            check_str(key, "an ADK state key", limit=STATE_KEY_MAX, empty=False)
         out[scope] = items
     return out
 
@@ -201,8 +174,12 @@ def _insert_session(
 
 def _names(a: Args) -> tuple[str, str, str, str]:
     """(fs_id, app_name, user_id, ADK session id), the fs_id checked against the names."""
-    fs_id = _id(a, "session_id")
-    app_name, user_id, sid = _name(a, "app_name"), _name(a, "user_id"), _name(a, "adk_session_id")
+    fs_id = arg_id(a, "session_id")
+    app_name, user_id, sid = (
+        arg_str(a, "app_name", False, _NAME_LIMIT, empty=False),
+        arg_str(a, "user_id", False, _NAME_LIMIT, empty=False),
+        arg_str(a, "adk_session_id", False, _NAME_LIMIT, empty=False),
+    )
     assert app_name is not None and user_id is not None and sid is not None
     if adk_fs_id(app_name, user_id, sid) != fs_id:
         raise errors.InvalidInput(f"session_id {fs_id} is not the id of ADK session {sid!r}")
@@ -212,8 +189,8 @@ def _names(a: Args) -> tuple[str, str, str, str]:
 @OPERATIONS.declare("adk_create_session", scope=Scope.CATALOG)
 def _create_session(tx: Tx, q: Queries, a: Args) -> Result:
     fs_id, app_name, user_id, sid = _names(a)
-    revision = _id(a, "revision")
-    now = _float(a, "created_at")
+    revision = arg_id(a, "revision")
+    now = arg_when(a, "created_at")
     assert now is not None
     deltas = _deltas(a)
     if tx.execute(q["adk_session_by_name"], (app_name, user_id, sid)):
@@ -225,7 +202,7 @@ def _create_session(tx: Tx, q: Queries, a: Args) -> Result:
 
 @OPERATIONS.declare("adk_delete_session", scope=Scope.CATALOG)
 def _delete_session(tx: Tx, q: Queries, a: Args) -> Result:
-    fs_id = _id(a, "session_id")
+    fs_id = arg_id(a, "session_id")
     if not tx.execute(q["adk_session_by_fs"], (fs_id,)):
         return {"deleted": False}  # ADK: deleting a missing session is no error
     tx.execute(q["session_delete"], (fs_id,))  # cascades: messages, state, adk_sessions
@@ -249,18 +226,20 @@ class _Event:
     """An event's arguments, checked."""
 
     def __init__(self, fs_id: str, a: Args, what: str) -> None:
-        event_id = _name(a, "event_id")
+        event_id = arg_str(a, "event_id", False, _NAME_LIMIT, empty=False)
         assert event_id is not None
         self.what = f"{what} {event_id!r}"
         self.event_id = event_id
-        self.message_id = _id(a, "message_id")
+        self.message_id = arg_id(a, "message_id")
         if self.message_id != adk_message_id(fs_id, event_id):
             raise errors.InvalidInput(f"{self.what}: message_id is not derived from the event id")
         self.invocation_id = (
-            _name(a, "invocation_id", optional=True) if a.get("invocation_id") else ""
+            arg_str(a, "invocation_id", True, _NAME_LIMIT, empty=False)
+            if a.get("invocation_id")
+            else ""
         )
-        author = _name(a, "author")
-        timestamp = _float(a, "timestamp")
+        author = arg_str(a, "author", False, _NAME_LIMIT, empty=False)
+        timestamp = arg_when(a, "timestamp")
         assert author is not None and timestamp is not None
         self.author, self.timestamp = author, timestamp
         self.event, self.text = _event_parts(a, self.what)
@@ -306,16 +285,16 @@ def _insert(tx: Tx, q: Queries, fs_id: str, ev: _Event, now: float) -> int:
 
 @OPERATIONS.declare("adk_append_event", scope=Scope.CATALOG)
 def _append_event(tx: Tx, q: Queries, a: Args) -> Result:
-    fs_id = _id(a, "session_id")
-    revision = _id(a, "revision")
+    fs_id = arg_id(a, "session_id")
+    revision = arg_id(a, "revision")
     expected = a.get("expected_revision")
     if expected is not None and not is_valid_id(expected):
         raise errors.InvalidInput("expected_revision must be an id or null")
-    expected_time = _float(a, "expected_time", optional=True)
+    expected_time = arg_when(a, "expected_time", optional=True)
     last_event_id = a.get("last_event_id")
     if last_event_id is not None and not isinstance(last_event_id, str):
         raise errors.InvalidInput("last_event_id must be a string or null")
-    now = _float(a, "now")
+    now = arg_when(a, "now")
     assert now is not None
     ev = _Event(fs_id, a, "event")
     deltas = _deltas(a)
@@ -357,9 +336,9 @@ def _import_session(tx: Tx, q: Queries, a: Args) -> Result:
     """An ADK session as the source file had it, with its own state; present
     already: left as it is (``existed``)."""
     fs_id, app_name, user_id, sid = _names(a)
-    revision = _id(a, "revision")
-    created, updated = _float(a, "create_time"), _float(a, "update_time")
-    now = _float(a, "now")
+    revision = arg_id(a, "revision")
+    created, updated = arg_when(a, "create_time"), arg_when(a, "update_time")
+    now = arg_when(a, "now")
     assert created is not None and updated is not None and now is not None
     deltas = _deltas(a)
     if set(deltas) - {"session"}:
@@ -375,10 +354,10 @@ def _import_session(tx: Tx, q: Queries, a: Args) -> Result:
 def _import_events(tx: Tx, q: Queries, a: Args) -> Result:
     """Events of one session, in order; each stored already (equal) is skipped.  If
     any is new, the session's revision changes (session objects read before are stale)."""
-    fs_id = _id(a, "session_id")
-    revision = _id(a, "revision")
-    update_time = _float(a, "update_time")
-    now = _float(a, "now")
+    fs_id = arg_id(a, "session_id")
+    revision = arg_id(a, "revision")
+    update_time = arg_when(a, "update_time")
+    now = arg_when(a, "now")
     assert update_time is not None and now is not None
     events = a.get("events")
     if not isinstance(events, list) or not events:
@@ -404,10 +383,10 @@ def _import_events(tx: Tx, q: Queries, a: Args) -> Result:
 def _import_scoped_state(tx: Tx, q: Queries, a: Args) -> Result:
     """App state (no ``user_id``) or one user's state: keys the store does not have
     are added; a key it has is left as it is (``newer`` if its value differs)."""
-    app_name = _name(a, "app_name")
-    user_id = _name(a, "user_id", optional=True)
+    app_name = arg_str(a, "app_name", False, _NAME_LIMIT, empty=False)
+    user_id = arg_str(a, "user_id", True, _NAME_LIMIT, empty=False)
     assert app_name is not None
-    updated = _float(a, "updated_at")
+    updated = arg_when(a, "updated_at")
     assert updated is not None
     values = a.get("values")
     if not isinstance(values, dict):

@@ -33,7 +33,7 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
-from fleetstore.core.validate import check_text
+from fleetstore.core.validate import arg_str, check_int, check_str, check_text, check_time
 from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
@@ -156,11 +156,11 @@ class Checkpoints:
     ) -> bool:
         """Store a checkpoint and the channel values that changed with it.  True if
         written now, False if it waits in this process's spool (it lands in order)."""
-        _check_text(thread_id, "thread_id", _ID_MAX, empty=False)
-        _check_text(checkpoint_ns, "checkpoint_ns", _TEXT_MAX)
-        _check_text(checkpoint_id, "checkpoint_id", _ID_MAX, empty=False)
+        check_str(thread_id, "thread_id", limit=_ID_MAX, empty=False)
+        check_str(checkpoint_ns, "checkpoint_ns", limit=_TEXT_MAX)
+        check_str(checkpoint_id, "checkpoint_id", limit=_ID_MAX, empty=False)
         if parent_id is not None:
-            _check_text(parent_id, "parent checkpoint_id", _ID_MAX, empty=False)
+            check_str(parent_id, "parent checkpoint_id", limit=_ID_MAX, empty=False)
         _check_typed(body, "the checkpoint")
         if not isinstance(metadata, Mapping):
             raise errors.InvalidInput(f"metadata must be a dict, not {type(metadata).__name__}")
@@ -168,12 +168,12 @@ class Checkpoints:
         if not isinstance(channel_versions, Mapping):
             raise errors.InvalidInput("channel_versions must be a dict")
         keys = {
-            _check_text(k, "a channel name", _TEXT_MAX, empty=False): version_key(v)
+            check_str(k, "a channel name", limit=_TEXT_MAX, empty=False): version_key(v)
             for k, v in channel_versions.items()
         }
         for cv in values:
-            _check_text(cv.channel, "a channel name", _TEXT_MAX, empty=False)
-            _check_text(cv.version, "a channel version", _TEXT_MAX)
+            check_str(cv.channel, "a channel name", limit=_TEXT_MAX, empty=False)
+            check_str(cv.version, "a channel version", limit=_TEXT_MAX)
             if cv.value is not None:
                 _check_typed(cv.value, f"channel {cv.channel!r}")
         run_id = metadata.get("run_id")
@@ -214,14 +214,14 @@ class Checkpoints:
         an index the task already wrote is ignored, unless the index is negative
         (a special write: error, interrupt...), which replaces it.  True if
         written now, False if spooled."""
-        _check_text(thread_id, "thread_id", _ID_MAX, empty=False)
-        _check_text(checkpoint_ns, "checkpoint_ns", _TEXT_MAX)
-        _check_text(checkpoint_id, "checkpoint_id", _ID_MAX, empty=False)
-        _check_text(task_id, "task_id", _ID_MAX)
-        _check_text(task_path, "task_path", _TEXT_MAX)
+        check_str(thread_id, "thread_id", limit=_ID_MAX, empty=False)
+        check_str(checkpoint_ns, "checkpoint_ns", limit=_TEXT_MAX)
+        check_str(checkpoint_id, "checkpoint_id", limit=_ID_MAX, empty=False)
+        check_str(task_id, "task_id", limit=_ID_MAX)
+        check_str(task_path, "task_path", limit=_TEXT_MAX)
         for idx, channel, value in writes:
-            _check_int(idx, "a write index")
-            _check_text(channel, "a channel name", _TEXT_MAX, empty=False)
+            check_int(idx, "a write index", minimum=-(2**63))
+            check_str(channel, "a channel name", limit=_TEXT_MAX, empty=False)
             _check_typed(value, f"the write to {channel!r}")
         if not writes:
             return True
@@ -242,7 +242,7 @@ class Checkpoints:
 
     def delete_thread(self, thread_id: str) -> None:
         """Remove every checkpoint, channel value and write of the thread (none: no-op)."""
-        _check_text(thread_id, "thread_id", _ID_MAX, empty=False)
+        check_str(thread_id, "thread_id", limit=_ID_MAX, empty=False)
         args = {"session_id": thread_key(thread_id), "thread_id": thread_id}
         self._store.submit(Operation("ckpt_delete_thread", args, new_id()))
 
@@ -255,7 +255,7 @@ class Checkpoints:
             raise errors.InvalidInput("run_ids must be a list of run ids")
         ids = [str(r) for r in run_ids]
         for r in ids:
-            _check_text(r, "a run id", _ID_MAX)
+            check_str(r, "a run id", limit=_ID_MAX)
         if not ids:
             return
         self._drain()
@@ -264,8 +264,8 @@ class Checkpoints:
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, channel value and write of one thread to another
         (the complete parent chains).  Checkpoints the target already has are kept."""
-        _check_text(source_thread_id, "source thread_id", _ID_MAX, empty=False)
-        _check_text(target_thread_id, "target thread_id", _ID_MAX, empty=False)
+        check_str(source_thread_id, "source thread_id", limit=_ID_MAX, empty=False)
+        check_str(target_thread_id, "target thread_id", limit=_ID_MAX, empty=False)
         if source_thread_id == target_thread_id:
             raise errors.InvalidInput("copy_thread: the source and target thread are the same")
         args = {
@@ -287,7 +287,7 @@ class Checkpoints:
         if isinstance(thread_ids, str) or not isinstance(thread_ids, Sequence):
             raise errors.InvalidInput("thread_ids must be a list of thread ids")
         for t in thread_ids:
-            _check_text(t, "thread_id", _ID_MAX, empty=False)
+            check_str(t, "thread_id", limit=_ID_MAX, empty=False)
         for t in thread_ids:
             args = {"session_id": thread_key(t), "thread_id": t, "strategy": strategy}
             self._store.submit(Operation("ckpt_prune", args, new_id()))
@@ -299,10 +299,10 @@ class Checkpoints:
     ) -> StoredCheckpoint | None:
         """The checkpoint *checkpoint_id* (None: the newest) of the thread's
         namespace, or None."""
-        _check_text(thread_id, "thread_id", _ID_MAX, empty=False)
-        _check_text(checkpoint_ns, "checkpoint_ns", _TEXT_MAX)
+        check_str(thread_id, "thread_id", limit=_ID_MAX, empty=False)
+        check_str(checkpoint_ns, "checkpoint_ns", limit=_TEXT_MAX)
         if checkpoint_id is not None:
-            _check_text(checkpoint_id, "checkpoint_id", _ID_MAX, empty=False)
+            check_str(checkpoint_id, "checkpoint_id", limit=_ID_MAX, empty=False)
         self._visible(thread_id)
         q = self._store.queries
 
@@ -331,16 +331,16 @@ class Checkpoints:
         whose metadata holds every key of *filter* with an equal value, at most
         *limit*.  Read a page at a time, each page one snapshot."""
         if thread_id is not None:
-            _check_text(thread_id, "thread_id", _ID_MAX, empty=False)
+            check_str(thread_id, "thread_id", limit=_ID_MAX, empty=False)
         if checkpoint_ns is not None:
-            _check_text(checkpoint_ns, "checkpoint_ns", _TEXT_MAX)
+            check_str(checkpoint_ns, "checkpoint_ns", limit=_TEXT_MAX)
         for value, what in ((checkpoint_id, "checkpoint_id"), (before, "before")):
             if value is not None:
-                _check_text(value, what, _ID_MAX, empty=False)
+                check_str(value, what, limit=_ID_MAX, empty=False)
         if filter is not None and not isinstance(filter, Mapping):
             raise errors.InvalidInput(f"filter must be a dict, not {type(filter).__name__}")
         if limit is not None:
-            _check_int(limit, "limit")
+            check_int(limit, "limit", minimum=-(2**63))
         wanted = filter and canonical_json(dict(filter), "the metadata filter")
         return self._pages(thread_id, checkpoint_ns, checkpoint_id, before, wanted or None, limit)
 
@@ -452,21 +452,6 @@ def _encode(store: StorePort, value: Typed) -> dict[str, Any]:
 # -- checks (shared by the API, before anything is written, and the operations) ---------------
 
 
-def _check_text(value: object, what: str, limit: int, *, empty: bool = True) -> str:
-    if not isinstance(value, str) or len(value) > limit or (not empty and not value):
-        raise errors.InvalidInput(
-            f"{what} must be a {'' if empty else 'non-empty '}string of at most {limit} "
-            f"characters, not {str(value)[:80]!r}"
-        )
-    return check_text(value, what)
-
-
-def _check_int(value: object, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise errors.InvalidInput(f"{what} must be an integer, not {value!r}")
-    return value
-
-
 def _check_typed(value: object, what: str) -> None:
     if (
         not isinstance(value, tuple)
@@ -475,11 +460,7 @@ def _check_typed(value: object, what: str) -> None:
         or not isinstance(value[1], bytes | bytearray | memoryview)
     ):
         raise errors.InvalidInput(f"{what} must be a (type, bytes) pair from a serializer")
-    _check_text(value[0], f"the type of {what}", 256, empty=False)
-
-
-def _arg_text(a: Args, key: str, limit: int = _ID_MAX, *, empty: bool = False) -> str:
-    return _check_text(a.get(key), key, limit, empty=empty)
+    check_str(value[0], f"the type of {what}", limit=256, empty=False)
 
 
 def _json_object(a: Args, key: str) -> dict[str, Any]:
@@ -499,16 +480,9 @@ def _body(tx: Tx, q: Queries, item: object, what: str, now: float) -> dict[str, 
     """The column values of an encoded body: type, body, blob_sha, size."""
     if not isinstance(item, dict) or item.get("enc") != "bytes":
         raise errors.InvalidInput(f"{what}: must be an encoded bytes value")
-    kind = _check_text(item.get("type"), f"the type of {what}", 256, empty=False)
+    kind = check_str(item.get("type"), f"the type of {what}", limit=256, empty=False)
     _enc, body, sha, size = encoded_body(tx, q, item, what, now)
     return {"type": kind, "body": body, "blob_sha": sha, "size": size}
-
-
-def _now(a: Args) -> float:
-    now = a.get("now")
-    if not isinstance(now, int | float) or isinstance(now, bool) or not math.isfinite(now):
-        raise errors.InvalidInput(f"now must be a time in seconds, not {now!r}")
-    return float(now)
 
 
 def _delete_thread(tx: Tx, q: Queries, thread: str) -> None:
@@ -521,20 +495,20 @@ def _delete_thread(tx: Tx, q: Queries, thread: str) -> None:
 
 @OPERATIONS.declare("ckpt_put", scope=Scope.CATALOG)
 def _op_put(tx: Tx, q: Queries, a: Args) -> Result:
-    thread = _arg_text(a, "thread_id")
-    ns = _arg_text(a, "checkpoint_ns", _TEXT_MAX, empty=True)
-    cid = _arg_text(a, "checkpoint_id")
+    thread = arg_str(a, "thread_id", False, _ID_MAX, empty=False)
+    ns = arg_str(a, "checkpoint_ns", False, _TEXT_MAX)
+    cid = arg_str(a, "checkpoint_id", False, _ID_MAX, empty=False)
     parent = a.get("parent_id")
     if parent is not None:
-        _arg_text(a, "parent_id")
-    now = _now(a)
+        arg_str(a, "parent_id", False, _ID_MAX, empty=False)
+    now = check_time(a.get("now"), "now")
     _json_object(a, "metadata")
     keys = _json_object(a, "channel_keys")
     if not all(isinstance(v, str) for v in keys.values()):
         raise errors.InvalidInput("channel_keys must map channels to version keys")
     run_id = a.get("run_id")
     if run_id is not None:
-        _arg_text(a, "run_id")
+        arg_str(a, "run_id", False, _ID_MAX, empty=False)
     values = a.get("values")
     if not isinstance(values, list):
         raise errors.InvalidInput("values must be a list")
@@ -542,8 +516,8 @@ def _op_put(tx: Tx, q: Queries, a: Args) -> Result:
     for item in values:
         if not isinstance(item, dict):
             raise errors.InvalidInput("a channel value must be an object")
-        channel = _arg_text(item, "channel", _TEXT_MAX)
-        version = _arg_text(item, "version", _TEXT_MAX, empty=True)
+        channel = arg_str(item, "channel", False, _TEXT_MAX, empty=False)
+        version = arg_str(item, "version", False, _TEXT_MAX)
         value = _body(tx, q, item, f"channel {channel!r}", now)
         tx.execute(
             q["ckpt_channel_insert"], {**where, "channel": channel, "version": version, **value}
@@ -567,20 +541,20 @@ def _op_put(tx: Tx, q: Queries, a: Args) -> Result:
 
 @OPERATIONS.declare("ckpt_put_writes", scope=Scope.CATALOG)
 def _op_put_writes(tx: Tx, q: Queries, a: Args) -> Result:
-    thread = _arg_text(a, "thread_id")
-    ns = _arg_text(a, "checkpoint_ns", _TEXT_MAX, empty=True)
-    cid = _arg_text(a, "checkpoint_id")
-    task = _arg_text(a, "task_id", empty=True)
-    path = _arg_text(a, "task_path", _TEXT_MAX, empty=True)
-    now = _now(a)
+    thread = arg_str(a, "thread_id", False, _ID_MAX, empty=False)
+    ns = arg_str(a, "checkpoint_ns", False, _TEXT_MAX)
+    cid = arg_str(a, "checkpoint_id", False, _ID_MAX, empty=False)
+    task = arg_str(a, "task_id", False, _ID_MAX)
+    path = arg_str(a, "task_path", False, _TEXT_MAX)
+    now = check_time(a.get("now"), "now")
     writes = a.get("writes")
     if not isinstance(writes, list):
         raise errors.InvalidInput("writes must be a list")
     for item in writes:
         if not isinstance(item, dict):
             raise errors.InvalidInput("a write must be an object")
-        idx = _check_int(item.get("idx"), "a write index")
-        channel = _arg_text(item, "channel", _TEXT_MAX)
+        idx = check_int(item.get("idx"), "a write index", minimum=-(2**63))
+        channel = arg_str(item, "channel", False, _TEXT_MAX, empty=False)
         value = _body(tx, q, item, f"the write to {channel!r}", now)
         tx.execute(
             q["ckpt_write_upsert" if idx < 0 else "ckpt_write_insert"],
@@ -600,7 +574,7 @@ def _op_put_writes(tx: Tx, q: Queries, a: Args) -> Result:
 
 @OPERATIONS.declare("ckpt_delete_thread", scope=Scope.CATALOG)
 def _op_delete_thread(tx: Tx, q: Queries, a: Args) -> Result:
-    _delete_thread(tx, q, _arg_text(a, "thread_id"))
+    _delete_thread(tx, q, arg_str(a, "thread_id", False, _ID_MAX, empty=False))
     return {}
 
 
@@ -612,7 +586,7 @@ def _op_delete_runs(tx: Tx, q: Queries, a: Args) -> Result:
     touched: set[tuple[str, str]] = set()
     deleted = 0
     for run in run_ids:
-        _check_text(run, "a run id", _ID_MAX)
+        check_str(run, "a run id", limit=_ID_MAX)
         for thread, ns, cid in tx.execute(q["ckpt_of_run"], (run,)):
             tx.execute(q["ckpt_delete_writes_of"], (thread, ns, cid))
             tx.execute(q["ckpt_delete_one"], (thread, ns, cid))
@@ -625,8 +599,8 @@ def _op_delete_runs(tx: Tx, q: Queries, a: Args) -> Result:
 
 @OPERATIONS.declare("ckpt_copy_thread", scope=Scope.CATALOG)
 def _op_copy_thread(tx: Tx, q: Queries, a: Args) -> Result:
-    source = _arg_text(a, "source")
-    target = _arg_text(a, "target")
+    source = arg_str(a, "source", False, _ID_MAX, empty=False)
+    target = arg_str(a, "target", False, _ID_MAX, empty=False)
     if source == target:
         raise errors.InvalidInput("copy_thread: the source and target thread are the same")
     for name in ("channels", "checkpoints", "writes"):
@@ -636,7 +610,7 @@ def _op_copy_thread(tx: Tx, q: Queries, a: Args) -> Result:
 
 @OPERATIONS.declare("ckpt_prune", scope=Scope.CATALOG)
 def _op_prune(tx: Tx, q: Queries, a: Args) -> Result:
-    thread = _arg_text(a, "thread_id")
+    thread = arg_str(a, "thread_id", False, _ID_MAX, empty=False)
     strategy = a.get("strategy")
     if strategy not in PRUNE_STRATEGIES:
         raise errors.InvalidInput(f"unknown prune strategy {strategy!r}")

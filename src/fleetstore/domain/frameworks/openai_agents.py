@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
-from fleetstore.core.validate import ROLES_MAX, check_text, dump_json
+from fleetstore.core.validate import ROLES_MAX, arg_id, arg_time, check_text, dump_json
 from fleetstore.domain.codec import encode_parts
 from fleetstore.domain.history import LISTING_SYNC_WAIT, messages_from_rows
 from fleetstore.domain.history_ops import append_message, create_session
@@ -201,20 +201,6 @@ def _forget(store: StorePort, sid: str, applied: set[str]) -> None:
 # -- the operations --------------------------------------------------------------------------
 
 
-def _arg_id(a: Args, key: str) -> str:
-    value = a.get(key)
-    if not is_valid_id(value):
-        raise errors.InvalidInput(f"{key} must be an id, not {value!r}")
-    return str(value)
-
-
-def _arg_time(a: Args, key: str) -> float:
-    value = a.get(key, a["now"])
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise errors.InvalidInput(f"{key} must be a time in seconds, not {value!r}")
-    return float(value)
-
-
 def _last_message(tx: Tx, q: Queries, sid: str) -> str | None:
     rows = tx.execute(q["agt_last_message"], (sid,))
     return str(rows[0][0]) if rows else None
@@ -222,9 +208,9 @@ def _last_message(tx: Tx, q: Queries, sid: str) -> str | None:
 
 @OPERATIONS.declare("agt_add_items", scope=Scope.SESSION, creates="session_id")
 def _add_items(tx: Tx, q: Queries, a: Args) -> Result:
-    sid = _arg_id(a, "session_id")
+    sid = arg_id(a, "session_id")
     agents_sid = check_session_id(a.get("agents_session_id"))
-    now = _arg_time(a, "created_at")
+    now = arg_time(a, "created_at")
     messages = a.get("messages")
     if not isinstance(messages, list) or not messages:
         raise errors.InvalidInput("messages must be a non-empty list")
@@ -249,23 +235,23 @@ def _add_items(tx: Tx, q: Queries, a: Args) -> Result:
 
 @OPERATIONS.declare("agt_pop_item", scope=Scope.SESSION)
 def _pop_item(tx: Tx, q: Queries, a: Args) -> Result:
-    sid = _arg_id(a, "session_id")
-    mid = _arg_id(a, "message_id")
+    sid = arg_id(a, "session_id")
+    mid = arg_id(a, "message_id")
     last = _last_message(tx, q, sid)
     if last != mid:
         raise errors.VersionConflict(f"session {sid!r} ends with message {last!r}, not {mid!r}")
     tx.execute(q["agt_message_delete"], (mid,))
-    tx.execute(q["session_touch"], (_arg_time(a, "now"), sid))
+    tx.execute(q["session_touch"], (arg_time(a, "now"), sid))
     return {"id": mid}
 
 
 @OPERATIONS.declare("agt_clear_session", scope=Scope.SESSION)
 def _clear_session(tx: Tx, q: Queries, a: Args) -> Result:
-    sid = _arg_id(a, "session_id")
+    sid = arg_id(a, "session_id")
     if not tx.execute(q["session_exists"], (sid,)):
         return {"cleared": False}
     tx.execute(q["agt_messages_clear"], (sid,))
-    tx.execute(q["session_touch"], (_arg_time(a, "now"), sid))
+    tx.execute(q["session_touch"], (arg_time(a, "now"), sid))
     return {"cleared": True}
 
 
