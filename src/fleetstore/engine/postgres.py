@@ -477,6 +477,8 @@ class PgDatabase:
             discard = self._end_failed(conn, cause)
             self._metrics.count("write_errors")
             state = _sqlstate(cause) if cause is not None else ""
+            if state == "55P03":  # lock_timeout: the budget is spent (as in _attempt)
+                self._metrics.count("busy_timeouts")
             if discard or state in ("40001", "40P01", "55P03"):
                 raise errors.StoreBusy(
                     self.path, time.monotonic() - started, 1, stage="statement"
