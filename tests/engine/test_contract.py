@@ -44,8 +44,9 @@ AGENT = script("contract_agent.py")
 INSERT = "INSERT INTO items(k, v) VALUES (?, ?)"
 #: How long an outside lock is held in the test that waits it out.
 HOLD = 1.5
-#: How much earlier than its ``locked`` line arrived a lock may have been taken.
-SLACK = 0.3
+#: How much earlier than its ``locked`` line arrived a lock may have been taken (the
+#: line's trip through a pipe and a reader thread, on loaded cores).
+SLACK = 0.5
 #: The counters a rerun of a ``run_write`` function is counted in (core/metrics.py).
 RETRY_COUNTERS = (
     "serialization_retries",
@@ -287,7 +288,7 @@ def test_a_concurrent_read_modify_write_is_applied_once_and_every_rerun_is_count
     rows = items(db)
     assert rows["counter"] == 2, "an update was lost"
     assert sorted(rows) == ["a", "b", "counter"]
-    assert sorted([rows["a"], rows["b"]]) == [1, 2], "each increment saw the other's or none"
+    assert sorted([rows["a"], rows["b"]]) == [1, 2], "one increment must run on the other's result"
     assert runs["b"] == 1
     extra = runs["a"] + runs["b"] - 2
     assert extra == retries(db) - before, "a rerun not counted in the retry metrics"
@@ -335,7 +336,7 @@ def test_an_outside_lock_within_the_budget_is_waited_out_and_each_body_runs_once
         assert block["runs"][0] >= not_before, "the body ran before the lock was had"
     assert items(db) == {"block": 1, "fn": 2}
     waited_in = "lock_wait" if engine.lock_before_body else "lock_hold"
-    assert db.metrics()[waited_in]["max"] >= HOLD - 2 * SLACK, (released, db.metrics())
+    assert db.metrics()[waited_in]["max"] >= HOLD - SLACK - 0.2, (released, db.metrics())
     assert no_open_transaction(db)
 
 
@@ -610,24 +611,26 @@ def test_notify_wait_wakes_promptly_on_another_processes_notify_where_the_engine
     db = engine.open()
     assert db.notify_wait(CHANNEL, 0.05) is False  # PostgreSQL: listening from here on
     sender = start_notifier(engine, procs, barrier, CHANNEL)
-    wait = 3.0
+    wait = 2.5
     result: dict[str, Any] = {}
 
     def waiter() -> None:
         started = time.monotonic()
         result["woke"] = db.notify_wait(CHANNEL, wait)
-        result["elapsed"] = time.monotonic() - started
+        result["at"] = time.monotonic()
+        result["elapsed"] = result["at"] - started
 
     thread = threading.Thread(target=waiter)
     thread.start()
     time.sleep(0.2)
+    released = time.monotonic()
     barrier.release()
     sender.wait_line("sent", timeout=30)
     thread.join(wait + 30)
     assert result["woke"] is engine.notifies, result
-    # Woken within a fraction of the wait where notifications exist, else the whole wait.
-    assert (result["elapsed"] < wait / 2) is engine.notifies, result
-    assert result["elapsed"] >= 0.15, result  # not before the notification was sent
+    assert result["at"] > released, "woken before the notification was sent"
+    # Woken well before the timeout where notifications exist, else the whole wait.
+    assert (result["elapsed"] < wait - 0.5) is engine.notifies, result
     assert sender.finish(timeout=30) == 0, sender.stderr_tail()
 
 
