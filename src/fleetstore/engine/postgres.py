@@ -213,6 +213,10 @@ class PgDatabase:
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._listener: psycopg.Connection[Any] | None = None
         self._listen_lock = threading.Lock()
+        #: The channels the listener LISTENs to; notifications that came on a channel
+        #: while another was waited for (the next wait on it returns at once).
+        self._listening: set[str] = set()
+        self._heard: set[str] = set()
         self._metrics = WriteMetrics()
         self._pid = os.getpid()
         self._write_owner: set[int] = set()
@@ -294,6 +298,7 @@ class PgDatabase:
         self._listener = None
         self._lock = threading.Lock()
         self._listen_lock = threading.Lock()
+        self._listening, self._heard = set(), set()
         self._metrics = WriteMetrics()
         self._pid = os.getpid()
         self._write_owner = set()
@@ -477,6 +482,8 @@ class PgDatabase:
             discard = self._end_failed(conn, cause)
             self._metrics.count("write_errors")
             state = _sqlstate(cause) if cause is not None else ""
+            if state == "55P03":  # lock_timeout: the budget is spent (as in _attempt)
+                self._metrics.count("busy_timeouts")
             if discard or state in ("40001", "40P01", "55P03"):
                 raise errors.StoreBusy(
                     self.path, time.monotonic() - started, 1, stage="statement"
@@ -562,19 +569,34 @@ class PgDatabase:
 
     def notify_wait(self, channel: str, timeout: float) -> bool:
         """Wait up to *timeout* seconds for a NOTIFY on *channel* (True if one came).
-        One listening connection per process, outside the pool."""
+        One listening connection per process, outside the pool, that LISTENs to each
+        channel from the first wait on it; another channel's notification does not end
+        the wait, it ends the next wait on that channel at once."""
         if not re.fullmatch(r"[a-z_][a-z0-9_]*", channel):
             raise errors.ConfigError(f"not a channel name: {channel!r}")
         with self._listen_lock:
+            if channel in self._heard:  # came while another channel was waited for
+                self._heard.discard(channel)
+                return True
             try:
                 conn = self._listener
                 if conn is None or conn.closed or conn.broken:
                     conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+                    self._listener, self._listening = conn, set()
+                if channel not in self._listening:
                     conn.execute(f"LISTEN {channel}")
-                    self._listener = conn
-                for _ in conn.notifies(timeout=max(timeout, 0.0), stop_after=1):
-                    return True
-                return False
+                    self._listening.add(channel)
+                deadline = time.monotonic() + max(timeout, 0.0)
+                while True:
+                    left = max(deadline - time.monotonic(), 0.0)
+                    heard = {n.channel for n in conn.notifies(timeout=left, stop_after=1)}
+                    if channel in heard:
+                        self._heard.update(heard - {channel})
+                        return True
+                    # Another channel's: kept for its own waiter, this one waits on.
+                    self._heard.update(heard)
+                    if not heard or time.monotonic() >= deadline:
+                        return False
             except psycopg.Error:
                 if self._listener is not None:
                     with contextlib.suppress(Exception):
