@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import fleetstore
-from fleetstore.admin import maintain
+from fleetstore.admin.maintain import run as maintain
 from fleetstore.core.ids import new_id
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 import fleetstore
-from fleetstore.admin import doctor, maintain
+from fleetstore.admin import doctor
+from fleetstore.admin.maintain import run as maintain
 from fleetstore.engine.sharded import shard_key
 from fleetstore.transfer import stream as transfer
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from fleetstore import errors
-from fleetstore.admin import maintain as _maintain
+from fleetstore.admin.maintain import run as _maintain
 from fleetstore.cli.util import ProgressBars, env
 
 

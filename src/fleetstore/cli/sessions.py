@@ -16,7 +16,7 @@ import click
 
 import fleetstore
 from fleetstore import errors
-from fleetstore.admin import maintain as _maintain
+from fleetstore.admin.maintain import run as _maintain
 from fleetstore.cli.util import ProgressBars, env, existing_store
 from fleetstore.cli.util import size as _size
 from fleetstore.cli.util import store_option as _store_option
