@@ -24,7 +24,12 @@ from typing import Any
 import pytest
 
 import fleetstore
-from fleetstore.admin import maintain
+from fleetstore.admin.maintain.blobs import _retire
+from fleetstore.admin.maintain.config import Config
+from fleetstore.admin.maintain.report import Step, format_report
+from fleetstore.admin.maintain.retention import delete_tree
+from fleetstore.admin.maintain.run import maintain
+from fleetstore.admin.maintain.writer import Writer
 from fleetstore.core.ids import new_id
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore
@@ -206,11 +211,11 @@ def test_a_tree_written_to_after_selection_is_not_deleted(store_path: Path) -> N
     with fleetstore.open(store_path) as store:
         tree = make_tree(store, rng)
         backdate(store, tree, 10)
-        step = maintain.Step("delete")
-        writer = maintain.Writer(store.db)
+        step = Step("delete")
+        writer = Writer(store.db)
         cutoff = time.time() - 7 * DAY
         store.messages.append(tree[1], role="user", parts=[fleetstore.Text("back again")])
-        result = maintain.delete_tree(writer, step, tree[0], written_before=cutoff)
+        result = delete_tree(writer, step, tree[0], written_before=cutoff)
         assert result.outcome == "written"
         assert (result.messages, result.sessions) == (0, 0)
         assert len(store.messages.list(tree[0])) == 2
@@ -233,8 +238,8 @@ def test_a_long_session_is_deleted_in_short_transactions(store_path: Path) -> No
                     new_id(),
                 )
                 registry.apply(tx, q, op, time.time())
-        step = maintain.Step("rm")
-        result = maintain.delete_tree(maintain.Writer(store.db), step, s.id)
+        step = Step("rm")
+        result = delete_tree(Writer(store.db), step, s.id)
         assert (result.messages, result.sessions, result.outcome) == (5000, 1, "deleted")
         assert step.transactions > 1  # batched, not one transaction
         with pytest.raises(fleetstore.NotFound):
@@ -394,10 +399,10 @@ def test_a_file_touched_while_the_collector_looks_is_put_back(tmp_path: Path) ->
     ref = blobs.put(os.urandom(100_000))
     path = blobs.path(ref.sha256)
     threshold = time.time() - 60
-    assert not maintain._retire(path, ref.sha256, threshold)  # young: not even renamed
+    assert not _retire(path, ref.sha256, threshold)  # young: not even renamed
     assert path.exists()
     age(path, 3600)
-    assert maintain._retire(path, ref.sha256, threshold)
+    assert _retire(path, ref.sha256, threshold)
     assert not path.exists()
 
 
@@ -437,10 +442,10 @@ def test_blob_gc_racing_a_writer_that_reuses_the_same_payload(store_path: Path) 
         runs = collected = 0
         deadline = time.monotonic() + 12
         while time.monotonic() < deadline:
-            report = maintain.maintain(
-                maintain.Config(str(store_path), blob_grace=1.0, settings={"write_budget": 0.25})
+            report = maintain(
+                Config(str(store_path), blob_grace=1.0, settings={"write_budget": 0.25})
             )
-            assert report.ok, maintain.format_report(report)
+            assert report.ok, format_report(report)
             step = next(s for s in report.steps if s.name == "blobs")
             collected += step.detail.get("deleted_files", 0)
             runs += 1

@@ -25,7 +25,11 @@ from typing import Any
 import pytest
 
 import fleetstore
-from fleetstore.admin import doctor, maintain
+from fleetstore.admin import doctor
+from fleetstore.admin.maintain.config import Config
+from fleetstore.admin.maintain.report import format_report
+from fleetstore.admin.maintain.run import maintain
+from fleetstore.admin.maintain.shards import _put_back, _ShardFile
 from fleetstore.engine.sharded import shard_key
 from fleetstore.transfer import stream as transfer
 
@@ -282,8 +286,8 @@ def age_ops_in(path: Path, seconds: float) -> None:
 
 
 def run_maintain(directory: Path, **config: Any) -> dict[str, Any]:
-    report = maintain.maintain(maintain.Config(path=str(directory), **config))
-    assert report.ok, maintain.format_report(report)
+    report = maintain(Config(path=str(directory), **config))
+    assert report.ok, format_report(report)
     return {s.name: s for s in report.steps}
 
 
@@ -365,17 +369,17 @@ def test_a_shard_set_aside_is_never_put_back_over_a_file_made_meanwhile(tmp_path
     directory = tmp_path / "fleet"
     with fleetstore.open(url(directory)) as store:
         root = make_tree(store, "a")[0]
-    shard = maintain._ShardFile(shard_key(root), shard_path(directory, root))
+    shard = _ShardFile(shard_key(root), shard_path(directory, root))
     sides = [(src, dst) for src, dst in shard.sides() if src.exists()]
     original = shard.path.read_bytes()
     for src, dst in sides:
         os.rename(src, dst)
     shard.path.write_bytes(b"")  # a first use made a fresh shard at the name meanwhile
-    assert maintain._put_back(sides) is False
+    assert _put_back(sides) is False
     assert shard.path.read_bytes() == b""  # the new file stays, untouched
     assert sides[0][1].read_bytes() == original  # the old one is kept aside, not lost
     shard.path.unlink()
-    assert maintain._put_back(sides) is True
+    assert _put_back(sides) is True
     assert shard.path.read_bytes() == original and not sides[0][1].exists()
 
 

@@ -1,4 +1,4 @@
-"""The ``fleetstore maintain`` command (the work is in fleetstore.admin.maintain)."""
+"""The ``fleetstore maintain`` command (the work is in the package fleetstore.admin.maintain)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 import click
 
 from fleetstore import errors
-from fleetstore.admin import maintain as _maintain
+from fleetstore.admin.maintain.config import Config, NotConfirmed, parse_age
+from fleetstore.admin.maintain.report import format_report, report_json
+from fleetstore.admin.maintain.run import maintain
 from fleetstore.cli.util import ProgressBars, env
 
 
@@ -21,7 +23,7 @@ class Age(click.ParamType):  # type: ignore[type-arg]
         if isinstance(value, float):
             return value
         try:
-            return _maintain.parse_age(str(value))
+            return parse_age(str(value))
         except errors.InvalidInput as exc:
             self.fail(str(exc), param, ctx)
 
@@ -136,7 +138,7 @@ def maintain_command(
     refers to it; then the shard files that hold no session and that nothing names are
     removed, once nothing was applied in them for an hour and no process has them open.
     """
-    config = _maintain.Config(
+    config = Config(
         path=path,
         dry_run=dry_run,
         yes=yes,
@@ -148,8 +150,8 @@ def maintain_command(
     )
     bars = ProgressBars()
     try:
-        report = _maintain.maintain(config, progress=bars)
-    except (errors.InvalidInput, errors.NotFound, _maintain.NotConfirmed) as exc:
+        report = maintain(config, progress=bars)
+    except (errors.InvalidInput, errors.NotFound, NotConfirmed) as exc:
         bars.close()
         click.echo(f"fleetstore maintain: {exc}", err=True)
         sys.exit(2)
@@ -159,9 +161,9 @@ def maintain_command(
         sys.exit(1)
     bars.close()
     if as_json:
-        click.echo(_maintain.report_json(report))
+        click.echo(report_json(report))
     else:
-        click.echo(_maintain.format_report(report))
+        click.echo(format_report(report))
     sys.exit(0 if report.ok else 1)
 
 

@@ -16,7 +16,11 @@ import click
 
 import fleetstore
 from fleetstore import errors
-from fleetstore.admin import maintain as _maintain
+from fleetstore.admin.maintain.config import parse_age
+from fleetstore.admin.maintain.files import each_file, file_size
+from fleetstore.admin.maintain.report import Step
+from fleetstore.admin.maintain.retention import delete_tree, message_counts
+from fleetstore.admin.maintain.writer import Writer
 from fleetstore.cli.util import ProgressBars, env, existing_store
 from fleetstore.cli.util import size as _size
 from fleetstore.cli.util import store_option as _store_option
@@ -52,7 +56,7 @@ def _since(text: str | None) -> float | None:
     if text is None:
         return None
     try:
-        return time.time() - _maintain.parse_age(text)
+        return time.time() - parse_age(text)
     except errors.InvalidInput:
         pass
     try:
@@ -143,7 +147,7 @@ def sessions_list(
         rows = opened.read(lambda tx: tx.execute(q["mnt_sessions_list"], params))
         if opened.router is not None:
             # The catalog lists every session; their messages are in their shards.
-            counts = _maintain.message_counts(opened, [str(r[0]) for r in rows])
+            counts = message_counts(opened, [str(r[0]) for r in rows])
             rows = [(*r[:7], counts.get(str(r[0]), 0)) for r in rows]
     for sid, parent, proj, title, status, created, updated, messages in rows:
         if as_json:
@@ -320,11 +324,11 @@ def sessions_rm(session_ids: Sequence[str], yes: bool, store: str | None) -> Non
             sys.exit(2)
         # A sharded store: each batch goes through the router (the tree's shard, then
         # the catalog's index).
-        writer = _maintain.Writer(opened.db, opened)
-        step = _maintain.Step("rm")
+        writer = Writer(opened.db, opened)
+        step = Step("rm")
         bars = ProgressBars()
         for i, sid in enumerate(session_ids, 1):
-            result = _maintain.delete_tree(writer, step, sid)
+            result = delete_tree(writer, step, sid)
             click.echo(
                 f"{sid}: removed {result.sessions} session(s), {result.messages} message(s), "
                 f"{result.states} state value(s)"
@@ -397,7 +401,7 @@ def _read_file(figures: _Figures, db: Any, q: dict[str, str], sessions_here: boo
         figures.blobs[str(sha)] = (int(stored), int(original))
     figures.db_bytes += int(page_size) * int(pages)
     figures.free_bytes += int(page_size) * int(free)
-    figures.wal_bytes += _maintain._file_size(str(db.path) + "-wal")
+    figures.wal_bytes += file_size(str(db.path) + "-wal")
     figures.files += 1
 
 
@@ -410,9 +414,7 @@ def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
     q = store.queries
     store.sync_catalog()
     figures = _Figures({name: {} for name in _PER_SESSION}, [0] * 6, {})
-    _maintain.each_file(
-        store, lambda key, db: _read_file(figures, db, q, sessions_here=key is None)
-    )
+    each_file(store, lambda key, db: _read_file(figures, db, q, sessions_here=key is None))
     parts, chunks, state, messages, blobs = (figures.per_session[n] for n in _PER_SESSION)
     rows = store.read(lambda tx: tx.execute(q["mnt_stats_sessions"]))
     counts = figures.counts

@@ -1,6 +1,7 @@
--- Maintenance, retention and statistics (fleetstore/maintenance.py, fleetstore/ops/maintain.py,
--- fleetstore/ops/sessions_cli.py).  Deletes are batched: each statement touches at
--- most :limit rows, so no transaction holds the lock long whatever the store's size.
+-- Maintenance, retention and statistics (fleetstore/domain/maintenance.py,
+-- fleetstore/admin/maintain/, fleetstore/cli/sessions.py).  Deletes are batched: each
+-- statement touches at most :limit rows, so no transaction holds the lock long whatever
+-- the store's size.
 
 -- mnt_tree_freshness: a session tree's sessions, and its newest write (session rows and state)
 WITH RECURSIVE tree(id) AS (
