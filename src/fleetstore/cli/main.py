@@ -16,8 +16,8 @@ import click
 
 import fleetstore
 from fleetstore.admin import lock as lockdriver
-from fleetstore.admin.doctor import doctor_command
 from fleetstore.admin.stress import fleet as stress
+from fleetstore.cli.doctor import doctor_command
 from fleetstore.cli.maintain import maintain_command
 from fleetstore.cli.migrate import migrate_command
 from fleetstore.cli.reshard import archive_tree_command, reshard_command, restore_tree_command

@@ -12,8 +12,9 @@ Strictly read-only, measured with SQLite 3.54.1 (tests/admin/test_doctor.py hash
 * a read-only open of a WAL database *creates* a missing ``-wal`` and ``-shm`` and leaves
   them behind.  When one is missing and the ``-wal`` holds nothing, there is nothing in
   it to read: the file is opened ``immutable=1`` (no locks, no side files), and the
-  caller compares the file before and after (``FileFacts``): an immutable read is wrong
-  if a checkpoint writes the file meanwhile;
+  file is compared before and after (``fleetstore.engine.foreign``, which every reader
+  of a foreign file goes through): an immutable read is wrong if a checkpoint writes
+  the file meanwhile;
 * a ``-wal`` with frames but no ``-shm`` cannot be read without creating the ``-shm``:
   its contents are not opened at all (``choose_open_mode``);
 * a rollback-journal database is opened ``mode=ro``: a SHARED lock while reading, nothing

@@ -8,9 +8,10 @@ Reads the schema ADK's ``DatabaseSessionService`` writes (schema version 1: tabl
 schema (an event as one column per field, actions pickled) is refused: ADK's
 migration tool converts it.
 
-The file is opened read-only (``fleetstore.engine.inspect``: nothing is created
-beside it, nothing written to it) and read whole, in one read transaction.  Then,
-in order:
+The file is opened read-only (``fleetstore.engine.foreign``: nothing is created
+beside it, nothing written to it) and read whole, in one read transaction; a file
+that changed during a read without locks is refused (``FileChanged``), nothing
+imported.  Then, in order:
 
 1. *check*, writing nothing: every state is a JSON object, every event parses as an
    ADK ``Event`` and belongs to a session of the file, every id can be stored, and
@@ -49,7 +50,7 @@ from fleetstore.core.validate import dump_json
 from fleetstore.domain.codec import decode_value, encode_payload
 from fleetstore.domain.frameworks.adk import adk_fs_id, adk_message_id
 from fleetstore.domain.operations import Operation
-from fleetstore.engine import inspect
+from fleetstore.engine import foreign, inspect
 from fleetstore.engine.base import Tx
 from fleetstore.integrations.adk import _text_of
 from fleetstore.store.facade import Store
@@ -147,23 +148,13 @@ def _name(value: object, path: str, what: str) -> str:
 
 
 def _read_source(path: str) -> _Source:
-    if not os.path.isfile(path):
-        raise errors.NotFound(f"{path}: no such file")
-    inspect.check_not_open_here([path, path + "-wal", path + "-shm"])
     try:
-        header = inspect.read_header(path)
+        return foreign.read_foreign(path, lambda db: _read_tables(db, path))
     except inspect.InspectFailed as exc:
-        raise _bad(path, str(exc)) from None
-    if header is None:
-        raise _bad(path, "the file is empty")
-    wal, shm = inspect.FileFacts.of(path + "-wal"), inspect.FileFacts.of(path + "-shm")
-    mode, why = inspect.choose_open_mode(header.wal, wal, shm)
-    if mode is None:
-        raise errors.InvalidInput(f"{path}: cannot be read without writing beside it: {why}")
-    try:
-        with inspect.open_readonly(path, mode) as db:
-            return _read_tables(db, path)
-    except inspect.InspectFailed as exc:
+        if exc.reason == "empty":
+            raise _bad(path, "the file is empty") from None
+        if exc.reason == "wal-without-shm":
+            raise errors.InvalidInput(str(exc)) from None
         raise _bad(path, str(exc)) from None
 
 

@@ -6,8 +6,9 @@ Reads the schema ``langgraph-checkpoint-sqlite`` writes: tables ``checkpoints``
 metadata as JSON) and ``writes`` (pending writes, ``task_path`` optional: files
 older than that column read it as ``""``).
 
-The file is opened read-only (``fleetstore.engine.inspect``) and read whole, in
-one read transaction.  Then, in order:
+The file is opened read-only (``fleetstore.engine.foreign``) and read whole, in
+one read transaction; a file that changed during a read without locks is refused
+(``FileChanged``), nothing imported.  Then, in order:
 
 1. *check*, writing nothing: every checkpoint deserialises, its metadata is a JSON
    object, every channel value has a channel version, every write belongs to a
@@ -47,7 +48,7 @@ from fleetstore.core.ids import new_id
 from fleetstore.domain.codec import encode_payload
 from fleetstore.domain.frameworks.langgraph import Typed, canonical_json, thread_key, version_key
 from fleetstore.domain.operations import Operation
-from fleetstore.engine import inspect
+from fleetstore.engine import foreign, inspect
 from fleetstore.integrations.langgraph import FleetstoreSaver
 from fleetstore.store.facade import Store
 
@@ -132,23 +133,13 @@ def _blob(value: object, path: str, what: str) -> bytes:
 
 
 def _read_source(path: str) -> list[_Checkpoint]:
-    if not os.path.isfile(path):
-        raise errors.NotFound(f"{path}: no such file")
-    inspect.check_not_open_here([path, path + "-wal", path + "-shm"])
     try:
-        header = inspect.read_header(path)
+        return foreign.read_foreign(path, lambda db: _read_tables(db, path))
     except inspect.InspectFailed as exc:
-        raise _bad(path, str(exc)) from None
-    if header is None:
-        raise _bad(path, "the file is empty")
-    wal, shm = inspect.FileFacts.of(path + "-wal"), inspect.FileFacts.of(path + "-shm")
-    mode, why = inspect.choose_open_mode(header.wal, wal, shm)
-    if mode is None:
-        raise errors.InvalidInput(f"{path}: cannot be read without writing beside it: {why}")
-    try:
-        with inspect.open_readonly(path, mode) as db:
-            return _read_tables(db, path)
-    except inspect.InspectFailed as exc:
+        if exc.reason == "empty":
+            raise _bad(path, "the file is empty") from None
+        if exc.reason == "wal-without-shm":
+            raise errors.InvalidInput(str(exc)) from None
         raise _bad(path, str(exc)) from None
 
 

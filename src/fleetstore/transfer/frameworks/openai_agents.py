@@ -3,7 +3,7 @@ Agents SDK ``SQLiteSession`` kept (tables ``agent_sessions`` and
 ``agent_messages``) into a fleetstore store, where ``FleetstoreSession`` reads them.
 
 Does not need the SDK installed.  The file is read strictly read-only, in one
-read transaction (``fleetstore.engine.inspect``: no journal mode switch, no
+read transaction (``fleetstore.engine.foreign``: no journal mode switch, no
 ``-wal``/``-shm`` created), so the SDK's own processes may keep using it.
 
 Three steps:
@@ -36,7 +36,7 @@ from fleetstore import errors
 from fleetstore.core.ids import derived_id, new_id
 from fleetstore.domain.frameworks import openai_agents as agents_ops
 from fleetstore.domain.operations import Operation
-from fleetstore.engine import inspect
+from fleetstore.engine import foreign, inspect
 
 if TYPE_CHECKING:
     from fleetstore.store.facade import Store
@@ -156,28 +156,23 @@ def _parse(data: Any) -> dict[str, Any] | None:
     return item if isinstance(item, dict) else None
 
 
-def _open_source(path: str) -> tuple[str, str]:
-    """The way to open *path* read-only (``inspect.choose_open_mode``), and *path* resolved."""
+def _open_source(path: str) -> foreign.ForeignFile:
+    """*path*, resolved, ready to be read read-only."""
     real = os.path.realpath(path)
     if not os.path.isfile(real):
         raise errors.NotFound(f"{path}: no such file")
-    # A second descriptor's close would drop this process's SQLite locks on the file.
-    inspect.check_not_open_here([real, real + "-wal", real + "-shm"])
     try:
-        header = inspect.read_header(real)
+        source = foreign.ForeignFile(real)
     except inspect.InspectFailed as exc:
+        if exc.reason == "empty":
+            raise _bad(path, "an empty file") from None
         raise _bad(path, "not a SQLite file") from exc
-    if header is None:
-        raise _bad(path, "an empty file")
-    mode, why = inspect.choose_open_mode(
-        header.wal, inspect.FileFacts.of(real + "-wal"), inspect.FileFacts.of(real + "-shm")
-    )
-    if mode is None:
+    if source.mode is None:
         raise errors.DatabaseError(
-            f"{path}: cannot be read without changing it: {why}; open it once with the SDK "
-            "(or any SQLite program) and import again; nothing was imported"
+            f"{path}: cannot be read without changing it: {source.why}; open it once with "
+            "the SDK (or any SQLite program) and import again; nothing was imported"
         )
-    return real, mode
+    return source
 
 
 def import_sqlite(
@@ -203,32 +198,35 @@ def import_sqlite(
         raise errors.InvalidInput(f"batch must be a positive integer, not {batch!r}")
     if os.path.isfile(path) and os.path.samefile(path, store.path):
         raise errors.InvalidInput(f"{path} is the store itself, not an Agents SDK file")
-    real, mode = _open_source(path)
-    before = inspect.FileFacts.of(real)
+    file = _open_source(path)
+
+    def read(db: inspect.ReadOnlyDatabase) -> tuple[list[_Plan], tuple[int, ...], int]:
+        tables = {str(r[0]) for r in db.query("SELECT name FROM sqlite_schema")}
+        for table, columns in (
+            (sessions_table, {"session_id", "created_at"}),
+            (messages_table, {"id", "session_id", "message_data", "created_at"}),
+        ):
+            if table not in tables:
+                raise _bad(path, f"no table {table}")
+            have = {str(r[1]) for r in db.query(f"PRAGMA table_info({table})")}
+            if not columns <= have:
+                missing = ", ".join(sorted(columns - have))
+                raise _bad(path, f"table {table} has no column {missing}")
+        source = _Source(db, sessions_table, messages_table)
+        plans, skipped = _check(store, source, path, skip_invalid)
+        return plans, skipped, _append(store, source, plans, batch)
+
     try:
-        with inspect.open_readonly(real, mode) as db:
-            tables = {str(r[0]) for r in db.query("SELECT name FROM sqlite_schema")}
-            for table, columns in (
-                (sessions_table, {"session_id", "created_at"}),
-                (messages_table, {"id", "session_id", "message_data", "created_at"}),
-            ):
-                if table not in tables:
-                    raise _bad(path, f"no table {table}")
-                have = {str(r[1]) for r in db.query(f"PRAGMA table_info({table})")}
-                if not columns <= have:
-                    missing = ", ".join(sorted(columns - have))
-                    raise _bad(path, f"table {table} has no column {missing}")
-            source = _Source(db, sessions_table, messages_table)
-            plans, skipped = _check(store, source, path, skip_invalid)
-            inserted = _append(store, source, plans, batch)
+        plans, skipped, inserted = file.read(read)
+    except foreign.FileChanged as exc:
+        # Batches were written during the read: each is whole, and a rerun continues.
+        raise foreign.FileChanged(
+            path, f"{path} changed while it was read; import it again"
+        ) from exc.__cause__
     except inspect.InspectFailed as exc:
         if exc.reason in ("not-a-database", "corrupt"):
             raise _bad(path, exc.reason) from exc
         raise
-    if mode == "immutable" and not before.same_content_as(inspect.FileFacts.of(real)):
-        # Read without locks: a writer that changed the file meanwhile may have
-        # been read halfway.  What was imported is whole per batch; run it again.
-        raise errors.TransientError(f"{path} changed while it was read; import it again")
     verified = _verify(store, plans)
     items = sum(len(p.row_ids) for p in plans)
     return ImportSummary(len(plans), items, inserted, items - inserted, verified, skipped)

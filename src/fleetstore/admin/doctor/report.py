@@ -1,0 +1,259 @@
+"""The doctor's report: the findings, the verdict and exit code they give, and the
+report rendered as text for a person (``format_report``) or as the ``--json`` object
+(``Report.to_json``; docs/doctor.md has its schema)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Version of the ``--json`` object; raised when a field changes meaning or goes away.
+REPORT_VERSION = 1
+
+EXIT_HEALTHY = 0
+EXIT_WARNINGS = 1
+EXIT_PROBLEMS = 2
+
+#: Shards named one by one under a finding code; the rest are counted.
+SHARDS_NAMED = 5
+
+
+def shards_named(items: list[dict[str, Any]]) -> str:
+    """``key (N sessions), ...`` for the first SHARDS_NAMED shards, then how many more."""
+    named = ", ".join(f"{i['key']} ({i['sessions']} sessions)" for i in items[:SHARDS_NAMED])
+    more = len(items) - SHARDS_NAMED
+    return named + (f" and {more} more" if more > 0 else "")
+
+
+def mb(n: int | float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+class Severity(enum.Enum):
+    """How bad a finding is; the worst one decides the exit code."""
+
+    #: Checked, and fine (listed so the report says what was looked at).
+    OK = "ok"
+    #: Works now, but is a risk or wastes something: exit 1.
+    WARNING = "warning"
+    #: Broken, or losing data or progress now: exit 2.
+    PROBLEM = "problem"
+
+    @property
+    def rank(self) -> int:
+        return ("ok", "warning", "problem").index(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One plain-language result: what was found and how to fix it."""
+
+    severity: Severity
+    code: str
+    message: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "severity": self.severity.value,
+            "code": self.code,
+            "message": self.message,
+            "fix": self.fix,
+        }
+
+
+@dataclass(slots=True)
+class Report:
+    """Everything doctor saw (``data``, the ``--json`` object less the findings) and
+    what it concluded."""
+
+    path: str
+    data: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> Severity:
+        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=Severity.OK)
+
+    @property
+    def exit_code(self) -> int:
+        return {
+            Severity.OK: EXIT_HEALTHY,
+            Severity.WARNING: EXIT_WARNINGS,
+            Severity.PROBLEM: EXIT_PROBLEMS,
+        }[self.verdict]
+
+    def add(self, severity: Severity, code: str, message: str, fix: str = "") -> None:
+        self.findings.append(Finding(severity, code, message, fix))
+
+    def to_json(self) -> dict[str, Any]:
+        ordered = sorted(self.findings, key=lambda f: -f.severity.rank)
+        return {
+            "report_version": REPORT_VERSION,
+            "path": self.path,
+            "verdict": self.verdict.value,
+            "exit_code": self.exit_code,
+            **self.data,
+            "findings": [f.to_json() for f in ordered],
+        }
+
+
+_MARK = {Severity.OK: "ok", Severity.WARNING: "WARNING", Severity.PROBLEM: "PROBLEM"}
+
+
+def format_report(report: Report) -> str:
+    """The report as text for a person: sections, then the findings with their fixes."""
+    data = report.to_json()
+    title = report.path
+    if data.get("sharded"):
+        title = f"{data['sharded']['url']} (sharded store; its catalog: {report.path})"
+    lines = [f"fleetstore doctor: {title}", ""]
+    files = data["files"]
+    lines.append("Files")
+    for role in ("database", "wal", "shm", "journal", "gate"):
+        f = files.get(role)
+        if f:
+            lines.append(f"  {role:<9} {f['size']:>14,} bytes  mode {f['mode']}  uid {f['uid']}")
+    db = data["database"]
+    lines += ["", "SQLite"]
+    lines.append(
+        f"  library {data['sqlite']['library_version']}"
+        + (f"; header last written by {db['header_written_by']}" if db["header_written_by"] else "")
+    )
+    if db["journal_mode"]:
+        lines.append(
+            f"  journal {db['journal_mode']}, page size {db['page_size']}, "
+            f"{db['page_count']} pages, {db['freelist_count']} free"
+            + (f" ({db['freelist_share']:.1%})" if db["freelist_share"] is not None else "")
+            + f", auto_vacuum {db['auto_vacuum']}, encoding {db['encoding']}"
+        )
+    if db["open_mode"]:
+        lines.append(f"  read as: {db['open_mode']} ({db['open_mode_reason']})")
+    if db["quick_check"] is not None:
+        lines.append(f"  quick_check: {'; '.join(db['quick_check'][:3])}")
+    wal = data["wal"]
+    if wal:
+        lines += ["", "WAL"]
+        if not wal["file_bytes"]:
+            lines.append("  no -wal content: everything is in the database file")
+        elif wal["frames"] is None:
+            lines.append(f"  file {wal['file_bytes']:,} bytes; no readable WAL index (-shm)")
+        else:
+            lines.append(
+                f"  file {wal['file_bytes']:,} bytes ({wal['file_frames']} frames of room); "
+                f"{wal['frames']} frames in use, {wal['backfilled']} copied back"
+            )
+            marks = ", ".join(
+                f"{i}:{'-' if m is None else m}" for i, m in enumerate(wal["read_marks"])
+            )
+            lines.append(f"  read marks (slot:frame) {marks}")
+    lines += ["", f"Processes (locks looked at twice, {data['locks_interval']}s apart)"]
+    if not data["processes"]:
+        lines.append("  none has the database open (or /proc shows none)")
+    for proc in data["processes"]:
+        lines.append(f"  pid {proc['pid']}: {proc['command'] or '?'}")
+        if proc["open"]:
+            lines.append(f"    open: {', '.join(proc['open'])}")
+        for lk in proc["locks"]:
+            lines.append(
+                f"    {lk['file']}: {lk['mode'].lower()} {', '.join(lk['names'])} "
+                f"(seen {lk['seen']})"
+            )
+        for lib in proc["sqlite_libraries"]:
+            lines.append(f"    SQLite {lib['version'] or '?'} from {lib['path']}")
+    store = data["fleetstore"]
+    if store:
+        lines += ["", "fleetstore store"]
+        lines.append(
+            f"  schema version {store['schema_version']} (this fleetstore: "
+            f"{store['known_schema_version']}), {store['sessions']} sessions"
+        )
+        if store["outbox"]:
+            states = ", ".join(f"{k} {v}" for k, v in store["outbox"]["by_state"].items())
+            lines.append(
+                f"  outbox: {states}; stuck running {store['outbox'].get('stuck_running', 0)}"
+            )
+        if store["spool"]:
+            for j in store["spool"]["journals"]:
+                lines.append(
+                    f"  spool {j['journal']}: {j['operations']} op(s), "
+                    + (f"held by pid {j['held_by']}" if j["live"] else "its process is gone")
+                )
+        if store["settings"]:
+            lines.append(
+                "  settings here: " + ", ".join(f"{k}={v}" for k, v in store["settings"].items())
+            )
+    sharded = data.get("sharded")
+    if sharded:
+        lines += _shard_lines(sharded)
+    lines += ["", "Findings"]
+    for f in sorted(report.findings, key=lambda f: -f.severity.rank):
+        lines.append(f"  [{_MARK[f.severity]}] {f.code}: {f.message}")
+        if f.fix and f.severity is not Severity.OK:
+            lines.append(f"      fix: {f.fix}")
+    verdict = {
+        Severity.OK: "healthy",
+        Severity.WARNING: "warnings",
+        Severity.PROBLEM: "problems",
+    }[report.verdict]
+    lines += ["", f"verdict: {verdict} (exit {report.exit_code})"]
+    return "\n".join(lines)
+
+
+def _shard_lines(section: dict[str, Any]) -> list[str]:
+    """The sharded section as text: a few summary lines however many shards; the
+    shards with findings are named in the findings."""
+    lines = ["", f"Shards ({section['directory']}/shards)"]
+    indexed = section["indexed_shards"]
+    lines.append(
+        f"  {section['shard_files']:,} shard files, {mb(section['total_bytes'])} "
+        f"(WAL {mb(section['wal_bytes'])}); "
+        + (
+            f"the catalog's index names {indexed:,} ({section['indexed_sessions']:,} sessions)"
+            if indexed is not None
+            else "the catalog's index could not be read"
+        )
+    )
+    if section["largest"]:
+        lines.append(
+            "  largest: "
+            + ", ".join(
+                f"{e['key']} {mb(e['bytes'])}"
+                + (f" (WAL {mb(e['wal_bytes'])})" if e["wal_bytes"] else "")
+                for e in section["largest"]
+            )
+        )
+    for name, items in (("missing", section["missing"]), ("orphan", section["orphans"])):
+        if items:
+            lines.append(f"  {name} files: {shards_named(items)}")
+    if section["empty"]:
+        lines.append(f"  empty files (no session): {len(section['empty'])}")
+    intents = section["intents"]
+    if intents:
+        alive = sum(1 for i in intents if i["alive"])
+        lines.append(
+            f"  catalog+shard writes unfinished: {len(intents)} ({alive} of live processes, "
+            f"{len(intents) - alive} of processes that are gone)"
+        )
+    lines.append(
+        f"  checked: {section['shard_files']:,} files, "
+        f"{section['shard_files'] - section['with_findings']:,} fine, "
+        f"{section['with_findings']:,} with findings"
+    )
+    return lines
+
+
+__all__ = [
+    "EXIT_HEALTHY",
+    "EXIT_PROBLEMS",
+    "EXIT_WARNINGS",
+    "REPORT_VERSION",
+    "SHARDS_NAMED",
+    "Finding",
+    "Report",
+    "Severity",
+    "format_report",
+    "mb",
+    "shards_named",
+]
