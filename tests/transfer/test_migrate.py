@@ -29,6 +29,7 @@ from fleetstore.domain.operations import Operation
 from fleetstore.errors import AlreadyExists, BlobCorrupt, InvalidInput, NotFound
 from fleetstore.store.facade import Store
 from fleetstore.transfer import migrate
+from fleetstore.transfer.migrate import schema, side, verification
 
 #: Per-host state of the PostgreSQL stores (spool journals) under tmp_path.
 pytestmark = pytest.mark.usefixtures("data_dir")
@@ -161,8 +162,8 @@ def fill(store: Store, *, messages: int = 30, blobs: int = 0) -> dict[str, str]:
     return {"root": root.id, "early": early.id, "fork": fork.id}
 
 
-def schema_tables(store: Store) -> list[migrate.Table]:
-    return list(migrate._read_schema(store).values())
+def schema_tables(store: Store) -> list[schema.Table]:
+    return list(schema._read_schema(store).values())
 
 
 def catalog_tables(store: Store) -> set[str]:
@@ -182,9 +183,11 @@ def dump(store: Store) -> dict[str, list[bytes]]:
     out: dict[str, list[bytes]] = {}
     for table in schema_tables(store):
         rows: list[bytes] = []
-        reader = migrate._Reader(store, table, binary=True)
+        reader = side._Reader(store, table, binary=True)
         for page in reader.rows(1000):
-            rows.extend(migrate.encode_row(migrate._normal(table, r), table.kinds) for r in page)
+            rows.extend(
+                verification.encode_row(schema._normal(table, r), table.kinds) for r in page
+            )
         out[table.name] = rows
     return out
 
@@ -261,7 +264,7 @@ def test_copy_is_exact_in_every_direction(
         assert api_view(d, ids) == view
         # Every table of the schema was copied (a table added by a later migration
         # is found in the catalog, or this fails), and every one held rows here.
-        assert {t.name for t in report.tables} == catalog_tables(d) - migrate.NOT_COPIED
+        assert {t.name for t in report.tables} == catalog_tables(d) - schema.NOT_COPIED
         empty = {t.name for t in report.tables if t.rows == 0}
         assert empty == set(), f"fill() leaves these tables empty: {empty}"
         for t in report.tables:
@@ -276,7 +279,7 @@ def test_copy_is_exact_in_every_direction(
         "blob_chunks",
         "shard_sessions",
         "shard_intents",
-    } == migrate.NOT_COPIED
+    } == schema.NOT_COPIED
 
 
 def test_round_trip_sqlite_postgresql_sqlite_is_identical(
@@ -581,7 +584,7 @@ def test_cli_json_report_and_rerun(tmp_path: Path) -> None:
 
 def test_the_canonical_encoding_tells_types_apart() -> None:
     kinds = ("integer", "real", "text", "blob")
-    enc = migrate.encode_row
+    enc = verification.encode_row
     assert enc((1, 2, "a", b"b"), kinds) == enc((1, 2.0, "a", b"b"), kinds)  # a real is a real
     assert enc((1, 2.0, "a", b"b"), kinds) != enc((1, 2.0, "a", "b"), kinds)
     assert enc((1, 2.0, "ab", b""), kinds) != enc((1, 2.0, "a", b"b"), kinds)

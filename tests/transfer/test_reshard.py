@@ -28,8 +28,10 @@ from fleetstore.domain.blobs import BlobStore
 from fleetstore.engine.sharded import shard_key
 from fleetstore.errors import AlreadyExists, IntegrityError, InvalidInput, NotFound
 from fleetstore.store.facade import Store
+from fleetstore.transfer import archive as tree_archive
 from fleetstore.transfer import migrate, reshard
 from fleetstore.transfer import stream as transfer
+from fleetstore.transfer.migrate import schema
 from tests.transfer.test_migrate import BLOB_THRESHOLD, api_view, dump, fill
 
 pytestmark = pytest.mark.usefixtures("data_dir")
@@ -50,7 +52,7 @@ def per_file(url: str) -> dict[tuple[str | None, str], list[tuple[Any, ...]]]:
     copies and shard_sessions included), by (shard key or None, table), sorted."""
     out: dict[tuple[str | None, str], list[tuple[Any, ...]]] = {}
     with opened(url) as store:
-        tables = [*migrate._read_schema(store), "shard_sessions", "shard_intents"]
+        tables = [*schema._read_schema(store), "shard_sessions", "shard_intents"]
 
         def each(key: str | None, db: Any) -> None:
             for name in tables:
@@ -331,7 +333,7 @@ def test_an_archived_tree_leaves_with_its_blobs_and_comes_back_equal(tmp_path: P
         key = shard_key(ids["root"])
         tree = {sid for sid in before if s.router and s.router.home(sid) == key}
         assert len(tree) == 4
-        done = reshard.archive_tree(s, ids["early"], dest)  # any session of the tree
+        done = tree_archive.archive_tree(s, ids["early"], dest)  # any session of the tree
         assert (done.key, done.sessions, done.messages) == (key, 4, 35)
         assert not s.router.shards.exists(key)  # type: ignore[union-attr]
         assert {x.id for x in s.sessions.list(include_archived=True)} == set(before) - tree
@@ -342,7 +344,7 @@ def test_an_archived_tree_leaves_with_its_blobs_and_comes_back_equal(tmp_path: P
         assert transfer.session_digest(s, other.id) == before[other.id]
         with pytest.raises(InvalidInput, match="catalog"):
             adk = s.db.read(lambda tx: tx.execute("SELECT fs_id FROM adk_sessions"))[0][0]
-            reshard.archive_tree(s, adk, dest)
+            tree_archive.archive_tree(s, adk, dest)
     # Self-contained: the file and every blob it refers to, each matching its hash.
     manifest = json.loads((dest / f"{key}.json").read_text())
     assert set(manifest["sessions"]) == tree and manifest["blobs"] == done.blobs > 0
@@ -357,7 +359,7 @@ def test_an_archived_tree_leaves_with_its_blobs_and_comes_back_equal(tmp_path: P
     # The archived file refuses writes, whoever opens it.
     db = fleetstore.Database.open(dest / f"{key}.db")
     try:
-        with pytest.raises(IntegrityError, match=reshard.ARCHIVED), db.write() as tx:
+        with pytest.raises(IntegrityError, match=tree_archive.ARCHIVED), db.write() as tx:
             tx.execute("DELETE FROM messages")
         assert db.read(lambda tx: tx.execute("SELECT count(*) FROM messages"))[0][0] == 35
     finally:
@@ -472,7 +474,7 @@ def test_archiving_one_tree_while_another_process_appends_to_another(
     assert line(writer) == "ready"
     assert line(writer) == "ok 0"
     with opened(url) as s:
-        reshard.archive_tree(s, a.id, tmp_path / "archive")
+        tree_archive.archive_tree(s, a.id, tmp_path / "archive")
     lines = []
     while (text := line(writer)) != "done":
         lines.append(text)
@@ -482,7 +484,7 @@ def test_archiving_one_tree_while_another_process_appends_to_another(
         assert len(s.messages.list(b.id, limit=1000)) == 301
         with pytest.raises(NotFound):
             s.sessions.get(a.id)
-        reshard.restore_tree(s, tmp_path / "archive" / f"{shard_key(a.id)}.db")
+        tree_archive.restore_tree(s, tmp_path / "archive" / f"{shard_key(a.id)}.db")
         assert transfer.session_digest(s, a.id) == want
 
 
@@ -497,7 +499,7 @@ def test_a_writer_that_had_the_tree_open_is_refused_never_writes_into_the_moved_
     assert line(holder) == "ready"  # it wrote once: the shard is open in its cache
     with opened(url) as s:
         want = transfer.session_digest(s, sid)
-        done = reshard.archive_tree(s, sid, tmp_path / "archive")
+        done = tree_archive.archive_tree(s, sid, tmp_path / "archive")
     assert holder.stdin is not None
     holder.stdin.write("while archived\n")
     holder.stdin.flush()
@@ -514,7 +516,7 @@ def test_a_writer_that_had_the_tree_open_is_refused_never_writes_into_the_moved_
         db.close()
     assert texts == 1  # "before" only
     with opened(url) as s:
-        reshard.restore_tree(s, done.archive)
+        tree_archive.restore_tree(s, done.archive)
         assert transfer.session_digest(s, sid) == want
     # The same file is back at its place: the holder writes to it again.
     holder.stdin.write("after the restore\n")
@@ -552,7 +554,7 @@ def test_archive_and_restore_killed_after_the_move_carry_on_when_run_again(
         arg = sid if step == "after-move" else str(dest / f"{key}.db")
         args = [arg, "--store", url, *(["--to", str(dest)] if step == "after-move" else [])]
         run = f"from fleetstore.cli.reshard import {code} as c; c()"
-        env = dict(os.environ, **{reshard.CRASH_ENV: step})
+        env = dict(os.environ, **{tree_archive.CRASH_ENV: step})
         done = subprocess.run(
             [sys.executable, "-c", run, *args], capture_output=True, text=True, env=env, timeout=60
         )
@@ -563,13 +565,13 @@ def test_archive_and_restore_killed_after_the_move_carry_on_when_run_again(
             if step == "after-move":
                 assert not s.router.shards.exists(key) and (dest / f"{key}.db").exists()
                 assert s.router.home(sid) == key  # still listed
-                again = reshard.archive_tree(s, sid, dest)
+                again = tree_archive.archive_tree(s, sid, dest)
                 with pytest.raises(NotFound):
                     s.sessions.get(sid)
             else:
                 assert s.router.shards.exists(key) and not (dest / f"{key}.db").exists()
                 with pytest.raises(NotFound):
                     s.sessions.get(sid)  # not listed yet
-                again = reshard.restore_tree(s, dest / f"{key}.db")
+                again = tree_archive.restore_tree(s, dest / f"{key}.db")
                 assert transfer.session_digest(s, sid) == want
             assert again.resumed and again.ok and again.sessions == 1

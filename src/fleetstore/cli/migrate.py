@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -11,7 +12,13 @@ import click
 
 from fleetstore import errors
 from fleetstore.cli.util import ProgressBars, env
-from fleetstore.transfer import migrate as _migrate
+from fleetstore.transfer.migrate.report import (
+    DEFAULT_BATCH_ROWS,
+    MigrateReport,
+    VerificationFailed,
+    format_report,
+)
+from fleetstore.transfer.migrate.run import migrate, verify_report
 
 _EXIT = """\b
 Exit codes:
@@ -32,13 +39,11 @@ def raise_open_file_limit() -> None:
     a sharded store is a file per session tree, and copying one is faster with many
     of them open at once (fleetstore.transfer.migrate sizes its cache of open shards by it)."""
     try:
-        import resource
-
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
         if soft != resource.RLIM_INFINITY and soft < want:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    except (ImportError, OSError, ValueError):
+    except (OSError, ValueError):
         pass
 
 
@@ -48,7 +53,7 @@ def raise_open_file_limit() -> None:
 @click.option(
     "--batch-rows",
     type=click.IntRange(1, 100_000),
-    default=_migrate.DEFAULT_BATCH_ROWS,
+    default=DEFAULT_BATCH_ROWS,
     show_default=True,
     metavar="N",
     help="Rows per batch: one read transaction on SRC and one write transaction on DST.",
@@ -88,8 +93,8 @@ def migrate_command(src: str, dst: str, batch_rows: int, verify_only: bool, as_j
     """
     run_copy(
         "migrate",
-        _migrate.migrate,
-        _migrate.verify_report,
+        migrate,
+        verify_report,
         src,
         dst,
         batch_rows,
@@ -103,8 +108,8 @@ __all__ = ["migrate_command"]
 
 def run_copy(
     command: str,
-    copy: Callable[..., _migrate.MigrateReport],
-    verify: Callable[..., _migrate.MigrateReport],
+    copy: Callable[..., MigrateReport],
+    verify: Callable[..., MigrateReport],
     src: str,
     dst: str,
     batch_rows: int,
@@ -120,7 +125,7 @@ def run_copy(
             report = verify(src, dst, batch_rows=batch_rows, progress=bars)
         else:
             report = copy(src, dst, batch_rows=batch_rows, progress=bars)
-    except _migrate.VerificationFailed as exc:
+    except VerificationFailed as exc:
         bars.close()
         report = exc.report
     except (errors.InvalidInput, errors.NotFound, errors.ConfigError, errors.AlreadyExists) as exc:
@@ -135,7 +140,7 @@ def run_copy(
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        click.echo(_migrate.format_report(report, command))
+        click.echo(format_report(report, command))
     if not report.ok:
         for problem in report.problems:
             click.echo(f"fleetstore {command}: MISMATCH: {problem}", err=True)

@@ -1,5 +1,5 @@
 """``fleetstore reshard`` and ``fleetstore sessions archive-tree|restore-tree`` (the
-work is in fleetstore.transfer.reshard)."""
+work is in fleetstore.transfer.reshard and fleetstore.transfer.archive)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from fleetstore import errors
 from fleetstore.cli.migrate import raise_open_file_limit, run_copy
 from fleetstore.cli.util import env, existing_store
 from fleetstore.cli.util import store_option as _store_option
-from fleetstore.transfer import migrate as _migrate
+from fleetstore.transfer import archive as _archive
 from fleetstore.transfer import reshard as _reshard
+from fleetstore.transfer.migrate.report import DEFAULT_BATCH_ROWS
 
 _EXIT = """\b
 Exit codes:
@@ -35,7 +36,7 @@ Exit codes:
 @click.option(
     "--batch-rows",
     type=click.IntRange(1, 100_000),
-    default=_migrate.DEFAULT_BATCH_ROWS,
+    default=DEFAULT_BATCH_ROWS,
     show_default=True,
     metavar="N",
     help="Rows per write transaction on DST (and per read transaction on SRC).",
@@ -110,7 +111,7 @@ def _sharded(command: str, store: str | None) -> Iterator[fleetstore.Store]:
         opened.close(timeout=0)
 
 
-def _print(command: str, done: _reshard.TreeArchive, as_json: bool, verb: str) -> None:
+def _print(command: str, done: _archive.TreeArchive, as_json: bool, verb: str) -> None:
     if as_json:
         click.echo(json.dumps(done.to_json(), indent=2))
     else:
@@ -163,7 +164,7 @@ def archive_tree_command(session_id: str, dest: str, as_json: bool, store: str |
     """
     command = "sessions archive-tree"
     with _sharded(command, store) as opened:
-        done = _reshard.archive_tree(opened, session_id, dest)
+        done = _archive.archive_tree(opened, session_id, dest)
         _print(command, done, as_json, f"moved to {done.archive}")
 
 
@@ -196,7 +197,7 @@ def restore_tree_command(archive: str, as_json: bool, store: str | None) -> None
     """
     command = "sessions restore-tree"
     with _sharded(command, store) as opened:
-        done = _reshard.restore_tree(opened, archive)
+        done = _archive.restore_tree(opened, archive)
         _print(command, done, as_json, "restored")
         if not done.ok:
             sys.exit(1)

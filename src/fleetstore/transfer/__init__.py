@@ -1,2 +1,2 @@
-"""Moving stores: export, import, merge, migrate, reshard, and importing the
-frameworks' own SQLite files."""
+"""Moving stores: export, import, merge, migrate, reshard, archiving a session tree,
+and importing the frameworks' own SQLite files."""
