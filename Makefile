@@ -25,6 +25,7 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobRef
 from fleetstore.domain.operations import Operation
-from fleetstore.engine.base import Tx
+from fleetstore.engine.base import Tx  # the read functions' transaction, for the layers above
 
 T = TypeVar("T")
 
@@ -117,4 +117,4 @@ class StorePort(Protocol):
     def streams_closed(self, stream: Flushable) -> None: ...
 
 
-__all__ = ["Blobs", "Flushable", "StorePort"]
+__all__ = ["Blobs", "Flushable", "StorePort", "Tx"]

@@ -72,7 +72,7 @@ from fleetstore.core.validate import check_text, dump_json
 from fleetstore.domain.codec import decode_value, encode_payload
 from fleetstore.domain.frameworks.adk import adk_fs_id, adk_message_id
 from fleetstore.domain.operations import Operation
-from fleetstore.engine.base import Tx
+from fleetstore.domain.ports import Tx
 from fleetstore.integrations import adopt_store, check_threads
 from fleetstore.store.aio import AsyncStore, _bridge
 from fleetstore.store.facade import Store
