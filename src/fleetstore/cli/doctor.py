@@ -8,7 +8,8 @@ import sys
 import click
 
 from fleetstore import errors
-from fleetstore.admin.doctor import EXIT_PROBLEMS, diagnose, format_report
+from fleetstore.admin.doctor import diagnose
+from fleetstore.admin.doctor.report import EXIT_PROBLEMS, format_report
 
 
 @click.command(

@@ -1,0 +1,557 @@
+"""Findings: what ``diagnose`` saw, turned into findings, one function per concern
+(the SQLite library, permissions, the journal, the read, integrity, space, the WAL,
+processes, locks; a store's schema, outbox and spool; a sharded store's files and
+intents).  Every finding code is written in this package, and
+tests/admin/test_doctor.py holds them to docs/doctor.md's table."""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+from fleetstore.admin.doctor.probe import Probe
+from fleetstore.admin.doctor.report import SHARDS_NAMED, Report, Severity, mb, shards_named
+from fleetstore.engine import inspect
+from fleetstore.engine.inspect import FileFacts
+
+# Thresholds, documented in docs/doctor.md.
+WAL_LARGE_BYTES = 64 * 1024 * 1024  # = Settings.truncate_bytes
+FREELIST_SHARE = 0.25
+FREELIST_MIN_BYTES = 1024 * 1024
+AUTO_VACUUM_BIG_BYTES = 256 * 1024 * 1024
+BACKLOG_AGE_SECONDS = 300.0
+
+
+def _who(proc: dict[str, Any]) -> str:
+    return f"pid {proc['pid']}" + (f" ({proc['command']})" if proc["command"] else "")
+
+
+def _holding(proc: dict[str, Any], name: str, *, mode: str | None = None) -> list[dict[str, Any]]:
+    return [
+        lk for lk in proc["locks"] if name in lk["names"] and (mode is None or lk["mode"] == mode)
+    ]
+
+
+def file_findings(
+    report: Report,
+    found: Probe,
+    processes: list[dict[str, Any]],
+    waited: float,
+    *,
+    shard: bool = False,
+) -> None:
+    """The findings about one database file, in the order the report lists them
+    within a severity; a shard's (*shard*) leave out what is said for the catalog."""
+    database = found.contents["database"]
+    header, before = found.header, found.before
+    wal_size = before["wal"].size if before["wal"].exists else 0
+    if not shard:
+        _sqlite_findings(report)
+    _permission_findings(report, before, found.contents.get("fleetstore") is not None, shard)
+    _journal_findings(report, header, before["journal"], database)
+    _read_findings(report, database, processes)
+    _integrity_findings(report, database, bool(found.contents.get("changed")))
+    _space_findings(report, database, before["database"].size)
+    _wal_findings(report, header, before["database"].size, wal_size, found.shm_index)
+    for proc in processes:
+        _process_findings(report, proc, header)
+        _lock_findings(report, proc, waited, wal_size)
+    figures = report.data.get("fleetstore")
+    if figures is not None:
+        _store_findings(report, figures)
+    elif header is not None and not database["not_read"]:
+        report.add(Severity.OK, "foreign-database", "not a fleetstore store: SQLite checks only")
+
+
+def _sqlite_findings(report: Report) -> None:
+    add = report.add
+    version = inspect.library_version()
+    if inspect.wal_reset_bug(version):
+        add(
+            Severity.WARNING,
+            "sqlite-wal-reset-bug",
+            f"this program's SQLite library is {version}, which has the WAL-reset "
+            "corruption bug (3.7.0 to 3.51.2; https://sqlite.org/wal.html#the_wal_reset_bug)",
+            "upgrade to a SQLite of 3.51.3 or later (or the 3.44.6 / 3.50.7 backports)",
+        )
+    else:
+        add(Severity.OK, "sqlite-version", f"SQLite library {version}: free of the WAL-reset bug")
+
+
+def _permission_findings(
+    report: Report, before: dict[str, FileFacts], is_store: bool, shard: bool
+) -> None:
+    add = report.add
+    for role, facts in before.items():
+        if not facts.exists:
+            continue
+        if facts.mode & stat.S_IWOTH:
+            add(
+                Severity.PROBLEM,
+                "world-writable",
+                f"{facts.path} is writable by every user (mode {facts.mode:04o}): anyone can "
+                "change or corrupt it",
+                f"chmod o-w {facts.path} (fleetstore creates its files 0600)",
+            )
+        elif facts.mode & stat.S_IROTH:
+            add(
+                Severity.PROBLEM if is_store and role != "gate" else Severity.WARNING,
+                "world-readable",
+                f"{facts.path} is readable by every user (mode {facts.mode:04o})"
+                + (": session history often carries secrets" if is_store else ""),
+                f"chmod o-rwx {facts.path} (fleetstore creates its files 0600)",
+            )
+    directory = os.path.dirname(report.path)
+    dmode = FileFacts.of(directory).mode
+    if dmode & stat.S_IWOTH and not dmode & stat.S_ISVTX and not shard:
+        add(
+            Severity.WARNING,
+            "directory-world-writable",
+            f"{directory} is writable by every user (mode {dmode:04o}): anyone can delete or "
+            "replace the database, its -wal or its -shm",
+            f"chmod o-w {directory}, or move the database to a private directory",
+        )
+
+
+def _journal_findings(
+    report: Report, header: inspect.Header | None, journal: FileFacts, database: dict[str, Any]
+) -> None:
+    add = report.add
+    if header is None:
+        add(
+            Severity.WARNING,
+            "empty-file",
+            f"{report.path} is empty (0 bytes): a program created it but never wrote a "
+            "database; SQLite would treat it as a new empty database",
+            "nothing to repair; check that the program that made it is not failing at start",
+        )
+    if header is not None and not header.wal:
+        add(
+            Severity.WARNING,
+            "wal-not-enabled",
+            "the database uses a rollback journal, not WAL: readers and the writer block "
+            "each other, so concurrent processes meet 'database is locked' far more often",
+            "switch once, while no other process has the file open: "
+            "PRAGMA journal_mode=WAL (fleetstore.open does this for its stores)",
+        )
+    elif header is not None:
+        add(Severity.OK, "wal-enabled", "the database is in WAL mode")
+    if journal.exists and journal.size > 0 and database["not_read_reason"] == "hot-journal":
+        add(
+            Severity.PROBLEM,
+            "hot-journal",
+            f"{journal.path} holds an unfinished transaction of a writer that died: the "
+            "database cannot be read until it is rolled back",
+            "open the database read-write once with any SQLite program (it rolls the "
+            "journal back); never delete the -journal file, that corrupts the database",
+        )
+
+
+def _read_findings(
+    report: Report, database: dict[str, Any], processes: list[dict[str, Any]]
+) -> None:
+    """The contents not read, and why."""
+    add = report.add
+    not_read = database["not_read"]
+    reason = database["not_read_reason"]
+    if not_read and reason not in ("hot-journal", "empty"):
+        if reason in ("corrupt", "not-a-database"):
+            add(
+                Severity.PROBLEM,
+                "unreadable",
+                f"SQLite cannot read the database: {not_read}",
+                "stop every writer, keep a copy of all files (db, -wal, -shm), then restore "
+                "from a backup or salvage with `sqlite3 DB .recover`",
+            )
+        elif reason == "busy":
+            holders = [
+                _who(p)
+                for p in processes
+                if _holding(p, "exclusive") or _holding(p, "pending") or _holding(p, "recover")
+            ]
+            add(
+                Severity.WARNING,
+                "not-read-busy",
+                "the contents were not checked: the database stayed locked"
+                + (f" by {', '.join(holders)}" if holders else ""),
+                "run doctor again once the long transaction ends",
+            )
+        elif reason == "wal-without-shm":
+            add(
+                Severity.WARNING,
+                "wal-without-shm",
+                f"the contents were not checked: {not_read}",
+                "nothing is wrong by itself; to check the contents, let the application open "
+                "the database (it rebuilds the -shm), then run doctor again",
+            )
+        else:
+            add(
+                Severity.WARNING,
+                "not-read",
+                f"the contents were not checked: {not_read}",
+                "run doctor again; if it persists, check the file's permissions",
+            )
+
+
+def _integrity_findings(report: Report, database: dict[str, Any], changed: bool) -> None:
+    add = report.add
+    checked = database["quick_check"]
+    if checked is not None:
+        if checked == ["ok"]:
+            add(Severity.OK, "quick-check", "PRAGMA quick_check: ok")
+        else:
+            shown = "; ".join(checked[:5]) + (" ..." if len(checked) > 5 else "")
+            add(
+                Severity.PROBLEM,
+                "quick-check-failed",
+                f"PRAGMA quick_check found damage: {shown}",
+                "stop every writer, copy the db with its -wal and -shm, then restore from a "
+                "backup or salvage with `sqlite3 DB .recover`; run PRAGMA integrity_check "
+                "for the full list",
+            )
+    # Without locks, only a checkpoint writing the main file meanwhile can mislead.
+    if changed:
+        add(
+            Severity.WARNING,
+            "changed-during-check",
+            "the database changed while doctor read it without locks (a writer started): "
+            "the figures above may be inconsistent",
+            "run doctor again",
+        )
+
+
+def _space_findings(report: Report, database: dict[str, Any], db_size: int) -> None:
+    add = report.add
+    pages, page_size = database["page_count"] or 0, database["page_size"] or 0
+    free = database["freelist_count"] or 0
+    if pages and free / pages >= FREELIST_SHARE and free * page_size >= FREELIST_MIN_BYTES:
+        add(
+            Severity.WARNING,
+            "freelist-high",
+            f"{free} of {pages} pages ({free / pages:.0%}, {mb(free * page_size)}) are free: "
+            "the file is much bigger than its data",
+            "reclaim the space: `fleetstore maintain` (VACUUM, or incremental_vacuum when "
+            "auto_vacuum is incremental)",
+        )
+    if database["auto_vacuum"] == "none" and db_size >= AUTO_VACUUM_BIG_BYTES:
+        add(
+            Severity.WARNING,
+            "auto-vacuum-off",
+            f"auto_vacuum is NONE on a {mb(db_size)} file: deleted data never gives "
+            "space back without a full VACUUM",
+            "PRAGMA auto_vacuum=INCREMENTAL followed by one VACUUM (rewrites the file; needs "
+            "the write lock and free disk space of the file's size)",
+        )
+
+
+def _wal_findings(
+    report: Report,
+    header: inspect.Header | None,
+    db_size: int,
+    wal_size: int,
+    shm: inspect.ShmIndex | None,
+) -> None:
+    if header is not None and header.wal and wal_size >= WAL_LARGE_BYTES and wal_size > db_size:
+        live = ""
+        if shm is not None and shm.valid:
+            live = f"; {shm.max_frame} frames in use, {shm.backfilled} copied back"
+        report.add(
+            Severity.WARNING,
+            "wal-large",
+            f"the WAL is {mb(wal_size)}, bigger than the database ({mb(db_size)}){live}: "
+            "checkpoints are not keeping up, or a reader keeps the WAL from being reset",
+            "end long read transactions, then `fleetstore maintain` or "
+            "PRAGMA wal_checkpoint(TRUNCATE) when no reader is active",
+        )
+
+
+def _process_findings(report: Report, proc: dict[str, Any], header: inspect.Header | None) -> None:
+    """A process's files and library: what it does to the file whatever its locks."""
+    add = report.add
+    who = _who(proc)
+    if proc["deleted_open"]:
+        add(
+            Severity.PROBLEM,
+            "deleted-file-open",
+            f"{who} holds a deleted or replaced {', '.join(proc['deleted_open'])} file "
+            "open: it reads and writes a file nobody else sees, and its commits there "
+            "are lost (a -wal or -shm deleted under a live process corrupts the database)",
+            f"restart {who}; never delete or replace -wal/-shm files while a process has "
+            "the database open",
+        )
+    for lib in proc["sqlite_libraries"]:
+        if lib["wal_reset_bug"] and header is not None and header.wal:
+            add(
+                Severity.WARNING,
+                "process-sqlite-wal-reset-bug",
+                f"{who} uses SQLite {lib['version']} ({lib['path']}), which has the "
+                "WAL-reset corruption bug (https://sqlite.org/wal.html#the_wal_reset_bug), "
+                "on this WAL database: several writers and checkpoints at once can corrupt "
+                "it",
+                "upgrade that program's SQLite to 3.51.3 or later (fleetstore bundles a "
+                "fixed one through apsw)",
+            )
+
+
+def _lock_findings(report: Report, proc: dict[str, Any], waited: float, wal_size: int) -> None:
+    """The locks a process held, in one look or both."""
+    add = report.add
+    who = _who(proc)
+    both = [lk for lk in proc["locks"] if lk["seen"] == "both"]
+    writing = _holding(proc, "wal-write", mode="WRITE") or [
+        lk
+        for lk in proc["locks"]
+        if {"reserved", "pending", "exclusive"} & set(lk["names"]) and lk["mode"] == "WRITE"
+    ]
+    long_write = [lk for lk in writing if lk in both]
+    if long_write:
+        add(
+            Severity.WARNING,
+            "write-lock-held",
+            f"{who} held SQLite's write lock ({', '.join(long_write[0]['names'])}) in both "
+            f"looks, {waited:.1f}s apart: every other writer waits for it",
+            "if that program is not mid-way through a big write, it keeps a write "
+            "transaction open: make it commit promptly (ending the process rolls back)",
+        )
+    elif writing:
+        add(Severity.OK, "writer", f"{who} was writing (held the write lock once)")
+    gate = [lk for lk in proc["locks"] if lk["file"] == "gate" and lk["mode"] == "WRITE"]
+    if gate and any(lk["seen"] == "both" for lk in gate):
+        add(
+            Severity.WARNING,
+            "gate-held",
+            f"{who} held fleetstore's writer gate in both looks, {waited:.1f}s apart: "
+            "fleetstore writers queue behind it",
+            "it is inside a long write; if it hangs, end it (the kernel frees the gate)",
+        )
+    readers = [
+        lk
+        for lk in both
+        if lk["mode"] == "READ" and any(n.startswith("wal-read-") for n in lk["names"])
+    ]
+    if readers and not writing:
+        slots = sorted(
+            int(n.rsplit("-", 1)[1])
+            for lk in readers
+            for n in lk["names"]
+            if n.startswith("wal-read-")
+        )
+        add(
+            Severity.WARNING,
+            "wal-reset-blocked",
+            f"{who} held a read transaction (WAL read lock {slots[0]}) in both looks, "
+            f"{waited:.1f}s apart: while it lasts the WAL cannot be reset"
+            + (
+                " and no checkpoint can copy frames back at all"
+                if slots[0] == 0
+                else ", checkpoints stop at its snapshot"
+            )
+            + f", so the WAL keeps growing (now {mb(wal_size)})",
+            "end that read transaction (commit or roll back, keep reads short); the next "
+            "checkpoint can then reset the WAL",
+        )
+
+
+# -- a fleetstore store ----------------------------------------------------------------------
+
+
+def _store_findings(report: Report, store: dict[str, Any]) -> None:
+    _schema_findings(report, store)
+    outbox = store.get("outbox")
+    if outbox:
+        _outbox_findings(report, outbox)
+    spool = store.get("spool")
+    if spool:
+        _spool_findings(report, spool)
+
+
+def _schema_findings(report: Report, store: dict[str, Any]) -> None:
+    """The schema version, and the settings this environment would open it with."""
+    add = report.add
+    version, known = store["schema_version"], store["known_schema_version"]
+    if version > known:
+        add(
+            Severity.WARNING,
+            "schema-newer",
+            f"the store is at schema version {version}, newer than this fleetstore knows "
+            f"({known}): this version refuses to open it",
+            "upgrade fleetstore on this host",
+        )
+    elif version < known:
+        add(
+            Severity.OK,
+            "schema-older",
+            f"schema version {version}; the next fleetstore.open() migrates it to {known}",
+        )
+    else:
+        add(Severity.OK, "schema", f"schema version {version} (current)")
+    if store["settings_error"]:
+        add(
+            Severity.WARNING,
+            "settings-invalid",
+            f"the FLEETSTORE_* environment here is invalid: {store['settings_error']}",
+            "fix or unset that variable; fleetstore.open() refuses to start with it",
+        )
+
+
+def _outbox_findings(report: Report, outbox: dict[str, Any]) -> None:
+    add = report.add
+    stuck = outbox.get("stuck_running", 0)
+    if stuck:
+        add(
+            Severity.WARNING,
+            "effects-stuck",
+            f"{stuck} outbox effect(s) are 'running' with an expired lease: their worker "
+            "is gone, and each blocks the later effects of its thread",
+            "run a worker (it sweeps expired leases), or store.effects.sweep()",
+        )
+    dead = outbox["by_state"].get("dead", 0)
+    if dead:
+        add(
+            Severity.WARNING,
+            "effects-dead",
+            f"{dead} outbox effect(s) are dead (out of attempts or not replay-safe)",
+            "look at their last_error; store.effects.retry(id) or cancel(id) each",
+        )
+    age = outbox.get("oldest_ready_age")
+    if age is not None and age >= BACKLOG_AGE_SECONDS:
+        add(
+            Severity.WARNING,
+            "outbox-backlog",
+            f"{outbox['ready_pending']} effect(s) are ready and waiting, the oldest for "
+            f"{age:.0f}s: no worker is taking them",
+            "start (more) workers for these kinds",
+        )
+    if not stuck and not dead and (age is None or age < BACKLOG_AGE_SECONDS):
+        add(Severity.OK, "outbox", "outbox: nothing stuck, dead or waiting long")
+
+
+def _spool_findings(report: Report, spool: dict[str, Any]) -> None:
+    add = report.add
+    stale = [j for j in spool["journals"] if not j["live"]]
+    if stale:
+        ops = sum(j["operations"] for j in stale)
+        add(
+            Severity.WARNING,
+            "spool-stale",
+            f"{len(stale)} spool journal(s) of processes that are gone hold {ops} "
+            "acknowledged write(s) not yet in the database",
+            f"fleetstore recover {report.path}",
+        )
+    damaged = [j["journal"] for j in spool["journals"] if j["damaged"]]
+    if damaged:
+        add(
+            Severity.PROBLEM,
+            "spool-damaged",
+            f"damaged spool journal(s): {', '.join(damaged)}; recover stops at the damage",
+            f"fleetstore recover {report.path}, then look at the kept file",
+        )
+    if spool["rejected"]:
+        add(
+            Severity.WARNING,
+            "spool-rejected",
+            f"{spool['rejected']} operation(s) were rejected on replay and kept in "
+            f"{spool['path']}/rejected.jsonl",
+            "read each record's error; re-apply by hand what still matters",
+        )
+
+
+# -- a sharded store -------------------------------------------------------------------------
+
+
+def shard_findings(report: Report, section: dict[str, Any], url: str) -> None:
+    """The catalog's index held against the shard files, then the unfinished intents."""
+    _shard_file_findings(report, section, url)
+    _intent_findings(report, section["intents"], url)
+
+
+def _shard_file_findings(report: Report, section: dict[str, Any], url: str) -> None:
+    add = report.add
+    files = section["shard_files"]
+    if section["indexed_shards"] is None:
+        add(
+            Severity.WARNING,
+            "shard-index-not-read",
+            "the catalog's index of shards could not be read: missing and orphan shard files "
+            "were not looked for",
+            "see the catalog's findings above; run doctor again",
+        )
+    if not section["with_findings"]:
+        add(
+            Severity.OK,
+            "shards",
+            f"{files} shard file(s), {mb(section['total_bytes'])}: every one checked, "
+            "nothing found",
+        )
+    else:
+        add(
+            Severity.OK,
+            "shards",
+            f"{files} shard file(s), {mb(section['total_bytes'])}: {section['with_findings']} "
+            "with findings (listed with their shard)",
+        )
+    missing = section["missing"]
+    if missing:
+        named = shards_named(missing)
+        add(
+            Severity.WARNING,
+            "shard-missing",
+            f"{len(missing)} shard file(s) that the catalog lists sessions in are missing: "
+            f"{named}; reading those sessions fails (NotFound)",
+            "put the file back at its path (shards/<last 2 characters>/<key>.db) if it was "
+            "moved by hand, or restore it from a backup; if it is lost, `fleetstore sessions "
+            f"rm ID --yes --store {url}` on its top-level session drops the catalog's rows",
+        )
+    orphans = section["orphans"]
+    if orphans:
+        named = shards_named(orphans)
+        add(
+            Severity.WARNING,
+            "shard-orphan",
+            f"{len(orphans)} shard file(s) hold sessions that the catalog does not list, and "
+            f"no unfinished write names them: {named}; they are not listed and cannot "
+            "be read by id",
+            "a crash between a shard's write and the catalog's leaves an intent that "
+            f"`fleetstore recover {url}` (or any fleetstore.open) finishes, and none is "
+            "left here: export the sessions from a copy of the file, or put back the "
+            "catalog from a backup",
+        )
+    if section["empty"]:
+        add(
+            Severity.OK,
+            "shard-empty",
+            f"{len(section['empty'])} shard file(s) hold no session (their trees were "
+            "deleted); `fleetstore maintain` removes them",
+        )
+
+
+def _intent_findings(report: Report, intents: list[dict[str, Any]], url: str) -> None:
+    add = report.add
+    stale = [i for i in intents if not i["alive"]]
+    live = [i for i in intents if i["alive"]]
+    if stale:
+        named = ", ".join(
+            f"{i['operation'] or '?'} on shard {i['shard']} (pid {i['pid']}, "
+            f"{i['age']:.0f}s ago{'' if i['shard_file'] else ', no shard file yet'})"
+            for i in stale[:SHARDS_NAMED]
+        )
+        add(
+            Severity.WARNING,
+            "shard-intent-stale",
+            f"{len(stale)} catalog+shard write(s) of processes that are gone were left "
+            f"half done: {named}; until finished, the catalog may not list what the shard "
+            "holds (or list what it lost)",
+            f"`fleetstore recover {url}`, or any fleetstore.open() of the store, finishes "
+            "them (it applies each to its shard again, idempotently, then to the catalog)",
+        )
+    if live:
+        add(
+            Severity.OK,
+            "shard-intents",
+            f"{len(live)} catalog+shard write(s) under way in live processes "
+            f"(oldest {max(i['age'] for i in live):.0f}s)",
+        )
+
+
+__all__ = ["file_findings", "shard_findings"]
