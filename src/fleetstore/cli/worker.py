@@ -8,37 +8,11 @@ import sys
 import click
 
 import fleetstore
+from fleetstore.admin.worker import HandlersError, load_handlers
 from fleetstore.cli.util import env as _env
 from fleetstore.cli.util import open_existing as _open_existing
 from fleetstore.cli.util import store_option as _store_option
 from fleetstore.errors import ConfigError, FleetstoreError
-
-
-def _load_handlers(spec: str) -> dict[str, object]:
-    import importlib
-    import os
-    from collections.abc import Mapping
-
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise click.BadParameter("write MODULE:HANDLERS, e.g. myapp.effects:HANDLERS")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: the project's own modules
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from None
-    value = getattr(module, attr, None)
-    if callable(value) and not isinstance(value, Mapping):
-        try:
-            value = value()
-        except TypeError as exc:
-            raise click.BadParameter(f"{spec} is a function that takes arguments: {exc}") from None
-    if not isinstance(value, Mapping) or not value:
-        raise click.BadParameter(
-            f"{spec} must be a non-empty mapping of kind -> handler (or a function returning one)"
-        )
-    return dict(value)
 
 
 @click.command(
@@ -121,7 +95,10 @@ def worker(
     """
     import logging
 
-    table = _load_handlers(handlers)
+    try:
+        table = load_handlers(handlers)
+    except HandlersError as exc:
+        raise click.BadParameter(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     opened = _open_existing("worker", store)
     try:
