@@ -39,7 +39,11 @@ Run `fleetstore COMMAND --help` for a command's options and exit codes.""",
 def main() -> None:
     """fleetstore: session storage a fleet of agent processes can write at once.
 
-    Operator tools for fleetstore databases (SQLite files).
+    Commands for a fleetstore store: one SQLite file, a sharded directory
+    (sqlite+sharded:///DIR) or a PostgreSQL database (postgresql://...). doctor,
+    maintain, reshard and top work on SQLite stores only. doctor and lock also work
+    on any SQLite file, fleetstore's or another program's; so do maintain's generic
+    steps (with --yes, on a file in WAL mode).
     """
 
 
