@@ -18,7 +18,8 @@ from fleetstore.cli.maintain import maintain_command
 from fleetstore.cli.migrate import migrate_command
 from fleetstore.cli.recover import recover
 from fleetstore.cli.reshard import archive_tree_command, reshard_command, restore_tree_command
-from fleetstore.cli.sessions import sessions, stats_command
+from fleetstore.cli.sessions import sessions
+from fleetstore.cli.stats import stats_command
 from fleetstore.cli.stress import stress_command
 from fleetstore.cli.top import top
 from fleetstore.cli.transfer import export_command, import_command, merge_command

@@ -4,6 +4,8 @@ sizes, an effect as JSON, progress bars."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -77,6 +79,26 @@ def open_existing(command: str, store: str | None) -> fleetstore.Store:
         sys.exit(1)
 
 
+@contextmanager
+def using_store(command: str, store: str | None) -> Iterator[fleetstore.Store]:
+    """The existing store (exit 2 if there is none: nothing is created), open for the
+    ``with`` block: exit 1 if it cannot be opened or the block raises a fleetstore
+    error; closed without waiting for spooled writes."""
+    path = existing_store(command, store)
+    try:
+        opened = fleetstore.open(path)
+    except (FleetstoreError, OSError) as exc:
+        click.echo(f"fleetstore {command}: {exc}", err=True)
+        sys.exit(1)
+    try:
+        yield opened
+    except FleetstoreError as exc:
+        click.echo(f"fleetstore {command}: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        opened.close(timeout=0)
+
+
 def effect_json(effect: fleetstore.Effect) -> dict[str, object]:
     """An outbox effect as the ``--json`` of the effects commands print it: every field,
     the state as its name, a bytes payload as ``{"base64": ...}``."""
@@ -131,4 +153,5 @@ __all__ = [
     "open_existing",
     "size",
     "store_option",
+    "using_store",
 ]
