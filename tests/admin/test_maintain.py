@@ -35,7 +35,7 @@ from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore
 from fleetstore.domain.operations import Operation
 from fleetstore.store.spool import encode_line
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer import reader as transfer
 from tests.agents import script
 
 DAY = 86400.0

@@ -31,7 +31,7 @@ from fleetstore.admin.maintain.report import format_report
 from fleetstore.admin.maintain.run import maintain
 from fleetstore.admin.maintain.shards import _put_back, _ShardFile
 from fleetstore.engine.sharded import shard_key
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer import reader as transfer
 
 DAY = 86400.0
 PAYLOAD = random.Random(7).randbytes(150_000)  # a blob file (incompressible)

@@ -30,7 +30,7 @@ from fleetstore.errors import AlreadyExists, IntegrityError, InvalidInput, NotFo
 from fleetstore.store.facade import Store
 from fleetstore.transfer import archive as tree_archive
 from fleetstore.transfer import migrate, reshard
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer import reader as transfer
 from fleetstore.transfer.migrate import schema
 from tests.transfer.test_migrate import BLOB_THRESHOLD, api_view, dump, fill
 

@@ -24,7 +24,7 @@ import fleetstore
 from fleetstore import File, Reasoning, Text, ToolCall, ToolResult
 from fleetstore.errors import AlreadyExists, InvalidArchive, NotFound
 from fleetstore.store.facade import Store
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer import reader as transfer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -43,7 +43,7 @@ def export_command(sessions: tuple[str, ...], output: str, store: str | None) ->
     the operations that recreate each session exactly, and a trailer with counts
     and a SHA-256 of everything before it. `fleetstore import` reads it back.
     """
-    from fleetstore.transfer import stream as transfer
+    from fleetstore.transfer import reader as transfer
 
     path = _existing_store("export", store)
     if output == "-" and sys.stdout.isatty():
@@ -136,7 +136,7 @@ def import_command(file: str, store: str | None, source: str) -> None:
     import shutil
     import tempfile
 
-    from fleetstore.transfer import stream as transfer
+    from fleetstore.transfer import reader as transfer
 
     bars = _ProgressBars()
     tmp: str | None = None
@@ -196,7 +196,7 @@ def merge_command(stores: tuple[str, ...]) -> None:
     import os
 
     from fleetstore.core.targets import resolve_target
-    from fleetstore.transfer import stream as transfer
+    from fleetstore.transfer import reader as transfer
 
     if len(stores) < 2:
         raise click.UsageError("give at least one SRC and the DST")

@@ -21,7 +21,7 @@ from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch, Writer
 from fleetstore.core.units import size as _size
 from fleetstore.engine.base import Tx
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer import reader as transfer
 
 
 @dataclass(frozen=True, slots=True)
