@@ -43,7 +43,7 @@ def export_command(sessions: tuple[str, ...], output: str, store: str | None) ->
     the operations that recreate each session exactly, and a trailer with counts
     and a SHA-256 of everything before it. `fleetstore import` reads it back.
     """
-    from fleetstore.transfer import stream as transfer
+    from fleetstore.transfer.export import export_store
 
     path = _existing_store("export", store)
     if output == "-" and sys.stdout.isatty():
@@ -52,12 +52,10 @@ def export_command(sessions: tuple[str, ...], output: str, store: str | None) ->
     try:
         with fleetstore.open(path) as opened:
             if output == "-":
-                summary = transfer.export_store(
-                    opened, sys.stdout.buffer, sessions or None, progress=bars
-                )
+                summary = export_store(opened, sys.stdout.buffer, sessions or None, progress=bars)
                 sys.stdout.buffer.flush()
             else:
-                summary = transfer.export_store(opened, output, sessions or None, progress=bars)
+                summary = export_store(opened, output, sessions or None, progress=bars)
     except (FleetstoreError, OSError) as exc:
         bars.close()
         click.echo(f"fleetstore export: {exc}", err=True)
@@ -136,7 +134,7 @@ def import_command(file: str, store: str | None, source: str) -> None:
     import shutil
     import tempfile
 
-    from fleetstore.transfer import stream as transfer
+    from fleetstore.transfer.importing import import_file
 
     bars = _ProgressBars()
     tmp: str | None = None
@@ -146,7 +144,7 @@ def import_command(file: str, store: str | None, source: str) -> None:
                 fd, tmp = tempfile.mkstemp(prefix=".fleetstore-import-", dir=opened.path.parent)
                 with os.fdopen(fd, "wb") as fh:
                     shutil.copyfileobj(sys.stdin.buffer, fh)
-            summary = transfer.import_file(opened, tmp or file, progress=bars)
+            summary = import_file(opened, tmp or file, progress=bars)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     except fleetstore.StoreBusy as exc:
@@ -196,7 +194,7 @@ def merge_command(stores: tuple[str, ...]) -> None:
     import os
 
     from fleetstore.core.targets import resolve_target
-    from fleetstore.transfer import stream as transfer
+    from fleetstore.transfer.merge import merge
 
     if len(stores) < 2:
         raise click.UsageError("give at least one SRC and the DST")
@@ -211,7 +209,7 @@ def merge_command(stores: tuple[str, ...]) -> None:
             raise click.UsageError(f"{p} is both a SRC and the DST")
     bars = _ProgressBars()
     try:
-        report = transfer.merge(paths, dest, progress=bars)
+        report = merge(paths, dest, progress=bars)
     except (FleetstoreError, OSError) as exc:
         bars.close()
         click.echo(f"fleetstore merge: {exc}", err=True)
