@@ -15,7 +15,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.core.validate import MAX_TEXT, arg_int, check_text, dump_json
+from fleetstore.core.validate import (
+    MAX_TEXT,
+    STATE_KEY_MAX,
+    STATE_NAMESPACE_MAX,
+    arg_int,
+    check_id,
+    check_str,
+    check_text,
+    dump_json,
+)
 from fleetstore.domain.blobs import CODEC, check_sha
 from fleetstore.domain.operations import Args, Queries
 from fleetstore.domain.ports import StorePort
@@ -151,6 +160,22 @@ def decode_part(store: StorePort, row: Sequence[Any]) -> Part:
     raise errors.CorruptStore(f"part of unknown kind {kind!r} in message {_mid}")
 
 
+def encode_state(
+    store: StorePort, session_id: object, key: object, value: Any, namespace: object
+) -> dict[str, Any]:
+    """The arguments of a state put of *value* (JSON-serialisable, or bytes) under
+    *namespace*/*key* of *session_id*: every check first, then the payload (a blob
+    file written here if it is large)."""
+    check_id(session_id, "session_id")
+    check_str(key, "a state key", limit=STATE_KEY_MAX, empty=False)
+    check_str(namespace, "a state namespace", limit=STATE_NAMESPACE_MAX, empty=False)
+    if isinstance(value, bytes | bytearray | memoryview):
+        encoded = encode_payload(store, bytes(value), "bytes")
+    else:
+        encoded = encode_payload(store, dump_json(value, f"state value {key!r}"), "json")
+    return {"namespace": namespace, "key": key, "value": encoded}
+
+
 # -- inside the transaction: an encoded payload's columns -------------------------------
 
 
@@ -199,6 +224,7 @@ def encoded_body(
 
 __all__ = [
     "blob_ref",
+    "encode_state",
     "encoded_body",
     "decode_part",
     "decode_value",

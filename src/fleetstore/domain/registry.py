@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from fleetstore import errors
-from fleetstore.domain import history_ops, imports, maintenance, outbox, state
+from fleetstore.domain import history_ops, imports, maintenance, outbox, state, streams
 from fleetstore.domain.frameworks import adk, langgraph, openai_agents
 from fleetstore.domain.operations import (
     Declarations,
@@ -43,6 +43,7 @@ REGISTRY: Mapping[str, OpSpec] = _collect(
     [
         history_ops.OPERATIONS,
         state.OPERATIONS,
+        streams.OPERATIONS,
         outbox.OPERATIONS,
         imports.OPERATIONS,
         maintenance.OPERATIONS,

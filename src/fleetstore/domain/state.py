@@ -23,9 +23,8 @@ from fleetstore.core.validate import (
     arg_time,
     check_id,
     check_str,
-    dump_json,
 )
-from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
+from fleetstore.domain.codec import decode_value, encode_state, encoded_body
 from fleetstore.domain.history import effects_arg
 from fleetstore.domain.history_ops import session_row
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
@@ -69,18 +68,11 @@ class State:
         """Store *value* (JSON-serialisable, or bytes) under *key*; returns it with
         its new version (``None`` while the write waits in this process's spool).
         *effects* are enqueued in the same transaction (the transactional outbox)."""
-        _check_key(session_id, key, namespace)  # before a blob file is written
         effect_list = effects_arg(self._store, effects)
-        if isinstance(value, bytes | bytearray | memoryview):
-            encoded = encode_payload(self._store, bytes(value), "bytes")
-        else:
-            encoded = encode_payload(self._store, dump_json(value, f"state value {key!r}"), "json")
         now = time.time()
         args: dict[str, Any] = {
+            **encode_state(self._store, session_id, key, value, namespace),
             "session_id": session_id,
-            "namespace": namespace,
-            "key": key,
-            "value": encoded,
             "expected_version": expected_version,
             "now": now,
         }
