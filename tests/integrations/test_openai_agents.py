@@ -546,7 +546,9 @@ def test_cli_import_from_openai_agents_sqlite(tmp_path: Path) -> None:
 def test_integration_modules_import_without_loading_the_sdk_where_not_needed() -> None:
     code = (
         "import sys\n"
-        "import fleetstore.domain.frameworks.openai_agents, fleetstore.integrations.openai_agents_import\n"
+        "import fleetstore.domain.frameworks.openai_agents\n"
+        "import fleetstore.transfer.frameworks.openai_agents\n"
+        "import fleetstore.integrations.openai_agents_import\n"
         "assert 'agents' not in sys.modules, 'the SDK was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
