@@ -69,12 +69,12 @@ def export_command(sessions: tuple[str, ...], output: str, store: str | None) ->
     )
 
 
-#: ``fleetstore import --from X``: the module of fleetstore.transfer.frameworks whose
-#: run_cli reads X.
+#: ``fleetstore import --from X``: the module of fleetstore.integrations whose
+#: run_cli imports X.
 _FOREIGN_IMPORTERS = {
-    "adk-sqlite": "adk",
-    "openai-agents-sqlite": "openai_agents",
-    "langgraph-sqlite": "langgraph",
+    "adk-sqlite": "adk_import",
+    "openai-agents-sqlite": "openai_agents_import",
+    "langgraph-sqlite": "langgraph_import",
 }
 
 
@@ -122,9 +122,7 @@ def import_command(file: str, store: str | None, source: str) -> None:
 
         if file == "-":
             raise click.UsageError(f"--from {source} reads a file, not standard input")
-        importer = importlib.import_module(
-            f"fleetstore.transfer.frameworks.{_FOREIGN_IMPORTERS[source]}"
-        )
+        importer = importlib.import_module(f"fleetstore.integrations.{_FOREIGN_IMPORTERS[source]}")
         try:
             code = importer.run_cli(file, store)
         except ConfigError as exc:
