@@ -157,6 +157,40 @@ class LeaseLost(PermanentError):
         super().__init__(message)
 
 
+# -- errors handed between processes ---------------------------------------------------------
+# A write applied by another process for this one (group commit: engine/combine.py)
+# comes back as its error's class name, message and arguments, and is raised here as
+# the same class.
+
+
+def to_wire(exc: BaseException) -> dict[str, object]:
+    """*exc* as JSON-serialisable data (``from_wire`` makes it an exception again)."""
+    data: dict[str, object] = {"class": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, VersionConflict):
+        data["args"] = [exc.expected, exc.actual]
+    elif isinstance(exc, LeaseLost):
+        data["args"] = [exc.effect_id, exc.state]
+    return data
+
+
+def from_wire(data: object) -> FleetstoreError:
+    """The fleetstore error *data* (from ``to_wire``) describes; a class this version
+    does not know, or a driver's error, comes back as ``DatabaseError``."""
+    if not isinstance(data, dict):
+        return DatabaseError(f"an error from another process that cannot be read: {data!r:.200}")
+    name, message = data.get("class"), str(data.get("message", ""))
+    cls = globals().get(name) if isinstance(name, str) and name in __all__ else None
+    args = data.get("args") if isinstance(data.get("args"), list) else []
+    assert isinstance(args, list)
+    if cls is VersionConflict and len(args) == 2:
+        return VersionConflict(message, args[0], args[1])
+    if cls is LeaseLost and len(args) == 2:
+        return LeaseLost(message, str(args[0] or ""), args[1])
+    if isinstance(cls, type) and issubclass(cls, FleetstoreError) and cls not in _STRUCTURED:
+        return cls(message)
+    return DatabaseError(f"{name}: {message}")
+
+
 __all__ = [
     "AlreadyExists",
     "BlobCorrupt",
@@ -181,3 +215,7 @@ __all__ = [
     "TransientError",
     "VersionConflict",
 ]
+
+# Errors whose constructor takes more than a message (rebuilt from ``args`` above, or,
+# for these, not rebuilt: StoreBusy is never handed back, it is raised where it happens).
+_STRUCTURED = (StoreBusy, VersionConflict, LeaseLost)

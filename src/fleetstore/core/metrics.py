@@ -115,6 +115,11 @@ class WriteMetrics:
         "connection_retries",  # the connection was lost (server restart, terminated backend)
         "ambiguous_commits",  # lost during COMMIT: run again, the operation's idempotency decides
         "unique_retries",  # a unique violation met under concurrency, run again to read the row
+        # Group commit (engine/combine.py)
+        "batched_items",  # items committed by this process's transactions, its own and others'
+        "served",  # items of other processes this process committed for them
+        "handed_over",  # items of this process another process committed
+        "batch_max",  # the most items one of this process's transactions committed
     )
 
     def __init__(self) -> None:
@@ -126,6 +131,11 @@ class WriteMetrics:
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counters[name] += n
+
+    def peak(self, name: str, value: int) -> None:
+        with self._lock:
+            if value > self.counters[name]:
+                self.counters[name] = value
 
     def record_write(self, wait: float, hold: float) -> None:
         with self._lock:

@@ -95,6 +95,10 @@ class OpSpec:
     session_args: tuple[str, ...] = ("session_id", "id")
     #: The argument naming a session this operation creates, if it creates one.
     creates: str | None = None
+    #: Applying it again after an outcome nobody learned changes nothing more (logged,
+    #: or idempotent by its keys): so another process may apply it for this one (group
+    #: commit) and apply it again if that process died.  Not so for a claim.
+    retry_safe: bool = True
 
 
 class Declarations:
@@ -121,6 +125,7 @@ class Declarations:
         single_statement: bool = False,
         session_args: tuple[str, ...] = ("session_id", "id"),
         creates: str | None = None,
+        retry_safe: bool = True,
     ) -> Callable[[Apply], Apply]:
         if not isinstance(scope, Scope):
             raise TypeError(f"operation {name!r}: scope must be a Scope, not {scope!r}")
@@ -129,7 +134,7 @@ class Declarations:
 
         def decorate(fn: Apply) -> Apply:
             self.specs.append(
-                OpSpec(name, fn, scope, logged, single_statement, session_args, creates)
+                OpSpec(name, fn, scope, logged, single_statement, session_args, creates, retry_safe)
             )
             return fn
 

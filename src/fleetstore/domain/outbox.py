@@ -157,7 +157,9 @@ def enqueue_effect(tx: Tx, q: Queries, a: Args) -> Result:
     return enqueue_in(tx, q, a, float(a["now"]))
 
 
-@OPERATIONS.declare("claim_effects", scope=Scope.CATALOG, logged=False, single_statement=True)
+@OPERATIONS.declare(
+    "claim_effects", scope=Scope.CATALOG, logged=False, single_statement=True, retry_safe=False
+)
 def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
     """Not logged and never spooled: a claim whose outcome is unknown (a crash)
     is recovered by its lease expiring.  A claim run again after a COMMIT whose

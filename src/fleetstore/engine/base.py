@@ -44,6 +44,31 @@ class Tx(Protocol):
         ...
 
 
+class Item(Protocol):
+    """A write handed to ``Database.submit`` (group commit, engine/combine.py): applied
+    in this process, or by the process that holds the gate, in its transaction.  The
+    engine knows only bytes; what an item means is decided above (store/backend.py)."""
+
+    def run(self, tx: Tx) -> object:
+        """Apply it here, in *tx*; its result."""
+        ...
+
+    def payload(self) -> bytes | None:
+        """What another process needs to apply it (its applier decodes it), or None
+        if it must be applied in this process (it is not safe to apply again after an
+        outcome nobody learned, such as a claim)."""
+        ...
+
+    def result(self, data: bytes) -> object:
+        """Its result, from what the applier of another process returned."""
+        ...
+
+
+#: Applies, in the given transaction, the payload of another process's ``Item`` and
+#: returns its result as bytes; raises a ``FleetstoreError`` if the item fails.
+Applier = Callable[[Tx, bytes], bytes]
+
+
 class Engine(Protocol):
     #: "sqlite" or "postgresql": which folder of sql/ its queries come from.
     dialect: str
@@ -145,7 +170,9 @@ def apply_steps(
 
 
 __all__ = [
+    "Applier",
     "Engine",
+    "Item",
     "Migration",
     "Tx",
     "apply_steps",

@@ -27,8 +27,16 @@ import platform
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+#: The gate file: the doorbell and the shared WAL size in its first 64 bytes, then
+#: (engine/combine.py) the group-commit board: slot states from byte 64, slots from
+#: BOARD_OFFSET.  Sparse: only the pages writers touch take space.
 _GATE_FILE_BYTES = 64
+BOARD_OFFSET = 4096
+BOARD_SLOTS = 128
+SLOT_BYTES = 64 * 1024
+GATE_FILE_BYTES = BOARD_OFFSET + BOARD_SLOTS * SLOT_BYTES
 #: A waiter re-checks the lock at least this often, so a holder killed before
 #: it could ring the doorbell delays the next writer by this much at most.
 _MAX_NAP = 0.05
@@ -56,6 +64,26 @@ def _load_syscall() -> Callable[..., int] | None:
 _syscall = _load_syscall()
 
 
+def futex_wait(addr: ctypes.c_void_p, value: int, seconds: float, spec: _Timespec) -> None:
+    """Sleep while the 32-bit word at *addr* holds *value*, at most *seconds*."""
+    if _syscall is None:
+        time.sleep(min(seconds, _POLL))
+        return
+    spec.tv_sec = int(seconds)
+    spec.tv_nsec = int((seconds % 1) * 1e9)
+    _syscall(_SYS_FUTEX, addr, _FUTEX_WAIT, ctypes.c_uint32(value), ctypes.byref(spec), None, 0)
+
+
+def futex_wake(addr: ctypes.c_void_p, count: int = 1) -> None:
+    """Wake up to *count* sleepers on the word at *addr*."""
+    if _syscall is not None:
+        _syscall(_SYS_FUTEX, addr, _FUTEX_WAKE, count, None, None, 0)
+
+
+def futex_available() -> bool:
+    return _syscall is not None
+
+
 class GateTimeout(Exception):
     """The gate was not obtained before the deadline."""
 
@@ -70,6 +98,10 @@ class WriterGate:
         self._closed = False
         self._fd = -1
         self._map: mmap.mmap | None = None
+        #: The whole gate file mapped, for the group-commit board (None: not mapped),
+        #: and the board's views of it (dropped before the mapping is closed).
+        self.mapping: mmap.mmap | None = None
+        self.board: Any = None
         self._bell: ctypes.c_uint32 | None = None
         self._wal_word: ctypes.c_uint32 | None = None
         self._bell_addr = ctypes.c_void_p(0)
@@ -83,9 +115,10 @@ class WriterGate:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         if _syscall is not None:
             try:
-                if os.fstat(self._fd).st_size < _GATE_FILE_BYTES:
-                    os.ftruncate(self._fd, _GATE_FILE_BYTES)
-                self._map = mmap.mmap(self._fd, _GATE_FILE_BYTES, mmap.MAP_SHARED)
+                if os.fstat(self._fd).st_size < GATE_FILE_BYTES:
+                    os.ftruncate(self._fd, GATE_FILE_BYTES)
+                self._map = mmap.mmap(self._fd, GATE_FILE_BYTES, mmap.MAP_SHARED)
+                self.mapping = self._map
                 self._bell = ctypes.c_uint32.from_buffer(self._map)
                 self._wal_word = ctypes.c_uint32.from_buffer(self._map, 4)
                 self._bell_addr = ctypes.c_void_p(ctypes.addressof(self._bell))
@@ -118,6 +151,24 @@ class WriterGate:
                     self._ring()
                     raise GateTimeout("gate held by another process")
                 self._wait(rung, min(remaining, _MAX_NAP))
+        except BaseException:
+            self._release_mutex()
+            raise
+
+    def try_acquire(self) -> bool:
+        """The gate now, or False at once (no spin, no wait)."""
+        if not self._mutex.acquire(blocking=False):
+            return False
+        if not self._cross_process:
+            return True
+        try:
+            if self._fd < 0:
+                raise GateTimeout("gate closed")
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            self._release_mutex()
+            return False
         except BaseException:
             self._release_mutex()
             raise
@@ -184,7 +235,11 @@ class WriterGate:
 
     def _drop_descriptor(self) -> None:
         self._bell = self._wal_word = None  # ctypes views must go before the map can close
+        if self.board is not None:
+            self.board.detach()
+            self.board = None
         if self._map is not None:
+            self.mapping = None
             self._map.close()
             self._map = None
         if self._cross_process and self._fd >= 0:
@@ -206,4 +261,14 @@ class WriterGate:
             self._release_mutex()
 
 
-__all__ = ["GateTimeout", "WriterGate"]
+__all__ = [
+    "BOARD_OFFSET",
+    "BOARD_SLOTS",
+    "GATE_FILE_BYTES",
+    "SLOT_BYTES",
+    "GateTimeout",
+    "WriterGate",
+    "futex_available",
+    "futex_wait",
+    "futex_wake",
+]

@@ -22,6 +22,7 @@ from typing import Any
 from fleetstore import errors
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.targets import CATALOG, SHARDS
+from fleetstore.engine.base import Applier
 from fleetstore.engine.sqlite import Database, Migration
 
 _SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -44,14 +45,19 @@ class ShardSet:
         migrations: Sequence[Migration],
         settings: dict[str, Any],
         max_open: int = 64,
+        serve: tuple[str, Applier] | None = None,
     ) -> None:
         self.root = root
+        #: Group commit in every file (``Database.serve``): the tag and the applier.
+        self._serve = serve
         self.migrations = list(migrations)
         self.settings = settings
         self.max_open = max(1, max_open)
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.catalog = Database.open(root / CATALOG, self.migrations, **settings)
         self._share(self.catalog)
+        if serve is not None:
+            self.catalog.serve(*serve)
         self._lock = threading.Lock()
         self._open: collections.OrderedDict[str, Database] = collections.OrderedDict()
         self._users: collections.Counter[str] = collections.Counter()
@@ -103,6 +109,8 @@ class ShardSet:
         # the same new file, and other shards must not wait behind it.
         fresh = Database.open(path, self.migrations, **self.settings)
         self._share(fresh)
+        if self._serve is not None:
+            fresh.serve(*self._serve)
         evicted: list[Database] = []
         with self._lock:
             db = self._open.get(key)

@@ -24,7 +24,16 @@ import apsw
 from fleetstore import errors
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
-from fleetstore.engine.base import Migration, apply_steps, check_not_newer, ordered_migrations
+from fleetstore.engine.base import (
+    Applier,
+    Item,
+    Migration,
+    Tx,
+    apply_steps,
+    check_not_newer,
+    ordered_migrations,
+)
+from fleetstore.engine.combine import Combiner
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.proclocks import lock_holders
 
@@ -285,6 +294,10 @@ class Database:
         self._identity: tuple[int, int] | None = None
         #: Set by a ShardSet: the figures of all its files in one place.
         self.shared_metrics: WriteMetrics | None = None
+        #: Group commit (engine/combine.py): what applies other processes' items, and
+        #: the tag that says which code they must have been made by (``serve``).
+        self._applier: Applier | None = None
+        self._tag = ""
         self._reset_process_state()
         _live.add(self)
 
@@ -303,6 +316,7 @@ class Database:
         # and the database (8-12 ms measured), which the writer whose commit crossed
         # the line used to wait out before its write returned.
         self._checkpoints = _Checkpointer(self)
+        self._combiner = Combiner(self, self._applier, self._tag, self.settings.write_budget)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -528,9 +542,84 @@ class Database:
                 _guard.exit()
         finally:
             self._write_owner = 0
+            combiner = self._combiner
+            combiner.hand_off()
             gate.release()
+            combiner.woken()
         self._metrics.record_write(acquired - started, committed - acquired)
         self._maybe_checkpoint()
+
+    # -- group commit ----------------------------------------------------------------------
+
+    def serve(self, tag: str, applier: Applier) -> None:
+        """Take part in group commit across processes (engine/combine.py): while this
+        process holds the gate it applies, in its own transaction, the items other
+        processes of the same *tag* posted, with *applier*; and its own ``submit``
+        items may be applied by theirs.  *tag* names the code that may apply an item
+        (an item posted under another tag is left to its own process)."""
+        self._check_process()
+        self._applier, self._tag = applier, tag
+        self._combiner = Combiner(self, applier, tag, self.settings.write_budget)
+
+    def submit(self, item: Item) -> object:
+        """Apply *item* in a write transaction, committed with whatever else is written
+        at the same moment: the items of this process's other threads, and, once
+        ``serve`` was called, those of other processes waiting for the gate (each in
+        its own savepoint: one that raises fails alone).  Returns what ``item.run``
+        (or the applier, through ``item.result``) returned; raises what it raised, or
+        ``StoreBusy`` past the write budget with nothing written."""
+        self._check_process()
+        if self._write_owner == threading.get_ident():
+            raise errors.DatabaseError(
+                f"{self.path}: db.submit() inside a db.write() block of the same thread"
+            )
+        return self._combiner.submit(item, time.monotonic())
+
+    def _open_write(self, started: float, deadline: float) -> WriteTx:
+        """The gate held: BEGIN IMMEDIATE on the writer connection within *deadline*
+        (``StoreBusy`` past it); inside the fork guard until ``_end_write``."""
+        conn = self._writer_connection()
+        self._begin_immediate(conn, started, deadline)  # returns inside the fork guard
+        if self._identity is not None and not self._same_file():
+            self._rollback(conn)
+            _guard.exit()
+            raise errors.FileMoved(f"{self.path}: the file was moved or removed")
+        self._write_owner = threading.get_ident()
+        return WriteTx(conn, self.path)
+
+    def _end_write(self, tx: Tx, commit: bool) -> None:
+        assert isinstance(tx, WriteTx)
+        conn = tx._conn
+        try:
+            if commit:
+                try:
+                    conn.execute("COMMIT")
+                except apsw.Error as exc:
+                    self._metrics.count("write_errors")
+                    self._rollback(conn)
+                    raise _translate(exc, self.path) from exc
+            else:
+                self._metrics.count("write_errors")
+                self._rollback(conn)
+        finally:
+            tx._open = False
+            self._write_owner = 0
+            _guard.exit()
+
+    def _in_transaction(self) -> bool:
+        writer = self._writer
+        return writer is not None and bool(writer.in_transaction)
+
+    def _committed(self, started: float, acquired: float, items: int, served: int) -> None:
+        self._metrics.record_write(acquired - started, time.monotonic() - acquired)
+        self._metrics.count("batched_items", items)
+        if served:
+            self._metrics.count("served", served)
+        self._metrics.peak("batch_max", items)
+        self._maybe_checkpoint()
+
+    def _handed_over(self) -> None:
+        self._metrics.count("handed_over")
 
     def run_write(self, fn: Callable[[WriteTx], T], *, single_statement: bool = False) -> T:
         """``fn(tx)`` in one write transaction (``write()``), committed; the engines'
@@ -838,6 +927,7 @@ class Database:
         self._checkpoints.stop()
         self._closed = True
         _live.discard(self)
+        self._combiner.close()
         with _guard.inside():
             with self._lock:
                 conns = [*self._idle_readers, self._checkpointer, self._writer]

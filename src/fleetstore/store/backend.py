@@ -10,17 +10,67 @@ write, read and lifecycle step to its backend.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from fleetstore import sql
+from fleetstore.core.version import __version__
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Result
-from fleetstore.engine.base import Engine, Migration, Tx
+from fleetstore.engine.base import Applier, Engine, Migration, Tx
 
 T = TypeVar("T")
+
+
+def _ops_tag() -> str:
+    """Which code may apply an operation for another process (group commit): this
+    version, and the registry's names and logging (a process of another version, or
+    with another set of operations, applies its own)."""
+    shape = ",".join(f"{n}:{int(s.logged)}" for n, s in sorted(registry.REGISTRY.items()))
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:16]
+    return f"fleetstore-ops/{__version__}/{digest}"
+
+
+#: The group-commit tag of this code's operations.
+OPS_TAG = _ops_tag()
+
+
+class OpItem:
+    """An operation as an engine item (``Database.submit``): applied here, or handed,
+    as its JSON, to the process that holds the gate."""
+
+    __slots__ = ("op", "queries")
+
+    def __init__(self, op: Operation, queries: Mapping[str, str]) -> None:
+        self.op = op
+        self.queries = queries
+
+    def run(self, tx: Tx) -> Result:
+        return registry.apply(tx, self.queries, self.op, tx.now)
+
+    def payload(self) -> bytes | None:
+        if not registry.spec_of(self.op.name).retry_safe:
+            return None
+        return json.dumps(self.op.to_json(), separators=(",", ":")).encode("utf-8")
+
+    def result(self, data: bytes) -> Result:
+        value = json.loads(data)
+        return value if isinstance(value, dict) else {}
+
+
+def op_applier(queries: Mapping[str, str]) -> Applier:
+    """Applies the operations other processes hand over (``OpItem.payload``)."""
+
+    def apply(tx: Tx, payload: bytes) -> bytes:
+        op = registry.decode(json.loads(payload))
+        result = registry.apply(tx, queries, op, tx.now)
+        return json.dumps(result, separators=(",", ":"), default=str).encode("utf-8")
+
+    return apply
 
 
 def migrations(dialect: str = "sqlite") -> list[Migration]:
@@ -119,4 +169,4 @@ class OneDatabase:
         self.db.close()
 
 
-__all__ = ["Backend", "OneDatabase", "migrations"]
+__all__ = ["OPS_TAG", "Backend", "OneDatabase", "OpItem", "migrations", "op_applier"]

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fleetstore import errors
 from fleetstore.core.settings import Settings
@@ -53,7 +53,8 @@ from fleetstore.domain.operations import Operation, Scope, check_effects, earlie
 from fleetstore.domain.outbox import enqueue_effect
 from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.sharded import ShardSet, shard_key
-from fleetstore.store.backend import migrations
+from fleetstore.engine.sqlite import Database
+from fleetstore.store.backend import OPS_TAG, OpItem, migrations, op_applier
 from fleetstore.store.spool import decode_line, encode_line, is_rejectable
 
 T = TypeVar("T")
@@ -196,7 +197,7 @@ class Router:
     def apply(self, op: Operation) -> dict[str, Any]:
         key, cross = self.route(op)
         if key is None:
-            return self._apply_in(self.catalog, op, registry.spec_of(op.name).single_statement)
+            return self._apply_in(self.catalog, op)
         try:
             return self._apply_to_shard(key, op, cross)
         except errors.FileMoved:
@@ -226,12 +227,9 @@ class Router:
                 return self._apply_to_shard(key, op, cross)
             raise
 
-    def _apply_in(self, db: Any, op: Operation, single_statement: bool = False) -> dict[str, Any]:
-        q = self.q
-        result: dict[str, Any] = db.run_write(
-            lambda tx: registry.apply(tx, q, op, tx.now), single_statement=single_statement
-        )
-        return result
+    def _apply_in(self, db: Database, op: Operation) -> dict[str, Any]:
+        # Group commit: committed with what other processes write to that file now.
+        return cast(dict[str, Any], db.submit(OpItem(op, self.q)))
 
     def _apply_to_shard(self, key: str, op: Operation, cross: bool) -> dict[str, Any]:
         if not cross:
@@ -638,7 +636,11 @@ def open_sharded(directory: Path, settings: Settings, queries: Mapping[str, str]
     """Open (creating if needed) the sharded store in *directory*: its catalog now,
     each shard file on first use."""
     shards = ShardSet(
-        directory, migrations(), dataclasses.asdict(settings), settings.max_open_shards
+        directory,
+        migrations(),
+        dataclasses.asdict(settings),
+        settings.max_open_shards,
+        serve=(OPS_TAG, op_applier(queries)),
     )
     try:
         return Router(shards, queries, settings)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobStore
+from fleetstore.domain.operations import Operation, Result
 from fleetstore.engine.sqlite import Database
-from fleetstore.store.backend import OneDatabase, migrations
+from fleetstore.store.backend import OPS_TAG, OneDatabase, OpItem, migrations, op_applier
 
 
 class FileBackend(OneDatabase):
@@ -19,7 +21,14 @@ class FileBackend(OneDatabase):
 
     def __init__(self, db: Database, queries: Mapping[str, str], settings: Settings) -> None:
         super().__init__(db, queries, Path(db.path))
+        self._file = db
         self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
+        # Group commit: this process applies other processes' operations while it holds
+        # the gate, and they apply its own (engine/combine.py).
+        db.serve(OPS_TAG, op_applier(queries))
+
+    def apply(self, op: Operation) -> Result:
+        return cast(Result, self._file.submit(OpItem(op, self.queries)))
 
 
 def open_file(path: Path, settings: Settings, queries: Mapping[str, str]) -> FileBackend:
