@@ -22,13 +22,19 @@ from fleetstore.core.validate import (
     arg_str,
     arg_time,
     check_id,
+    check_int,
     check_str,
     dump_json,
 )
-from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
-from fleetstore.domain.history import effects_arg
+from fleetstore.domain.codec import (
+    decode_value,
+    encoded_body,
+    prepare_payload,
+    write_payload,
+)
 from fleetstore.domain.history_ops import session_row
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
+from fleetstore.domain.outbox import prepare_effects
 from fleetstore.domain.ports import StorePort
 from fleetstore.engine.base import Tx
 from fleetstore.models import NewEffect, StateValue
@@ -44,6 +50,7 @@ class State:
 
     def get(self, session_id: str, key: str, *, namespace: str = "default") -> StateValue | None:
         """The value under *key*, or None."""
+        _check_key(session_id, key, namespace)
         self._store.check_visible(session_id)
         q = self._store.queries
         rows = self._store.read(
@@ -69,12 +76,16 @@ class State:
         """Store *value* (JSON-serialisable, or bytes) under *key*; returns it with
         its new version (``None`` while the write waits in this process's spool).
         *effects* are enqueued in the same transaction (the transactional outbox)."""
-        _check_key(session_id, key, namespace)  # before a blob file is written
-        effect_list = effects_arg(self._store, effects)
+        # Every argument checked before a blob file is written.
+        _check_key(session_id, key, namespace)
+        _check_expected(expected_version)
         if isinstance(value, bytes | bytearray | memoryview):
-            encoded = encode_payload(self._store, bytes(value), "bytes")
+            payload = prepare_payload(self._store, bytes(value), "bytes")
         else:
-            encoded = encode_payload(self._store, dump_json(value, f"state value {key!r}"), "json")
+            payload = prepare_payload(self._store, dump_json(value, f"state value {key!r}"), "json")
+        prepared = prepare_effects(self._store, effects)
+        effect_list = prepared.write()
+        encoded = write_payload(self._store, payload)
         now = time.time()
         args: dict[str, Any] = {
             "session_id": session_id,
@@ -112,13 +123,14 @@ class State:
         """Remove *key*; True if it existed (also True if the delete was spooled).
         *effects* are enqueued in the same transaction."""
         _check_key(session_id, key, namespace)
+        _check_expected(expected_version)
+        effect_list = prepare_effects(self._store, effects).write()
         args: dict[str, Any] = {
             "session_id": session_id,
             "namespace": namespace,
             "key": key,
             "expected_version": expected_version,
         }
-        effect_list = effects_arg(self._store, effects)
         if effect_list:
             args["effects"] = effect_list
         result = self._store.submit(
@@ -128,6 +140,7 @@ class State:
 
     def keys(self, session_id: str, *, namespace: str = "default") -> list[str]:
         """The keys stored in *namespace* of the session, sorted."""
+        _check_key(session_id, "-", namespace)
         self._store.check_visible(session_id)
         q = self._store.queries
         rows = self._store.read(
@@ -151,6 +164,11 @@ def _check_key(session_id: object, key: object, namespace: object) -> None:
     check_id(session_id, "session_id")
     check_str(key, "a state key", limit=STATE_KEY_MAX, empty=False)
     check_str(namespace, "a state namespace", limit=STATE_NAMESPACE_MAX, empty=False)
+
+
+def _check_expected(expected: object) -> None:
+    if expected is not None:
+        check_int(expected, "expected_version")
 
 
 # -- the operations ----------------------------------------------------------------------------
