@@ -76,7 +76,7 @@ def nonempty(limit: int = MAX_SHORT, *, optional: bool = True) -> Kind:
 
 
 IDS = kind(
-    ["", "a/b", "x" * 129, "a\\b", "tab\tin", "\x00", LONE, " "],
+    ["", "a/b", "x" * 129, "a\\b", "tab\tin", "\x00", LONE, "\n"],
     st.sampled_from(["", "/", "x" * 200]) | st.text(alphabet="/\\\x00\n", min_size=1, max_size=3),
 )
 OPT_ID = NOT_STR | IDS

@@ -20,7 +20,7 @@ ON_BUSY = ("spool", "raise")
 #: The number settings and their ranges (seconds).
 _NUMBERS = {
     "write_budget": (0.0, MAX_WAIT),
-    "stream_flush_interval": (0.0, MAX_WAIT),
+    "stream_flush_interval": (0.001, MAX_WAIT),
     "publish_interval": (0.0, MAX_WAIT),
 }
 #: The integer settings and their largest values.
@@ -92,8 +92,6 @@ class Settings:
                     f"{name} must be a finite number of seconds from {minimum:g} to "
                     f"{maximum:g}, not {value!r:.80}"
                 ) from None
-            if name == "stream_flush_interval" and value <= 0:
-                raise ConfigError(f"stream_flush_interval must be a number > 0, not {value!r}")
         if (
             not isinstance(self.synchronous, str)
             or self.synchronous.upper() not in SYNCHRONOUS_MODES
