@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fleetstore
 from fleetstore import (
@@ -937,3 +938,43 @@ def test_every_public_method_has_a_row() -> None:
             ):
                 missing.append(f"{cls_name}.{name}")
     assert missing == []
+
+
+# -- operations as a spool journal or an import file carries them ----------------------------
+
+OP_KEYS = sorted(
+    {"id", "session_id", "message_id", "parent_id", "source_id", "title", "metadata", "parts"}
+    | {"chunks", "part", "seq", "usage", "status", "role", "model", "error", "kinds", "owner"}
+    | {"limit", "lease", "fence", "outcome", "delay", "payload", "value", "namespace", "key"}
+    | {"expected_version", "at_seq", "archived", "thread_key", "kind", "events", "messages"}
+    | {"values", "thread_id", "checkpoint_ns", "checkpoint_id", "body", "now", "created_at"}
+    | {"effects", "result", "app_name", "user_id", "adk_session_id", "revision", "event"}
+)
+OP_VALUES = st.sampled_from(
+    [None, 5, -1, "x", "", [1], {"a": 1}, [{"a": 1}], math.nan, 2**64, True, "\x00", h.LONE]
+)
+
+
+def test_an_operation_with_hostile_arguments_raises_only_typed_errors(tmp_path: Path) -> None:
+    """Spool journals and import files are input too: whatever the arguments, applying
+    a registered operation raises nothing but a ``FleetstoreError``."""
+    from fleetstore.domain.registry import REGISTRY
+
+    store = fleetstore.open(tmp_path / "ops.db")
+    s = store.sessions.create()
+    try:
+
+        @settings(max_examples=400, deadline=None, database=None)
+        @given(
+            name=st.sampled_from(sorted(REGISTRY)),
+            args=st.dictionaries(st.sampled_from(OP_KEYS), OP_VALUES | st.just(s.id), max_size=10),
+        )
+        def apply(name: str, args: dict[str, Any]) -> None:
+            try:
+                store.apply(Operation(name, args, new_id()))
+            except errors.FleetstoreError:
+                pass
+
+        apply()
+    finally:
+        store.close()
