@@ -333,7 +333,6 @@ class AgentsSDK:
         asyncio.run(go())
 
     def make_agent(self, agent: int, turn: int, args: argparse.Namespace) -> Any:
-        from agents import Agent, function_tool
         from agents.items import ModelResponse
         from agents.models.interface import Model
         from agents.usage import Usage
@@ -342,6 +341,8 @@ class AgentsSDK:
             ResponseOutputMessage,
             ResponseOutputText,
         )
+
+        from agents import Agent, function_tool
 
         big = is_large(args.seed, agent, turn, args.large_share)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import configparser
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,16 +133,18 @@ def test_design_md_file_tree_is_the_code() -> None:
     named: set[str] = set()
     folder: list[str] = []
     for line in block.splitlines():
-        m = re.match(r"^(\s*)([\w.]+/|[\w.]+\.py)\s", line + " ")
-        if not m or not line.startswith("  "):
+        if not line.startswith("  ") or not line.strip():
             continue
-        depth = (len(m.group(1)) - 2) // 2
-        name = m.group(2)
+        depth = (len(line) - len(line.lstrip()) - 2) // 2
+        tokens = line.split()
+        # A line of file names only lists several files of one folder.
+        names = tokens if all(t.endswith(".py") for t in tokens) else tokens[:1]
         folder = folder[:depth]
-        if name.endswith("/"):
-            folder.append(name.rstrip("/"))
-        else:
-            named.add("/".join([*folder, name]))
+        for name in names:
+            if name.endswith("/"):
+                folder.append(name.rstrip("/"))
+            else:
+                named.add("/".join([*folder, name]))
     actual = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")}
     assert sorted(actual - named) == [], "modules missing from docs/design.md's tree"
     assert sorted(named - actual) == [], "docs/design.md names modules that do not exist"

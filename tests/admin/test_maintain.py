@@ -35,7 +35,7 @@ from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore
 from fleetstore.domain.operations import Operation
 from fleetstore.store.spool import encode_line
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer.digest import session_digest
 from tests.agents import script
 
 DAY = 86400.0
@@ -111,7 +111,7 @@ def contents(store: fleetstore.Store, sid: str) -> Any:
         for m in store.messages.list(sid, limit=10_000)
     ]
     state = [store.state.get(sid, k) for k in store.state.keys(sid)]
-    return session, messages, state, transfer.session_digest(store, sid)
+    return session, messages, state, session_digest(store, sid)
 
 
 def file_digest(path: Path) -> str:

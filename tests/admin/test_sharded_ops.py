@@ -31,7 +31,8 @@ from fleetstore.admin.maintain.report import format_report
 from fleetstore.admin.maintain.run import maintain
 from fleetstore.admin.maintain.shards import _put_back, _ShardFile
 from fleetstore.engine.sharded import shard_key
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer.digest import session_digest
+from fleetstore.transfer.importing import import_file
 
 DAY = 86400.0
 PAYLOAD = random.Random(7).randbytes(150_000)  # a blob file (incompressible)
@@ -119,7 +120,7 @@ def contents(store: fleetstore.Store, sid: str) -> Any:
     session = store.sessions.get(sid)
     messages = [(m.id, m.role, m.parts) for m in store.messages.list(sid, limit=1000)]
     state = [store.state.get(sid, k) for k in store.state.keys(sid)]
-    return session, messages, state, transfer.session_digest(store, sid)
+    return session, messages, state, session_digest(store, sid)
 
 
 @pytest.fixture
@@ -336,7 +337,7 @@ def test_maintain_on_shards_archives_old_trees_and_collects_a_shared_blob_only_w
             assert contents(store, sid) == before[sid]
         # The archive holds the old trees exactly (imported into a single file).
         with fleetstore.open(tmp_path / "restored.db") as restored:
-            transfer.import_file(restored, archive)
+            import_file(restored, archive)
             for sid in a + c:
                 assert contents(restored, sid)[3] == before[sid][3]
         store.sessions.delete(b[0])

@@ -222,8 +222,20 @@ class Agent:
             parts=[describe(p) for p in parts],
             usage=usage,
         )
+        # A stream writes nothing until it flushes (docs/reference.md, Stream): what is
+        # acknowledged is what a flush that returned wrote.  This agent flushes after
+        # each tool part, as an agent that shows its tool calls as they happen would.
         with stream as reply:
-            self.record("ack", "open", mid=mid)
+            opened = False
+
+            def written(upto: int) -> None:
+                nonlocal opened
+                reply.flush()
+                if not opened:
+                    self.record("ack", "open", mid=mid)
+                    opened = True
+                self.record("ack", "part", mid=mid, upto=upto)
+
             pending_call: fleetstore.ToolCallHandle | None = None
             for i, part in enumerate(parts):
                 kind = part["kind"]
@@ -236,7 +248,7 @@ class Agent:
                     pending_call = reply.tool_call(
                         part["name"], part["args"], call_id=part["call_id"]
                     )
-                    self.record("ack", "part", mid=mid, upto=i)
+                    written(i)
                     self.say(f"streaming {mid}")
                     if part["name"] == "task":
                         self.subagent(part["args"]["session"], conv)
@@ -246,7 +258,7 @@ class Agent:
                 if len(output) >= BIG:
                     self.say(f"big {mid}")
                 pending_call.result(output)
-                self.record("ack", "part", mid=mid, upto=i)
+                written(i)
                 self.counts["outputs"] += 1
                 self.counts["output_bytes"] += len(output)
                 self.counts["big_outputs"] += len(output) >= BIG

@@ -682,11 +682,19 @@ def test_flush_on_interval_without_further_deltas(open_store: OpenStore) -> None
     s = store.sessions.create()
     with store.messages.stream(s.id) as reply:
         reply.text("tick")
-        assert wait_until(lambda: other.messages.get(reply.id).text == "tick")
+        # The message row comes with the first flush: the timed one, here.
+        assert wait_until(lambda: _text_of(other, reply.id) == "tick")
         assert wait_until(lambda: reply.flushes == 1)  # counted just after the commit
         assert other.messages.get(reply.id).status == "streaming"
     assert reply.flushes == 1  # nothing left to flush at the end
     assert other.messages.get(reply.id).status == "complete"
+
+
+def _text_of(store: Store, message_id: str) -> str | None:
+    try:
+        return store.messages.get(message_id).text
+    except errors.NotFound:
+        return None
 
 
 def test_part_order_text_tool_call_tool_result_text(store: Store) -> None:
@@ -735,6 +743,7 @@ def test_a_streamed_part_is_stored_as_chunks_never_rewritten(open_store: OpenSto
 def test_reapplying_append_chunks_writes_nothing(store: Store) -> None:
     s = store.sessions.create()
     with store.messages.stream(s.id) as reply:
+        reply.flush()  # the message row (a stream writes it with its first flush)
         op = Operation(
             "append_chunks",
             {
@@ -841,7 +850,7 @@ def test_a_flush_that_committed_but_failed_is_not_written_twice_nor_grown(
 ) -> None:
     s = store.sessions.create()
     with store.messages.stream(s.id) as reply:
-        failed = _fail_first(store, monkeypatch, "append_chunks", after_commit=True)
+        failed = _fail_first(store, monkeypatch, "stream_write", after_commit=True)
         reply.text("a")
         with pytest.raises(errors.StoreBusy):
             reply.flush()
@@ -859,7 +868,7 @@ def test_a_stream_whose_last_flush_fails_is_not_marked_complete(
     with pytest.raises(errors.StoreBusy), store.messages.stream(s.id) as reply:
         reply.text("kept ")
         reply.flush()
-        _fail_first(store, monkeypatch, "append_chunks", after_commit=False)
+        _fail_first(store, monkeypatch, "stream_write", after_commit=False)
         reply.text("lost")
     m = store.messages.get(reply.id)
     assert m.text == "kept "

@@ -196,8 +196,9 @@ def check_message(
             assert part_matches(part, plan, whole=True), f"{where}: part {i} {plan['kind']}"
         assert usage_matches(m, intent["usage"]), f"{where}: usage {m.usage} != {intent['usage']}"
         done = "whole" if intent["kind"] == "whole" else "reply"
+        # (A complete reply's "reply" ack covers its message row: a stream writes it
+        # with its first flush, which for a reply without tool parts is its end.)
         tally.unacked_applied[log.agent] += done not in acks
-        tally.unacked_applied[log.agent] += intent["kind"] == "reply" and "open" not in acks
     else:
         assert m.status == "streaming", f"{where}: no reply of this fleet raises"
         assert intent["kind"] == "reply", where

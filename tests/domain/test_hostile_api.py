@@ -423,6 +423,16 @@ METHODS: list[Method] = [
     Method("add", lambda w: {"part": Text("x")}, {"part": h.PART}, root="stream"),
     Method("usage", lambda w: {"usage": None}, {"usage": h.USAGE}, root="stream"),
     Method("enqueue", lambda w: {"effect": h._effect()}, {"effect": EFFECT}, root="stream"),
+    Method(
+        "put_state",
+        lambda w: {"key": "k", "value": {"v": 1}, "namespace": "default"},
+        {
+            "key": h.nonempty(STATE_KEY_MAX, optional=False),
+            "value": h.PAYLOAD,
+            "namespace": h.nonempty(STATE_NAMESPACE_MAX, optional=False),
+        },
+        root="stream",
+    ),
     Method("finish", lambda w: {"error": None}, {"error": h.short(64 * 1024)}, root="fresh_stream"),
     Method(
         "result",

@@ -36,7 +36,10 @@ from fleetstore import (
 from fleetstore.core.ids import new_id
 from fleetstore.core.validate import MAX_METADATA, MAX_PART_META, MAX_SHORT
 from fleetstore.domain.imports import PARSERS
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer.digest import session_digest
+from fleetstore.transfer.export import export_store
+from fleetstore.transfer.format import MAX_LINE
+from fleetstore.transfer.importing import import_file
 from tests.domain.hostile import Opaque, blob_files
 from tests.fix_stores import OpenStore, read_everywhere
 
@@ -179,7 +182,7 @@ def test_what_the_store_accepts_it_exports(
     (control characters are escaped as six bytes): the store exports and imports it."""
     store = open_store("src.db")
     if store.dialect == "postgresql":
-        # Found here, left to the export's owners (transfer/stream.py is being split):
+        # Found here, left to the export's owners (transfer/export.py):
         # _Exporter.payload exports an inline str/json body read from PostgreSQL (BYTEA,
         # so bytes) as str(bytes), "b'...'", and the import refuses it.
         request.applymarker(
@@ -208,11 +211,11 @@ def test_what_the_store_accepts_it_exports(
     failed.finish(error=worst * (64 * 1024))
     store.state.put(s.id, "k" * 1024, {"v": 1}, namespace="n" * 256)
     file = tmp_path / "all.jsonl.zst"
-    transfer.export_store(store, file)
-    assert _max_line(file) < transfer.MAX_LINE - 8 * 1024 * 1024  # with room
+    export_store(store, file)
+    assert _max_line(file) < MAX_LINE - 8 * 1024 * 1024  # with room
     other = open_store("dst.db")
-    transfer.import_file(other, file)
-    assert transfer.session_digest(other, s.id) == transfer.session_digest(store, s.id)
+    import_file(other, file)
+    assert session_digest(other, s.id) == session_digest(store, s.id)
 
 
 def test_metadata_the_export_could_not_carry_is_refused(open_store: OpenStore) -> None:

@@ -39,8 +39,8 @@ from fleetstore.integrations.adk import (
     SessionNotFound,
     StaleSession,
 )
+from fleetstore.integrations.adk_import import import_adk_sqlite
 from fleetstore.store.spool import journals
-from fleetstore.transfer.frameworks.adk import import_adk_sqlite
 from tests.agents import script
 from tests.fix_procs import Barrier, Proc, Spawn, start_lock
 from tests.fix_stores import OpenStore

@@ -30,13 +30,13 @@ from fleetstore.integrations.openai_agents import (
     alist_sessions,
     list_sessions,
 )
-from fleetstore.store.spool import journals
-from fleetstore.transfer.frameworks.openai_agents import (
+from fleetstore.integrations.openai_agents_import import (
     ImportSummary,
     import_sqlite,
     imported_id,
     item_hash,
 )
+from fleetstore.store.spool import journals
 from tests.agents import script
 from tests.agents.agents_agent import history, make_agent, run_turn, summary, user_text
 from tests.fix_procs import Barrier, Proc, Spawn, start_lock
@@ -546,7 +546,9 @@ def test_cli_import_from_openai_agents_sqlite(tmp_path: Path) -> None:
 def test_integration_modules_import_without_loading_the_sdk_where_not_needed() -> None:
     code = (
         "import sys\n"
-        "import fleetstore.domain.frameworks.openai_agents, fleetstore.transfer.frameworks.openai_agents\n"
+        "import fleetstore.domain.frameworks.openai_agents\n"
+        "import fleetstore.transfer.frameworks.openai_agents\n"
+        "import fleetstore.integrations.openai_agents_import\n"
         "assert 'agents' not in sys.modules, 'the SDK was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -30,7 +30,9 @@ from fleetstore.errors import AlreadyExists, IntegrityError, InvalidInput, NotFo
 from fleetstore.store.facade import Store
 from fleetstore.transfer import archive as tree_archive
 from fleetstore.transfer import migrate, reshard
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer.digest import SessionDigest, session_digest
+from fleetstore.transfer.export import export_store
+from fleetstore.transfer.importing import import_file
 from fleetstore.transfer.migrate import schema
 from tests.transfer.test_migrate import BLOB_THRESHOLD, api_view, dump, fill
 
@@ -65,10 +67,10 @@ def per_file(url: str) -> dict[tuple[str | None, str], list[tuple[Any, ...]]]:
     return out
 
 
-def digests(store: Store) -> dict[str, transfer.SessionDigest | None]:
+def digests(store: Store) -> dict[str, SessionDigest | None]:
     store.sync_catalog()
     ids = [s.id for s in store.sessions.list(include_archived=True, limit=1000)]
-    return {sid: transfer.session_digest(store, sid) for sid in ids}
+    return {sid: session_digest(store, sid) for sid in ids}
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -276,22 +278,18 @@ def test_verification_names_a_changed_session_and_a_wrong_index(tmp_path: Path) 
 def test_export_of_a_sharded_store_imports_into_a_file_and_back(tmp_path: Path) -> None:
     with opened(sharded(tmp_path / "a")) as a:
         ids = fill(a, blobs=2)
-        exported = transfer.export_store(a, tmp_path / "a.zst")
+        exported = export_store(a, tmp_path / "a.zst")
     assert len(exported.digests) == 6
     with opened(tmp_path / "one.db") as one:
-        transfer.import_file(one, tmp_path / "a.zst")
-        assert {
-            sid: transfer.session_digest(one, sid) for sid in exported.digests
-        } == exported.digests
-        transfer.export_store(one, tmp_path / "one.zst")
+        import_file(one, tmp_path / "a.zst")
+        assert {sid: session_digest(one, sid) for sid in exported.digests} == exported.digests
+        export_store(one, tmp_path / "one.zst")
     with opened(sharded(tmp_path / "b")) as b:
-        summary = transfer.import_file(b, tmp_path / "one.zst")
+        summary = import_file(b, tmp_path / "one.zst")
         assert summary.inserted == 6 + 35 + exported.states
-        assert {
-            sid: transfer.session_digest(b, sid) for sid in exported.digests
-        } == exported.digests
+        assert {sid: session_digest(b, sid) for sid in exported.digests} == exported.digests
         assert b.router is not None and b.router.home(ids["early"]) == shard_key(ids["root"])
-        again = transfer.import_file(b, tmp_path / "a.zst")
+        again = import_file(b, tmp_path / "a.zst")
         assert again.inserted == again.updated == 0
 
 
@@ -304,17 +302,17 @@ def test_an_import_conflicting_with_a_sharded_row_is_refused_before_any_write(
     with opened(sharded(tmp_path / "a")) as a:
         root = a.sessions.create(title="t")
         a.messages.append(root.id, "user", "first", id="m-1")
-        transfer.export_store(a, tmp_path / "base.zst")
+        export_store(a, tmp_path / "base.zst")
         a.messages.append(root.id, "user", "the file's", id="m-2")
         new = a.sessions.create(title="new")
         a.messages.append(new.id, "user", "would be imported first")
         # The new session comes first in the file, the conflicting message after it.
-        transfer.export_store(a, tmp_path / "a.zst", [new.id, root.id])
+        export_store(a, tmp_path / "a.zst", [new.id, root.id])
     with opened(sharded(tmp_path / "b")) as b:
-        transfer.import_file(b, tmp_path / "base.zst")
+        import_file(b, tmp_path / "base.zst")
         b.messages.append(root.id, "user", "the store's", id="m-2")
         with pytest.raises(AlreadyExists, match=r"m-2.*nothing was imported"):
-            transfer.import_file(b, tmp_path / "a.zst")
+            import_file(b, tmp_path / "a.zst")
         with pytest.raises(NotFound):
             b.sessions.get(new.id)
         assert [m.id for m in b.messages.list(root.id)] == ["m-1", "m-2"]
@@ -341,7 +339,7 @@ def test_an_archived_tree_leaves_with_its_blobs_and_comes_back_equal(tmp_path: P
             s.sessions.get(ids["root"])
         with pytest.raises(NotFound):
             s.messages.append(ids["root"], "user", "to nowhere")
-        assert transfer.session_digest(s, other.id) == before[other.id]
+        assert session_digest(s, other.id) == before[other.id]
         with pytest.raises(InvalidInput, match="catalog"):
             adk = s.db.read(lambda tx: tx.execute("SELECT fs_id FROM adk_sessions"))[0][0]
             tree_archive.archive_tree(s, adk, dest)
@@ -469,7 +467,7 @@ def test_archiving_one_tree_while_another_process_appends_to_another(
         for i in range(20):
             s.messages.append(a.id, "user", f"a{i}")
         s.messages.append(b.id, "user", "b")
-        want = transfer.session_digest(s, a.id)
+        want = session_digest(s, a.id)
     writer = python(WRITER, url, b.id, "300")
     assert line(writer) == "ready"
     assert line(writer) == "ok 0"
@@ -485,7 +483,7 @@ def test_archiving_one_tree_while_another_process_appends_to_another(
         with pytest.raises(NotFound):
             s.sessions.get(a.id)
         tree_archive.restore_tree(s, tmp_path / "archive" / f"{shard_key(a.id)}.db")
-        assert transfer.session_digest(s, a.id) == want
+        assert session_digest(s, a.id) == want
 
 
 @pytest.mark.slow
@@ -498,7 +496,7 @@ def test_a_writer_that_had_the_tree_open_is_refused_never_writes_into_the_moved_
     holder = python(HOLDER, url, sid)
     assert line(holder) == "ready"  # it wrote once: the shard is open in its cache
     with opened(url) as s:
-        want = transfer.session_digest(s, sid)
+        want = session_digest(s, sid)
         done = tree_archive.archive_tree(s, sid, tmp_path / "archive")
     assert holder.stdin is not None
     holder.stdin.write("while archived\n")
@@ -517,7 +515,7 @@ def test_a_writer_that_had_the_tree_open_is_refused_never_writes_into_the_moved_
     assert texts == 1  # "before" only
     with opened(url) as s:
         tree_archive.restore_tree(s, done.archive)
-        assert transfer.session_digest(s, sid) == want
+        assert session_digest(s, sid) == want
     # The same file is back at its place: the holder writes to it again.
     holder.stdin.write("after the restore\n")
     holder.stdin.flush()
@@ -545,7 +543,7 @@ def test_archive_and_restore_killed_after_the_move_carry_on_when_run_again(
     with opened(url) as s:
         sid = s.sessions.create(title="t").id
         s.messages.append(sid, "user", "x" * 3000)
-        want = transfer.session_digest(s, sid)
+        want = session_digest(s, sid)
     key = shard_key(sid)
     for step, code in (
         ("after-move", "archive_tree_command"),
@@ -573,5 +571,5 @@ def test_archive_and_restore_killed_after_the_move_carry_on_when_run_again(
                 with pytest.raises(NotFound):
                     s.sessions.get(sid)  # not listed yet
                 again = tree_archive.restore_tree(s, dest / f"{key}.db")
-                assert transfer.session_digest(s, sid) == want
+                assert session_digest(s, sid) == want
             assert again.resumed and again.ok and again.sessions == 1

@@ -24,7 +24,11 @@ import fleetstore
 from fleetstore import File, Reasoning, Text, ToolCall, ToolResult
 from fleetstore.errors import AlreadyExists, InvalidArchive, NotFound
 from fleetstore.store.facade import Store
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer.digest import session_digest
+from fleetstore.transfer.export import export_store
+from fleetstore.transfer.format import VERSION
+from fleetstore.transfer.importing import import_file
+from fleetstore.transfer.merge import merge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -215,12 +219,12 @@ def test_round_trip_is_exact(stores: Callable[..., Store], tmp_path: Path) -> No
     src = stores("src.db", blob_threshold=1024)
     ids = fill(src)
     file = tmp_path / "all.jsonl.zst"
-    summary = transfer.export_store(src, file)
+    summary = export_store(src, file)
     assert summary.sessions == 6 and summary.messages == 4 + 1 + 1 + 2 + 1 + 206
     assert summary.blobs == 4  # the read output, the file, the grep output, the state snapshot
 
     dst = stores("dst.db")
-    imported = transfer.import_file(dst, file)
+    imported = import_file(dst, file)
     assert (imported.sessions, imported.messages, imported.states) == (6, 215, 3)
     assert imported.inserted == 6 + 215 + 3 and imported.new_blobs == 4
 
@@ -230,7 +234,7 @@ def test_round_trip_is_exact(stores: Callable[..., Store], tmp_path: Path) -> No
     assert dst.read(lambda tx: tx.execute(blobs)) == src.read(lambda tx: tx.execute(blobs))
     assert all(dst.blobs.verify(sha) for sha in summary.blob_shas)
     for sid in ids.values():
-        assert transfer.session_digest(dst, sid) == summary.digests[sid]
+        assert session_digest(dst, sid) == summary.digests[sid]
     # What the API shows, spelled out for the cases that are easy to lose.
     assert dst.sessions.get(ids["subsub"]).root_id == ids["root"]
     assert dst.sessions.get(ids["fork"]).forked_from == ids["root"]
@@ -247,21 +251,21 @@ def test_importing_twice_changes_nothing(stores: Callable[..., Store], tmp_path:
     src = stores("src.db", blob_threshold=1024)
     fill(src)
     file = tmp_path / "all.jsonl.zst"
-    transfer.export_store(src, file)
+    export_store(src, file)
     dst = stores("dst.db")
-    transfer.import_file(dst, file)
+    import_file(dst, file)
     before, files = dump(dst), blob_dir(dst)
-    again = transfer.import_file(dst, file)
+    again = import_file(dst, file)
     assert dump(dst) == before  # every table, applied_ops and blob rows included
     assert blob_dir(dst) == files
     assert (again.inserted, again.updated, again.newer, again.new_blobs) == (0, 0, 0, 0)
     assert again.unchanged == 6 + 215 + 3
     # A fresh export of the same store (new operation ids) changes nothing either,
     # and neither does importing a store's export into itself.
-    transfer.export_store(dst, tmp_path / "again.jsonl.zst")
-    transfer.import_file(dst, tmp_path / "again.jsonl.zst")
+    export_store(dst, tmp_path / "again.jsonl.zst")
+    import_file(dst, tmp_path / "again.jsonl.zst")
     own = dump(src)
-    transfer.import_file(src, file)
+    import_file(src, file)
     assert dump(dst) == before and dump(src) == own
 
 
@@ -270,22 +274,22 @@ def test_export_of_chosen_sessions_takes_their_subagent_trees(
 ) -> None:
     src = stores("src.db", blob_threshold=1024)
     ids = fill(src)
-    summary = transfer.export_store(src, tmp_path / "tree.jsonl.zst", [ids["sub"], ids["archived"]])
+    summary = export_store(src, tmp_path / "tree.jsonl.zst", [ids["sub"], ids["archived"]])
     assert set(summary.digests) == {ids["sub"], ids["subsub"], ids["archived"]}
     assert not summary.whole_store
     with pytest.raises(NotFound, match="no session 'nope'"):
-        transfer.export_store(src, tmp_path / "nope.jsonl.zst", ["nope"])
+        export_store(src, tmp_path / "nope.jsonl.zst", ["nope"])
     assert not (tmp_path / "nope.jsonl.zst").exists()
 
     # A subagent's parent must be in the file or already in the store.
     empty = stores("empty.db")
     with pytest.raises(InvalidArchive, match=rf"its parent {ids['root']} is neither in the file"):
-        transfer.import_file(empty, tmp_path / "tree.jsonl.zst")
+        import_file(empty, tmp_path / "tree.jsonl.zst")
     assert empty.sessions.list(include_archived=True) == []
     holder = stores("holder.db")
-    transfer.export_store(src, tmp_path / "root.jsonl.zst", [ids["root"]])
-    transfer.import_file(holder, tmp_path / "root.jsonl.zst")
-    transfer.import_file(holder, tmp_path / "tree.jsonl.zst")
+    export_store(src, tmp_path / "root.jsonl.zst", [ids["root"]])
+    import_file(holder, tmp_path / "root.jsonl.zst")
+    import_file(holder, tmp_path / "tree.jsonl.zst")
     assert holder.messages.list(ids["subsub"]) == src.messages.list(ids["subsub"])
     assert holder.sessions.get(ids["archived"]) == src.sessions.get(ids["archived"])
 
@@ -304,15 +308,15 @@ def test_big_payloads_are_exported_as_blobs_and_long_streams_split(
         for i in range(40):
             reply.text(chr(ord("a") + i % 26) * (128 * 1024))
     file = tmp_path / "big.jsonl.zst"
-    transfer.export_store(src, file)
+    export_store(src, file)
     records = load(file)
     assert max(len(json.dumps(r)) for r in records) < 8 * 1024 * 1024
     assert sum(1 for r in records if r.get("op") == "import_parts") >= 1
 
     dst = stores("dst.db")
-    transfer.import_file(dst, file)
+    import_file(dst, file)
     assert dst.messages.list(s.id) == src.messages.list(s.id)
-    assert transfer.session_digest(dst, s.id) == transfer.session_digest(src, s.id)
+    assert session_digest(dst, s.id) == session_digest(src, s.id)
     part = "SELECT enc, blob_sha IS NOT NULL FROM parts WHERE message_id = ? ORDER BY seq"
     assert src.read(lambda tx: tx.execute(part, (inline.id,))) == [("str", 0)]
     assert dst.read(lambda tx: tx.execute(part, (inline.id,))) == [("str", 1)]
@@ -320,7 +324,7 @@ def test_big_payloads_are_exported_as_blobs_and_long_streams_split(
     streamed = [r for r in src.read(lambda tx: tx.execute(chunks)) if len(r[3]) < 1024 * 1024]
     assert [r for r in dst.read(lambda tx: tx.execute(chunks))] == streamed
     before = dump(dst)
-    assert transfer.import_file(dst, file).inserted == 0
+    assert import_file(dst, file).inserted == 0
     assert dump(dst) == before
 
 
@@ -335,7 +339,7 @@ def test_a_later_export_brings_the_store_forward_and_an_older_one_changes_nothin
     reply.text("partial ")
     reply.flush()
     early = tmp_path / "early.jsonl.zst"
-    transfer.export_store(src, early)
+    export_store(src, early)
     reply.text("and the rest")
     reply.add(ToolResult("c", "z" * 3000))
     reply.usage(input_tokens=5, output_tokens=6)
@@ -344,17 +348,17 @@ def test_a_later_export_brings_the_store_forward_and_an_older_one_changes_nothin
     src.state.put(s.id, "k", {"v": 2})
     src.messages.append(s.id, "user", "thanks")
     late = tmp_path / "late.jsonl.zst"
-    transfer.export_store(src, late)
+    export_store(src, late)
 
     dst = stores("dst.db")
-    transfer.import_file(dst, early)
+    import_file(dst, early)
     assert dst.messages.list(s.id)[0].status == "streaming"
-    forward = transfer.import_file(dst, late)
+    forward = import_file(dst, late)
     assert (forward.updated, forward.inserted) == (3, 1)  # session, message, state; "thanks"
     assert everything(dst) == everything(src)
     assert dump(dst, CONTENT) == dump(src, CONTENT)
     before = dump(dst)
-    older = transfer.import_file(dst, early)
+    older = import_file(dst, early)
     assert (older.newer, older.inserted, older.updated) == (3, 0, 0)
     assert dump(dst) == before
 
@@ -365,7 +369,7 @@ def test_a_file_that_contradicts_the_store_is_rejected_whole(
     src = stores("src.db", blob_threshold=1024)
     ids = fill(src)
     file = tmp_path / "all.jsonl.zst"
-    transfer.export_store(src, file)
+    export_store(src, file)
     dst = stores("dst.db")
     # The same id used for another session (the last session of the file).
     dst.sessions.create(id=ids["long"], title="long", project="/elsewhere")
@@ -374,7 +378,7 @@ def test_a_file_that_contradicts_the_store_is_rejected_whole(
         AlreadyExists,
         match=rf"line \d+: session {ids['long']} is in the store with a different project.*nothing was imported",
     ):
-        transfer.import_file(dst, file)
+        import_file(dst, file)
     assert dump(dst) == before and blob_dir(dst) == files
 
 
@@ -386,7 +390,7 @@ def exported(stores: Callable[..., Store], tmp_path: Path) -> Path:
     src = stores("src.db", blob_threshold=1024)
     fill(src)
     file = tmp_path / "good.jsonl.zst"
-    transfer.export_store(src, file)
+    export_store(src, file)
     return file
 
 
@@ -440,7 +444,7 @@ def flaw_not_an_import_op(records: list[Any]) -> None:
 
 
 def flaw_newer_version(records: list[Any]) -> None:
-    records[0]["version"] = transfer.VERSION + 1
+    records[0]["version"] = VERSION + 1
 
 
 def flaw_bad_base64(records: list[Any]) -> None:
@@ -562,7 +566,7 @@ def test_a_hostile_file_is_rejected_whole(
     dst.messages.append(dst.sessions.create(title="already here").id, "user", "x" * 2000)
     before, files = dump(dst), blob_dir(dst)
     with pytest.raises(InvalidArchive, match=r"line \d+: ") as caught:
-        transfer.import_file(dst, bad)
+        import_file(dst, bad)
     assert message in str(caught.value)
     assert "nothing was imported" in str(caught.value)
     assert dump(dst) == before and blob_dir(dst) == files
@@ -596,16 +600,16 @@ def test_damaged_and_oversized_files_are_rejected_whole(
         bad = tmp_path / f"{name}.jsonl.zst"
         bad.write_bytes(content)
         with pytest.raises(InvalidArchive, match="nothing was imported") as caught:
-            transfer.import_file(plain, bad)
+            import_file(plain, bad)
         assert message in str(caught.value), name
     # A blob larger than this store's max_payload_bytes (the 5000-byte read output).
     with pytest.raises(InvalidArchive, match=r"line \d+: blob .* over max_payload_bytes \(4,500\)"):
-        transfer.import_file(dst, exported)
+        import_file(dst, exported)
     # Limits a caller can lower: the line length and the decompressed total.
     with pytest.raises(InvalidArchive, match="longer than the limit of 500 bytes"):
-        transfer.import_file(stores("other.db"), exported, max_line=500)
+        import_file(stores("other.db"), exported, max_line=500)
     with pytest.raises(InvalidArchive, match="more than 20,000 bytes once decompressed"):
-        transfer.import_file(stores("other2.db"), exported, max_total=20_000)
+        import_file(stores("other2.db"), exported, max_total=20_000)
     assert dump(dst) == before and blob_dir(dst) == files
     assert dump(plain) == before and blob_dir(plain) == files
 
@@ -680,7 +684,7 @@ def test_merge_verification_catches_a_damaged_or_diverged_destination(
         if stage == "import" and done == total:
             merged.blobs.path(sha).write_bytes(zstandard.ZstdCompressor().compress(b"not it"))
 
-    report = transfer.merge([a], dst, progress=damage)
+    report = merge([a], dst, progress=damage)
     assert not report.ok
     assert any(f"blob {sha} does not verify in the destination" in p for p in report.problems)
     # A session changed in the destination after the merge: the import leaves the later
@@ -709,14 +713,14 @@ def test_merge_reports_a_source_that_changed_during_the_merge(
                 writer.messages.append(sid, "user", "one more thing")
             late.append(writer.sessions.create(title="late", project="worker-a").id)
 
-    report = transfer.merge([a], tmp_path / "merged.db", progress=still_writing)
+    report = merge([a], tmp_path / "merged.db", progress=still_writing)
     assert not report.ok
     text = "\n".join(report.problems)
     assert "changed in" in text and "during the merge" in text
     assert "1 session(s) were created in" in text
     assert "does not match the export" not in text  # the destination holds what was exported
     # Once the worker has stopped, merging again brings everything and verifies.
-    again = transfer.merge([a], tmp_path / "merged.db")
+    again = merge([a], tmp_path / "merged.db")
     assert again.ok, again.problems
     merged = stores("merged.db")
     assert everything(merged) == everything(writer)
@@ -725,9 +729,9 @@ def test_merge_reports_a_source_that_changed_during_the_merge(
 def test_merge_api_refuses_a_source_that_is_the_destination(tmp_path: Path) -> None:
     (a,) = write_stores(tmp_path, "worker-a", n=1)
     with pytest.raises(fleetstore.InvalidInput, match="both a source and the destination"):
-        transfer.merge([a], a)
+        merge([a], a)
     with pytest.raises(NotFound, match="no store at"):
-        transfer.merge([tmp_path / "absent.db"], tmp_path / "merged.db")
+        merge([tmp_path / "absent.db"], tmp_path / "merged.db")
 
 
 # --- the commands ---------------------------------------------------------------------------

@@ -1,1 +1,2 @@
-"""The operator tools as logic without click: doctor, maintain, lock, stress, top."""
+"""The operator tools as logic without click: doctor, maintain, lock, stress, top, stats
+(what sessions and stats read), and the handlers of worker."""

@@ -1,13 +1,18 @@
-"""What the ``fleetstore`` commands share: option helpers, sizes, progress bars."""
+"""What the ``fleetstore`` commands share: option helpers, opening an existing store,
+sizes, an effect as JSON, progress bars."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
 
+import fleetstore
 from fleetstore.core.units import size
+from fleetstore.errors import FleetstoreError
 
 STORE_HELP = (
     "The store: its file, a directory holding fleetstore.db, sqlite:///absolute/path, or "
@@ -63,6 +68,50 @@ def existing_store(command: str, store: str | None, *, server: bool = True) -> s
     return str(path)
 
 
+def open_existing(command: str, store: str | None) -> fleetstore.Store:
+    """The existing store at *store* (see ``existing_store``), opened; exit 1 if it
+    cannot be opened."""
+    path = existing_store(command, store)
+    try:
+        return fleetstore.open(path)
+    except (FleetstoreError, OSError) as exc:
+        click.echo(f"fleetstore {command}: {exc}", err=True)
+        sys.exit(1)
+
+
+@contextmanager
+def using_store(command: str, store: str | None) -> Iterator[fleetstore.Store]:
+    """The existing store (exit 2 if there is none: nothing is created), open for the
+    ``with`` block: exit 1 if it cannot be opened or the block raises a fleetstore
+    error; closed without waiting for spooled writes."""
+    path = existing_store(command, store)
+    try:
+        opened = fleetstore.open(path)
+    except (FleetstoreError, OSError) as exc:
+        click.echo(f"fleetstore {command}: {exc}", err=True)
+        sys.exit(1)
+    try:
+        yield opened
+    except FleetstoreError as exc:
+        click.echo(f"fleetstore {command}: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        opened.close(timeout=0)
+
+
+def effect_json(effect: fleetstore.Effect) -> dict[str, object]:
+    """An outbox effect as the ``--json`` of the effects commands print it: every field,
+    the state as its name, a bytes payload as ``{"base64": ...}``."""
+    import base64
+    import dataclasses
+
+    data = dataclasses.asdict(effect)
+    data["state"] = effect.state.value
+    if isinstance(effect.payload, bytes):
+        data["payload"] = {"base64": base64.b64encode(effect.payload).decode("ascii")}
+    return data
+
+
 def env(command: str, option: str) -> dict[str, Any]:
     """``envvar``/``show_envvar`` for an option: FLEETSTORE_<COMMAND>_<OPTION>."""
     name = f"FLEETSTORE_{command}_{option}".upper().replace("-", "_").replace(" ", "_")
@@ -95,4 +144,14 @@ class ProgressBars:
             self._stage = ""
 
 
-__all__ = ["STORE_HELP", "ProgressBars", "env", "existing_store", "size", "store_option"]
+__all__ = [
+    "STORE_HELP",
+    "ProgressBars",
+    "effect_json",
+    "env",
+    "existing_store",
+    "open_existing",
+    "size",
+    "store_option",
+    "using_store",
+]

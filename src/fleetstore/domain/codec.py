@@ -21,7 +21,10 @@ from fleetstore.core.validate import (
     MAX_MODEL,
     MAX_PART_META,
     MAX_SHORT,
+    STATE_KEY_MAX,
+    STATE_NAMESPACE_MAX,
     arg_int,
+    check_id,
     check_str,
     check_text,
     dump_json,
@@ -196,6 +199,31 @@ def decode_part(store: StorePort, row: Sequence[Any]) -> Part:
     raise errors.CorruptStore(f"part of unknown kind {kind!r} in message {_mid}")
 
 
+def prepare_state(
+    store: StorePort, session_id: object, key: object, value: Any, namespace: object
+) -> tuple[dict[str, Any], Prepared]:
+    """The arguments of a state put of *value* (JSON-serialisable, or bytes) under
+    *namespace*/*key* of *session_id*, and its payload, every check done and nothing
+    written (``write_payload`` writes it)."""
+    check_id(session_id, "session_id")
+    check_str(key, "a state key", limit=STATE_KEY_MAX, empty=False)
+    check_str(namespace, "a state namespace", limit=STATE_NAMESPACE_MAX, empty=False)
+    if isinstance(value, bytes | bytearray | memoryview):
+        payload = prepare_payload(store, bytes(value), "bytes")
+    else:
+        payload = prepare_payload(store, dump_json(value, f"state value {key!r}"), "json")
+    return {"namespace": namespace, "key": key}, payload
+
+
+def encode_state(
+    store: StorePort, session_id: object, key: object, value: Any, namespace: object
+) -> dict[str, Any]:
+    """The arguments of a state put: every check first, then the payload (a blob
+    file written here if it is large)."""
+    head, payload = prepare_state(store, session_id, key, value, namespace)
+    return {**head, "value": write_payload(store, payload)}
+
+
 # -- inside the transaction: an encoded payload's columns -------------------------------
 
 
@@ -254,6 +282,7 @@ def encoded_body(
 __all__ = [
     "Prepared",
     "blob_ref",
+    "encode_state",
     "encoded_body",
     "decode_part",
     "decode_value",
@@ -261,6 +290,7 @@ __all__ = [
     "encode_parts",
     "encode_payload",
     "prepare_parts",
+    "prepare_state",
     "prepare_payload",
     "write_parts",
     "write_payload",

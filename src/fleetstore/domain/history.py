@@ -34,7 +34,13 @@ from fleetstore.core.validate import (
     check_str,
     dump_json,
 )
-from fleetstore.domain.codec import decode_part, encode_part, prepare_parts, write_parts
+from fleetstore.domain.codec import (
+    decode_part,
+    encode_part,
+    encode_state,
+    prepare_parts,
+    write_parts,
+)
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import effects_args, prepare_effects
 from fleetstore.domain.ports import StorePort
@@ -510,7 +516,17 @@ class ToolCallHandle:
 
 
 class Stream:
-    """A message being written: see ``Messages.stream``.  Thread-safe."""
+    """A message being written: see ``Messages.stream``.  Thread-safe.
+
+    What is on disk when each call returns (docs/design.md, "Streaming"):
+    entering the block and ``text``/``reasoning``/``tool_call``/``result`` write
+    nothing to the database (a payload over ``blob_threshold`` is a blob file, written
+    before the call returns); everything buffered is written, in one transaction, when
+    ``stream_flush_bytes`` are pending, when the oldest buffered item is
+    ``stream_flush_interval`` old (the store's background thread), on ``flush()``, and
+    when the block ends: then with the reply's usage, its status, and the state values
+    (``put_state``) and effects (``enqueue``) attached to it, and the block returns
+    after that commit."""
 
     def __init__(
         self,
@@ -529,8 +545,9 @@ class Stream:
         self.model = check_opt_str(model, "model", MAX_MODEL)
         self._metadata = _metadata(metadata)
         self._lock = threading.Lock()  # guards the buffer below
-        self._flush_lock = threading.Lock()  # one flush at a time keeps chunk order
-        self._pending: list[dict[str, Any]] = []
+        self._flush_lock = threading.Lock()  # one write at a time keeps chunk order
+        self._pending: list[dict[str, Any]] = []  # chunks
+        self._parts: list[dict[str, Any]] = []  # whole parts: {"seq", "part"}
         self._pending_bytes = 0
         self._pending_since = 0.0
         self._sealed = 0  # leading pending chunks that a failed write may have stored
@@ -539,6 +556,9 @@ class Stream:
         self._chunk_seq: dict[int, int] = {}
         self._usage: dict[str, Any] | None = None
         self._effects: list[dict[str, Any]] = []
+        self._state: list[dict[str, Any]] = []
+        self._created: dict[str, Any] | None = None  # the message row, until written
+        self._registered = False
         self._open = False
         self._finished = False
         self.flushes = 0
@@ -554,19 +574,24 @@ class Stream:
             self.finish(error=error_text(f"{type(exc).__name__}: {exc}"))
 
     def open(self) -> None:
-        args: dict[str, Any] = {
-            "id": self.id,
-            "session_id": self.session_id,
+        """Start the reply.  Nothing is written yet: the message row goes with the
+        first write (a reply produced within one flush window is one transaction).
+        An unknown session is ``NotFound`` here, from a read, not at the end."""
+        if not self._store.spool_pending(self.session_id):
+            q = self._store.queries
+            found = self._store.read(
+                lambda tx: tx.execute(q["session_exists"], (self.session_id,)),
+                session_id=self.session_id,
+            )
+            if not found:
+                raise errors.NotFound(f"no session {self.session_id!r}")
+        self._created = {
             "role": self.role,
             "model": self.model,
             "metadata": self._metadata,
-            "status": "streaming",
-            "parts": [],
             "created_at": time.time(),
         }
-        self._store.submit(Operation("append_message", args, new_id()))
         self._open = True
-        self._store.streams_opened(self)
 
     def text(self, delta: str) -> None:
         """Append text to the reply (coalesced with neighbouring deltas)."""
@@ -599,49 +624,87 @@ class Stream:
             else:
                 seq = self._chunk_seq.get(part_seq, 0)
                 self._chunk_seq[part_seq] = seq + 1
-                if not self._pending:
-                    self._pending_since = time.monotonic()
                 self._pending.append(
                     {"part_seq": part_seq, "kind": kind, "seq": seq, "text": delta}
                 )
             self._pending_bytes += len(delta)
             full = self._pending_bytes >= self._store.settings.stream_flush_bytes
+            first = self._buffered_first()
+        if first:
+            self._store.streams_opened(self)
         if full:
             self.flush()
 
+    def _buffered_first(self) -> bool:
+        """Under _lock, after buffering: start the flush clock if this is the first
+        buffered item, and say whether the background thread must learn of it."""
+        if self._pending_since == 0.0:
+            self._pending_since = time.monotonic()
+        if self._registered:
+            return False
+        self._registered = True
+        return True
+
     def due(self) -> float | None:
-        """When the pending text must be flushed (monotonic time), if any is pending."""
+        """When the buffer must be written (monotonic time), if anything is buffered."""
         with self._lock:
-            if not self._pending:
+            if not (self._pending or self._parts):
                 return None
             return self._pending_since + self._store.settings.stream_flush_interval
 
     def flush(self) -> None:
-        """Write the pending deltas now, in one transaction."""
+        """Write everything buffered now, in one transaction (the message row too, if
+        it was not written yet: after ``flush()`` the reply is visible, ``streaming``)."""
         with self._flush_lock:
-            with self._lock:
-                chunks, self._pending, self._pending_bytes = self._pending, [], 0
-                self._sealed = 0
-            if chunks:
-                self._write_chunks(chunks)
+            self._write(None)
 
-    def _write_chunks(self, chunks: list[dict[str, Any]]) -> None:
-        args = {"message_id": self.id, "session_id": self.session_id, "chunks": chunks}
+    def _take(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
+        with self._lock:
+            chunks, self._pending, self._pending_bytes = self._pending, [], 0
+            parts, self._parts = self._parts, []
+            self._sealed = 0
+            self._pending_since = 0.0
+            return chunks, parts, self._created
+
+    def _write(self, finish: dict[str, Any] | None) -> None:
+        """Under _flush_lock: one ``stream_write`` of what is buffered (and *finish*)."""
+        chunks, parts, created = self._take()
+        if not (chunks or parts or finish or created is not None):
+            return
+        args: dict[str, Any] = {"message_id": self.id, "session_id": self.session_id}
+        if created is not None:
+            args["open"] = created
+        if chunks:
+            args["chunks"] = chunks
+        if parts:
+            args["parts"] = parts
+        if finish is not None:
+            args["finish"] = finish
+            if finish["status"] == "complete":
+                if self._state:
+                    args["state"] = self._state
+                if self._effects:
+                    args["effects"] = self._effects
+        args["now"] = time.time()
         try:
-            self._store.submit(Operation("append_chunks", args, new_id()))
+            self._store.submit(Operation("stream_write", args, new_id()))
         except BaseException:
-            # Keep them for the next flush rather than lose them.  Their keys are
+            # Keep them for the next write rather than lose them.  Their keys are
             # fixed and, if the failed write did commit, a rewrite inserts nothing:
             # so they are sealed, never grown by later deltas.
             # (tests/domain/test_history.py: test_a_failed_flush_keeps_its_text)
             with self._lock:
-                if not self._pending:
+                if not (self._pending or self._parts):
                     self._pending_since = time.monotonic()
                 self._pending[:0] = chunks
+                self._parts[:0] = parts
                 self._sealed = len(chunks)
                 self._pending_bytes += sum(len(c["text"]) for c in chunks)
             raise
-        self.flushes += 1
+        with self._lock:
+            self._created = None
+        if chunks or parts:
+            self.flushes += 1
 
     def tool_call(
         self, name: str, arguments: Any = None, *, call_id: str | None = None
@@ -652,26 +715,21 @@ class Stream:
         return ToolCallHandle(self, call)
 
     def add(self, part: Part) -> None:
-        """Add a whole part (a tool call or result, a file...) after what was streamed."""
+        """Add a whole part (a tool call or result, a file...) after what was streamed.
+        It is written with the next flush (a blob, before this returns)."""
         self._check_open()
         encoded = encode_part(self._store, part)  # a blob is written here, outside the lock
-        with self._flush_lock:
-            with self._lock:
-                chunks, self._pending, self._pending_bytes = self._pending, [], 0
-                self._sealed = 0
-                self._part_seq += 1
-                self._part_kind = None
-                seq = self._part_seq
-            if chunks:
-                self._write_chunks(chunks)
-            part_args: dict[str, Any] = {
-                "message_id": self.id,
-                "session_id": self.session_id,
-                "seq": seq,
-                "part": encoded,
-                "now": time.time(),
-            }
-            self._store.submit(Operation("add_part", part_args, new_id()))
+        with self._lock:
+            self._part_seq += 1
+            self._part_kind = None
+            self._parts.append({"seq": self._part_seq, "part": encoded})
+            self._pending_bytes += _encoded_size(encoded)
+            full = self._pending_bytes >= self._store.settings.stream_flush_bytes
+            first = self._buffered_first()
+        if first:
+            self._store.streams_opened(self)
+        if full:
+            self.flush()
 
     def usage(self, usage: Usage | None = None, **tokens: Any) -> None:
         """The model call's usage, recorded when the message completes."""
@@ -683,39 +741,58 @@ class Stream:
         self._check_open()
         self._effects.extend(effects_arg(self._store, [effect]) or ())
 
+    def put_state(self, key: str, value: Any, *, namespace: str = "default") -> None:
+        """Put a state value of this session in the transaction that completes the
+        message (not if it ends in ``error``): a turn's checkpoint, committed with the
+        reply it belongs to.  The value is checked and encoded now (a blob over
+        ``blob_threshold`` is written now); its new version is the next one."""
+        self._check_open()
+        self._state.append(encode_state(self._store, self.session_id, key, value, namespace))
+
     def finish(self, error: str | None = None) -> None:
-        """Flush and mark the message ``complete`` (or ``error``).  Idempotent."""
+        """Write what is buffered and mark the message ``complete`` (or ``error``), in
+        one transaction.  Idempotent."""
         if error is not None:
             check_str(error, "error", limit=MAX_ERROR_TEXT)
         if self._finished or not self._open:
             return
+        self._finished = True
+        finish = {
+            "status": "error" if error is not None else "complete",
+            "error": error,
+            "usage": self._usage,
+        }
         try:
-            self.flush()
+            with self._flush_lock:
+                self._write(finish)
         except BaseException as exc:
-            # Never mark it complete without its last text.
+            # Never mark it complete without its last text: try the end alone, as
+            # an error, so the message does not stay streaming when it can be helped.
             if error is None:
-                error = error_text(
-                    f"{type(exc).__name__}: {exc} (the text after the last flush was lost)"
+                self._end_as_error(
+                    error_text(f"{type(exc).__name__}: {exc} (its last text was lost)")
                 )
             raise
         finally:
-            self._finished = True
             self._store.streams_closed(self)
-            args: dict[str, Any] = {
-                "message_id": self.id,
-                "session_id": self.session_id,
-                "status": "error" if error is not None else "complete",
-                "error": error,
-                "usage": self._usage,
-                "now": time.time(),
-            }
-            if error is None and self._effects:
-                args["effects"] = self._effects
-            self._store.submit(Operation("finish_message", args, new_id()))
+
+    def _end_as_error(self, error: str) -> None:
+        with self._lock:
+            self._pending, self._parts, self._pending_bytes = [], [], 0
+        try:
+            with self._flush_lock:
+                self._write({"status": "error", "error": error, "usage": self._usage})
+        except errors.FleetstoreError:
+            pass  # the write that failed said why; the message stays streaming
 
     def _check_open(self) -> None:
         if not self._open or self._finished:
             raise errors.InvalidInput("this stream is not open (use it inside its `with` block)")
+
+
+def _encoded_size(encoded: Mapping[str, Any]) -> int:
+    body = encoded.get("body")
+    return len(body) if isinstance(body, str) else 0
 
 
 __all__ = ["Messages", "Sessions", "Stream", "ToolCallHandle"]

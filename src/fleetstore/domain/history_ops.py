@@ -164,7 +164,7 @@ def _part_meta(part: Args, what: str) -> str:
     return dump_json(meta, f"{what} meta", MAX_PART_META)
 
 
-def _insert_part(
+def insert_part(
     tx: Tx, q: Queries, message_id: str, session_id: str, seq: int, part: object, now: float
 ) -> None:
     what = f"part {seq} of message {message_id}"
@@ -227,30 +227,25 @@ def append_message(tx: Tx, q: Queries, a: Args) -> Result:
         (mid, sid, seq, role, status, model, metadata, now, now if status == "complete" else None),
     )
     for i, part in enumerate(parts):
-        _insert_part(tx, q, mid, sid, i, part, now)
+        insert_part(tx, q, mid, sid, i, part, now)
     _usage(tx, q, mid, sid, model, a.get("usage"))
     tx.execute(q["session_touch"], (now, sid))
     return {"id": mid, "seq": seq, "created_at": now}
 
 
-def _streaming_message(tx: Tx, q: Queries, mid: str, sid: str) -> str:
+def streaming_status(tx: Tx, q: Queries, mid: str, sid: str) -> str:
+    """The status of message *mid* of session *sid* (``NotFound`` if it is not there)."""
     rows = tx.execute(q["message_identity"], (mid,))
     if not rows or rows[0][0] != sid:
         raise errors.NotFound(f"no message {mid!r} in session {sid!r}")
     return str(rows[0][2])
 
 
-@OPERATIONS.declare("append_chunks", scope=Scope.SESSION, logged=False)
-def append_chunks(tx: Tx, q: Queries, a: Args) -> Result:
-    """Streamed text: each chunk is a new row keyed (message, part, seq), so a
-    replay inserts nothing and no part is ever rewritten whole."""
-    mid = arg_id(a, "message_id")
-    sid = arg_id(a, "session_id")
-    chunks = a.get("chunks")
+def insert_chunks(tx: Tx, q: Queries, mid: str, sid: str, chunks: object) -> None:
+    """Streamed text: each chunk is a new row keyed (message, part, seq), so a replay
+    inserts nothing and no part is ever rewritten whole."""
     if not isinstance(chunks, list) or not chunks:
         raise errors.InvalidInput("chunks must be a non-empty list")
-    if _streaming_message(tx, q, mid, sid) != "streaming":
-        return {"duplicate": True}  # the message was finished: this is a replay
     for c in chunks:
         if not isinstance(c, dict):
             raise errors.InvalidInput("each chunk must be an object")
@@ -264,6 +259,34 @@ def append_chunks(tx: Tx, q: Queries, a: Args) -> Result:
         text = arg_str(c, "text", optional=False, limit=MAX_TEXT)
         tx.execute(q["part_insert_streamed"], (mid, part_seq, sid, kind))
         tx.execute(q["chunk_insert"], (mid, part_seq, seq, text))
+
+
+def finish_streaming(tx: Tx, q: Queries, mid: str, sid: str, a: Args) -> None:
+    """Mark the streaming message *mid* ``complete`` or ``error`` (``a``: status,
+    error, usage, now), with its usage."""
+    status = a.get("status")
+    if status not in ("complete", "error"):
+        raise errors.InvalidInput(f"a message finishes 'complete' or 'error', not {status!r}")
+    error = arg_str(a, "error", limit=MAX_ERROR_TEXT)
+    now = arg_time(a, "now")
+    model = tx.execute(q["message_model"], (mid,))[0][0]
+    _usage(tx, q, mid, sid, model, a.get("usage"))
+    tx.execute(q["message_finish"], (status, error, now, mid))
+    tx.execute(q["session_touch"], (now, sid))
+
+
+@OPERATIONS.declare("append_chunks", scope=Scope.SESSION, logged=False)
+def append_chunks(tx: Tx, q: Queries, a: Args) -> Result:
+    """Streamed text of one flush (streams now write ``stream_write``; kept for spool
+    journals and callers of the operation)."""
+    mid = arg_id(a, "message_id")
+    sid = arg_id(a, "session_id")
+    chunks = a.get("chunks")
+    if not isinstance(chunks, list) or not chunks:
+        raise errors.InvalidInput("chunks must be a non-empty list")
+    if streaming_status(tx, q, mid, sid) != "streaming":
+        return {"duplicate": True}  # the message was finished: this is a replay
+    insert_chunks(tx, q, mid, sid, chunks)
     return {"id": mid}
 
 
@@ -272,11 +295,11 @@ def add_part(tx: Tx, q: Queries, a: Args) -> Result:
     mid = arg_id(a, "message_id")
     sid = arg_id(a, "session_id")
     seq = arg_int(a, "seq", optional=False)
-    if _streaming_message(tx, q, mid, sid) != "streaming":
+    if streaming_status(tx, q, mid, sid) != "streaming":
         return {"duplicate": True}
     if tx.execute(q["part_exists"], (mid, seq)):
         return {"duplicate": True}
-    _insert_part(tx, q, mid, sid, seq, a.get("part"), arg_time(a, "now"))
+    insert_part(tx, q, mid, sid, seq, a.get("part"), arg_time(a, "now"))
     return {"id": mid}
 
 
@@ -284,15 +307,13 @@ def add_part(tx: Tx, q: Queries, a: Args) -> Result:
 def finish_message(tx: Tx, q: Queries, a: Args) -> Result:
     mid = arg_id(a, "message_id")
     sid = arg_id(a, "session_id")
-    status = a.get("status")
-    if status not in ("complete", "error"):
-        raise errors.InvalidInput(f"a message finishes 'complete' or 'error', not {status!r}")
-    error = arg_str(a, "error", limit=MAX_ERROR_TEXT)
-    now = arg_time(a, "now")
-    if _streaming_message(tx, q, mid, sid) != "streaming":
+    if a.get("status") not in ("complete", "error"):
+        raise errors.InvalidInput(
+            f"a message finishes 'complete' or 'error', not {a.get('status')!r}"
+        )
+    arg_str(a, "error", limit=MAX_ERROR_TEXT)
+    arg_time(a, "now")
+    if streaming_status(tx, q, mid, sid) != "streaming":
         return {"duplicate": True}
-    model = tx.execute(q["message_model"], (mid,))[0][0]
-    _usage(tx, q, mid, sid, model, a.get("usage"))
-    tx.execute(q["message_finish"], (status, error, now, mid))
-    tx.execute(q["session_touch"], (now, sid))
+    finish_streaming(tx, q, mid, sid, a)
     return {"id": mid}

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from fleetstore import errors
 from fleetstore.core.validate import check_time
-from fleetstore.domain import history_ops, imports, maintenance, outbox, state
+from fleetstore.domain import history_ops, imports, maintenance, outbox, state, streams
 from fleetstore.domain.frameworks import adk, langgraph, openai_agents
 from fleetstore.domain.operations import (
     Declarations,
@@ -44,6 +44,7 @@ REGISTRY: Mapping[str, OpSpec] = _collect(
     [
         history_ops.OPERATIONS,
         state.OPERATIONS,
+        streams.OPERATIONS,
         outbox.OPERATIONS,
         imports.OPERATIONS,
         maintenance.OPERATIONS,

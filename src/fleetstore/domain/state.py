@@ -24,14 +24,8 @@ from fleetstore.core.validate import (
     check_id,
     check_int,
     check_str,
-    dump_json,
 )
-from fleetstore.domain.codec import (
-    decode_value,
-    encoded_body,
-    prepare_payload,
-    write_payload,
-)
+from fleetstore.domain.codec import decode_value, encoded_body, prepare_state, write_payload
 from fleetstore.domain.history_ops import session_row
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.outbox import prepare_effects
@@ -77,21 +71,15 @@ class State:
         its new version (``None`` while the write waits in this process's spool).
         *effects* are enqueued in the same transaction (the transactional outbox)."""
         # Every argument checked before a blob file is written.
-        _check_key(session_id, key, namespace)
         _check_expected(expected_version)
-        if isinstance(value, bytes | bytearray | memoryview):
-            payload = prepare_payload(self._store, bytes(value), "bytes")
-        else:
-            payload = prepare_payload(self._store, dump_json(value, f"state value {key!r}"), "json")
+        head, payload = prepare_state(self._store, session_id, key, value, namespace)
         prepared = prepare_effects(self._store, effects)
         effect_list = prepared.write()
-        encoded = write_payload(self._store, payload)
         now = time.time()
         args: dict[str, Any] = {
+            **head,
+            "value": write_payload(self._store, payload),
             "session_id": session_id,
-            "namespace": namespace,
-            "key": key,
-            "value": encoded,
             "expected_version": expected_version,
             "now": now,
         }

@@ -109,7 +109,8 @@ class ShardSet:
             if db is None:
                 db = self._open[key] = fresh
                 self._opened_total += 1
-                fresh = None  # type: ignore[assignment]
+            else:
+                evicted.append(fresh)  # another thread opened it first
             self._open.move_to_end(key)
             self._users[key] += 1
             # Close the least recently used idle shards past the bound; shards in use
@@ -119,8 +120,6 @@ class ShardSet:
                     break
                 if self._users[other] == 0:
                     evicted.append(self._open.pop(other))
-        if fresh is not None:
-            fresh.close()
         for old in evicted:
             old.close()
         return db

@@ -568,6 +568,10 @@ class AsyncStream:
         """``Stream.enqueue``: an effect committed with the message's completion."""
         await self._chain(lambda: self.sync.enqueue(effect))
 
+    async def put_state(self, key: str, value: Any, *, namespace: str = "default") -> None:
+        """See ``Stream.put_state``: committed with the reply's end."""
+        await self._chain(lambda: self.sync.put_state(key, value, namespace=namespace))
+
     async def finish(self, error: str | None = None) -> None:
         """``Stream.finish``: flush and mark the message complete (or error)."""
         await self._chain(lambda: self.sync.finish(error))

@@ -81,6 +81,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _RETRY_PAUSE = 0.01
 #: After the store itself failed a replay (I/O error, disk full...): backoff cap.
 _MAX_PAUSE = 10.0
+#: The background thread waits this long for more work before it exits.
+_LINGER = 2.0
 
 
 def _process_alive(pid: int | None) -> bool:
@@ -144,6 +146,8 @@ class Store:
         self._streams: set[Flushable] = set()
         self._thread: threading.Thread | None = None
         self._running = False
+        #: When the background thread plans to wake (monotonic; 0: not sleeping).
+        self._wake_at = 0.0
         self._stop = self._closed
         #: Journals of processes that died could not all be replayed at open (the store
         #: was busy): this process's writes queue behind them, or a restarted agent's
@@ -353,8 +357,15 @@ class Store:
     # -- background work: the spool drain and timed stream flushes -------------------------
 
     def streams_opened(self, stream: Flushable) -> None:
+        """*stream* has buffered something: flush it when it is due.  The background
+        thread is woken only if it would otherwise sleep past that (a reply written
+        whole within its flush window never wakes it: a wake-up per turn measured
+        about a tenth of a lone agent's turn)."""
+        due = stream.due()
         with self._cond:
             self._streams.add(stream)
+            if self._running and not self._stop and (due is None or due >= self._wake_at > 0):
+                return
         self._wake()
 
     def streams_closed(self, stream: Flushable) -> None:
@@ -391,6 +402,7 @@ class Store:
         streams when due; exit when there is neither (``_wake`` starts it again).
         tests/store/test_spool.py::test_outside_lock_past_the_budget_spools_then_drains_in_order"""
         pause_until = 0.0
+        idle_since: float | None = None
         while True:
             with self._cond:
                 while True:
@@ -399,10 +411,20 @@ class Store:
                         return
                     behind = self._behind
                     op = self.spool.head()
-                    if op is None and not self._streams and not behind:
-                        self._running = False
-                        return
                     now = time.monotonic()
+                    if op is None and not self._streams and not behind:
+                        # Linger a while before exiting: a stream opened next turn
+                        # then needs no new thread.
+                        if idle_since is None:
+                            idle_since = now
+                        if now - idle_since >= _LINGER:
+                            self._running = False
+                            self._wake_at = 0.0
+                            return
+                        self._wake_at = idle_since + _LINGER
+                        self._cond.wait(self._wake_at - now)
+                        continue
+                    idle_since = None
                     paused = now < pause_until
                     dues = [d for s in self._streams if (d := s.due()) is not None]
                     ready = [] if paused else [s for s in self._streams if _due(s, now)]
@@ -412,9 +434,10 @@ class Store:
                     waits = [d - now for d in dues if d > now]
                     if paused:
                         waits.append(pause_until - now)
-                    self._cond.wait(
-                        min(waits) if waits else max(self.settings.stream_flush_interval, 0.01)
-                    )
+                    wait = min(waits) if waits else max(self.settings.stream_flush_interval, 0.01)
+                    self._wake_at = now + wait
+                    self._cond.wait(wait)
+                    self._wake_at = 0.0
             for stream in ready:
                 try:
                     stream.flush()

@@ -492,7 +492,7 @@ class Router:
     def metrics(self) -> dict[str, Any]:
         return self.shards.metrics()
 
-    def read(self, fn: Callable[[Any], T], session_id: str | None) -> T:
+    def read(self, fn: Callable[[Tx], T], session_id: str | None) -> T:
         key = self.home(session_id)
         if key is None:
             return self.catalog.read(fn)
@@ -507,7 +507,7 @@ class Router:
                 raise
             return self.catalog.read(fn) if fresh is None else self._read_shard(fresh, fn)
 
-    def _read_shard(self, key: str, fn: Callable[[Any], T]) -> T:
+    def _read_shard(self, key: str, fn: Callable[[Tx], T]) -> T:
         try:
             with self.shards.use(key, create=False) as db:
                 return db.read(fn)
@@ -521,7 +521,7 @@ class Router:
                 f"({self.shards.path_of(key)}); was it archived?"
             ) from exc
 
-    def read_first(self, fn: Callable[[Any], list[T]]) -> list[T]:
+    def read_first(self, fn: Callable[[Tx], list[T]]) -> list[T]:
         """*fn* on the catalog, then on each shard, until one returns rows (a lookup
         by an id that does not name its session, such as ``messages.get``)."""
         found = self.catalog.read(fn)

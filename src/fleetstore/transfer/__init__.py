@@ -1,2 +1,3 @@
 """Moving stores: export, import, merge, migrate, reshard, archiving a session tree,
-and importing the frameworks' own SQLite files."""
+and reading the frameworks' own SQLite files (for ``fleetstore.integrations``'
+importers)."""

@@ -44,7 +44,7 @@ from fleetstore.domain.blobs import BlobStore, fsync_dir
 from fleetstore.engine.sharded import shard_key
 from fleetstore.engine.sqlite import Database
 from fleetstore.store.facade import Store
-from fleetstore.transfer.stream import session_digest
+from fleetstore.transfer.digest import session_digest
 
 #: What the triggers of an archived shard say (and what a writer that still had the
 #: file open sees in its error).

@@ -21,7 +21,10 @@ from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch, Writer
 from fleetstore.core.units import size as _size
 from fleetstore.engine.base import Tx
-from fleetstore.transfer import stream as transfer
+from fleetstore.transfer.digest import session_digest
+from fleetstore.transfer.export import export_store
+from fleetstore.transfer.format import MAX_LINE, MAX_TOTAL
+from fleetstore.transfer.reader import OpItem, Reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +189,7 @@ def archive(
         step.status = "dry-run"
         step.summary = f"would archive {what} to {target}, verify it, then delete them"
         return
-    summary = transfer.export_store(store, target, [t.id for t in trees], progress=progress)
+    summary = export_store(store, target, [t.id for t in trees], progress=progress)
     step.detail["file_bytes"] = summary.file_bytes
     verify_archive(store, target, summary)
     step.detail["verified"] = True
@@ -214,13 +217,11 @@ def verify_archive(store: Any, path: str, summary: Any) -> None:
     """Read the archive back whole, as ``fleetstore import`` would check it (every
     record, every blob's hash and size, the trailer's counts and checksum), and check
     it holds every exported session with its messages.  ``InvalidArchive`` if not."""
-    reader = transfer._Reader(
-        Path(path), store.settings.max_payload_bytes, transfer.MAX_LINE, transfer.MAX_TOTAL
-    )
+    reader = Reader(Path(path), store.settings.max_payload_bytes, MAX_LINE, MAX_TOTAL)
     sessions: set[str] = set()
     messages: dict[str, int] = {}
     for item in reader.items():
-        if isinstance(item, transfer._OpItem):
+        if isinstance(item, OpItem):
             if item.op.name == "import_session":
                 sessions.add(item.parsed.id)
             elif item.op.name == "import_message":
@@ -251,7 +252,7 @@ def _delete_trees(
     for i, tree in enumerate(trees):
         # Exactly what was archived, or it stays: compare the whole content.
         if summary is not None and any(
-            transfer.session_digest(store, s) != summary.digests.get(s) for s in tree.sessions
+            session_digest(store, s) != summary.digests.get(s) for s in tree.sessions
         ):
             written.append(tree.id)
             continue

@@ -18,7 +18,7 @@ from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, SHARDS
-from fleetstore.engine import inspect
+from fleetstore.engine import foreign, inspect
 from fleetstore.engine.base import Tx
 from fleetstore.engine.sharded import shard_key
 from fleetstore.engine.sqlite import Database
@@ -41,27 +41,23 @@ class _ShardFile:
 
 
 def _shard_contents(path: Path) -> tuple[int, float] | None:
-    """(sessions, newest applied_ops time) of a shard file, read read-only; None if it
-    cannot be read without side effects."""
+    """(sessions, newest applied_ops time) of a shard file, read strictly read-only
+    (``engine.foreign``: re-checked after an immutable read); None if it cannot be
+    read without side effects."""
+
+    def read(db: inspect.ReadOnlyDatabase) -> tuple[int, float]:
+        sessions, newest = db.query(
+            "SELECT (SELECT count(*) FROM sessions), "
+            "(SELECT coalesce(max(applied_at), 0) FROM applied_ops)"
+        )[0]
+        return int(sessions), float(newest)
+
     try:
-        header = inspect.read_header(str(path))
-        if header is None:
-            return 0, 0.0
-        mode, _why = inspect.choose_open_mode(
-            header.wal,
-            inspect.FileFacts.of(f"{path}-wal"),
-            inspect.FileFacts.of(f"{path}-shm"),
-        )
-        if mode is None:
-            return None
-        with inspect.open_readonly(str(path), mode) as conn:
-            sessions, newest = conn.query(
-                "SELECT (SELECT count(*) FROM sessions), "
-                "(SELECT coalesce(max(applied_at), 0) FROM applied_ops)"
-            )[0]
+        return foreign.read_foreign(path, read)
+    except inspect.InspectFailed as exc:
+        return (0, 0.0) if exc.reason == "empty" else None
     except (OSError, errors.FleetstoreError):
         return None
-    return int(sessions), float(newest)
 
 
 def empty_shards(

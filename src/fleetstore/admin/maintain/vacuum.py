@@ -11,7 +11,8 @@ from fleetstore import sql
 from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch, Writer
 from fleetstore.core.units import size as _size
-from fleetstore.engine.sqlite import Database, WriteTx
+from fleetstore.engine.base import Tx
+from fleetstore.engine.sqlite import Database
 
 #: Pages of the first incremental-vacuum transaction (then sized to TARGET_HOLD).
 FIRST_VACUUM_PAGES = 256
@@ -70,7 +71,7 @@ def vacuum(writer: Writer, step: Step, dry_run: bool, progress: Progress | None)
     step.summary = f"returned {free - left} pages ({_size((free - left) * page_size)})"
 
 
-def _incremental_vacuum(pages: int) -> Callable[[WriteTx], object]:
+def _incremental_vacuum(pages: int) -> Callable[[Tx], object]:
     return lambda tx: tx.execute(f"PRAGMA incremental_vacuum({int(pages)})")
 
 

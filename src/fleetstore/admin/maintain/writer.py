@@ -19,7 +19,7 @@ from fleetstore.admin.maintain.report import Step
 from fleetstore.core.ids import new_id
 from fleetstore.domain import registry
 from fleetstore.domain.operations import Operation
-from fleetstore.engine.base import Engine
+from fleetstore.engine.base import Engine, Tx
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ class Writer:
         self.store = store if getattr(store, "router", None) is not None else None
         self.queries = sql.queries(db.dialect)
 
-    def run(self, step: Step, fn: Callable[[Any], T]) -> T:
+    def run(self, step: Step, fn: Callable[[Tx], T]) -> T:
         entered = time.monotonic()
         began = [entered]
 

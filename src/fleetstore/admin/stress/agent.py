@@ -154,6 +154,11 @@ class _Fleetstore(_Target):
         return bool(self.drop_every) and self.counted % self.drop_every == 0
 
     def turn(self, t: Turn, clock: Clock) -> str:
+        """A user message (one transaction) and the reply, whose end commits with the
+        turn's state checkpoint and its outbox effect (one transaction when the reply
+        is produced within a flush window)."""
+        from fleetstore.models import NewEffect
+
         _, uid, aid = ids(self.cfg, self.agent, t.n)
         store = self.store
         if not self._dropped():
@@ -177,19 +182,23 @@ class _Fleetstore(_Target):
                 reply.usage(
                     input_tokens=t.usage["input_tokens"], output_tokens=t.usage["output_tokens"]
                 )
+                # --drop-every: a broken target that says it saved what it did not.
+                if not self._dropped():
+                    reply.put_state("checkpoint", {"turn": t.n, "output": sha(output)})
+                if not self._dropped():
+                    reply.enqueue(
+                        NewEffect(
+                            self.sid,
+                            EFFECT_KIND,
+                            {"turn": t.n},
+                            idempotency_key=f"{self.sid}/{t.n}",
+                        )
+                    )
         except BaseException as exc:
             stream.__exit__(type(exc), exc, exc.__traceback__)
             raise
         with clock():
             stream.__exit__(None, None, None)
-        if not self._dropped():
-            with clock():
-                store.state.put(self.sid, "checkpoint", {"turn": t.n, "output": sha(output)})
-        if not self._dropped():
-            with clock():
-                store.effects.enqueue(
-                    self.sid, EFFECT_KIND, {"turn": t.n}, idempotency_key=f"{self.sid}/{t.n}"
-                )
         return sha(output)
 
     def figures(self) -> dict[str, Any] | None:

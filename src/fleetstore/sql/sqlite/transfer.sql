@@ -1,5 +1,5 @@
--- Export, import and merge (fleetstore/transfer.py): whole rows read out and
--- written back as they were, so a store round-trips exactly.
+-- Export, import and merge (fleetstore/transfer/digest.py, export.py, importing.py):
+-- whole rows read out and written back as they were, so a store round-trips exactly.
 
 -- transfer_session_tree: every session's id and parent, to order them parents first
 SELECT id, parent_id FROM sessions ORDER BY id

@@ -1,1 +1,2 @@
-"""Importers of the agent frameworks' own SQLite files."""
+"""Reading the agent frameworks' own SQLite files into plain records; their importers
+are ``fleetstore.integrations.*_import``."""

@@ -1,24 +1,19 @@
-"""``fleetstore import --from openai-agents-sqlite FILE``: bring the histories an
-Agents SDK ``SQLiteSession`` kept (tables ``agent_sessions`` and
-``agent_messages``) into a fleetstore store, where ``FleetstoreSession`` reads them.
+"""Reading an Agents SDK ``SQLiteSession`` file (tables ``agent_sessions`` and
+``agent_messages``), for ``fleetstore import --from openai-agents-sqlite``
+(``fleetstore.integrations.openai_agents_import``, which imports what it reads).
 
 Does not need the SDK installed.  The file is read strictly read-only, in one
 read transaction (``fleetstore.engine.foreign``: no journal mode switch, no
 ``-wal``/``-shm`` created), so the SDK's own processes may keep using it.
 
-Three steps:
-
-1. Check, writing nothing: the file is SQLite with the SDK's tables; every row's
-   ``message_data`` is a JSON object the store accepts; and for each session
-   already in the store, its items are exactly the first items of the file's
-   (imported before, by this importer).  Anything else, and nothing is written.
-2. Append, per session, the rows the store does not have yet, in row order, in
-   batches (one transaction each, all or none), each only if the session still
-   ends with the item before it.  Message ids derive from (session id, row id),
-   so importing twice changes nothing, and a file that grew imports only its new
-   rows.  A session that has no rows is created empty.
-3. Verify: read every imported session back and compare its item count and each
-   item's SHA-256 (of its canonical JSON) with the file's.
+``read_agents_source(path, use)`` calls ``use(source)`` inside that transaction:
+``source.sessions()`` checks the file session by session (the SDK's tables; every
+session id one the store accepts; every row's ``message_data`` a JSON object the
+store accepts, unless skipped), and ``source.rows()`` reads a session's rows again,
+so that *use* may write each batch to the store as it reads it instead of holding
+the file in memory.  A file that is not what the SDK writes raises
+``InvalidArchive``; after a read without locks of a file that changed meanwhile,
+``FileChanged``, whatever *use* returned.
 """
 
 from __future__ import annotations
@@ -28,69 +23,46 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from fleetstore import errors
-from fleetstore.core.ids import derived_id, new_id
 from fleetstore.domain.frameworks import openai_agents as agents_ops
-from fleetstore.domain.operations import Operation
 from fleetstore.engine import foreign, inspect
 
-if TYPE_CHECKING:
-    from fleetstore.store.facade import Store
+T = TypeVar("T")
 
-#: Items appended per transaction (the lock is held for one batch at a time).
-BATCH = 200
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _SDK_TIME = "%Y-%m-%d %H:%M:%S"
 
 
-class ImportNotVerified(errors.PermanentError):
-    """After the import, the store does not read back what the file holds."""
+@dataclass(frozen=True, slots=True)
+class AgentsRow:
+    """A row of the messages table: its id, the item it holds (None: not a JSON
+    object), and when the SDK wrote it (None: unknown)."""
+
+    row_id: int
+    item: dict[str, Any] | None
+    created_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
-class ImportSummary:
-    """What an import did: sessions and items in the file, items written now,
-    items already there, and how many items were read back and matched."""
-
-    sessions: int
-    items: int
-    inserted: int
-    unchanged: int
-    verified: int
-    skipped_rows: tuple[int, ...] = ()
-
-    def describe(self) -> str:
-        skipped = f", {len(self.skipped_rows)} invalid rows skipped" if self.skipped_rows else ""
-        return (
-            f"{self.sessions} sessions, {self.items} items: {self.inserted} new, "
-            f"{self.unchanged} already there; {self.verified} items verified{skipped}"
-        )
-
-
-@dataclass
-class _Plan:
-    """One session of the file: its rows, and how many the store already has."""
+class AgentsSession:
+    """A session of the file, checked: its rows (their ids, and each item's
+    ``item_hash``) in row order, and the rows skipped as invalid."""
 
     session_id: str
     created_at: float | None
-    row_ids: list[int] = field(default_factory=list)
-    hashes: list[str] = field(default_factory=list)
-    present: int = 0
+    row_ids: tuple[int, ...]
+    hashes: tuple[str, ...]
+    skipped: tuple[int, ...] = ()
 
 
 def item_hash(item: object) -> str:
     """SHA-256 of an item's canonical JSON (sorted keys, no spaces)."""
     text = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def imported_id(session_id: str, row_id: int) -> str:
-    """The message id of row *row_id* of *session_id* (the same on every import)."""
-    return derived_id("openai-agents-import", json.dumps([session_id, row_id]))
 
 
 def _sdk_time(value: object) -> float | None:
@@ -106,7 +78,8 @@ def _sdk_time(value: object) -> float | None:
     return parsed.replace(tzinfo=datetime.UTC).timestamp()
 
 
-def _check_name(name: str, what: str) -> str:
+def check_table_name(name: str, what: str) -> str:
+    """*name*, if it can name a table in SQL; else ``InvalidInput``."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise errors.InvalidInput(f"{what} must be an SQL table name, not {name!r}")
     return name
@@ -118,35 +91,6 @@ def _bad(path: str, why: str) -> errors.InvalidArchive:
     )
 
 
-class _Source:
-    """The SDK file, open read-only inside one read transaction."""
-
-    def __init__(self, db: inspect.ReadOnlyDatabase, sessions: str, messages: str) -> None:
-        self.db, self.sessions, self.messages = db, sessions, messages
-
-    def session_ids(self) -> list[tuple[str, float | None]]:
-        rows = self.db.query(
-            f"SELECT session_id, created_at FROM {self.sessions} "
-            f"UNION ALL SELECT DISTINCT session_id, NULL FROM {self.messages} "
-            f"WHERE session_id NOT IN (SELECT session_id FROM {self.sessions})"
-        )
-        return [(r[0], _sdk_time(r[1])) for r in rows]
-
-    def rows(self, session_id: str, after: int = -(2**63)) -> Iterator[tuple[Any, ...]]:
-        """(row id, message_data, created_at) of the session's rows after *after*, in order."""
-        last = after
-        while True:
-            page = self.db.query(
-                f"SELECT id, message_data, created_at FROM {self.messages} "
-                "WHERE session_id = ? AND id > ? ORDER BY id LIMIT 1000",
-                (session_id, last),
-            )
-            yield from page
-            if len(page) < 1000:
-                return
-            last = page[-1][0]
-
-
 def _parse(data: Any) -> dict[str, Any] | None:
     """The item a row holds, or None if it holds none (not JSON, not an object)."""
     try:
@@ -154,6 +98,78 @@ def _parse(data: Any) -> dict[str, Any] | None:
     except (TypeError, ValueError):
         return None
     return item if isinstance(item, dict) else None
+
+
+class AgentsSource:
+    """The SDK file, open read-only inside one read transaction (only inside the
+    *use* of ``read_agents_source``)."""
+
+    def __init__(
+        self,
+        db: inspect.ReadOnlyDatabase,
+        path: str,
+        sessions_table: str,
+        messages_table: str,
+        skip_invalid: bool,
+    ) -> None:
+        self.db, self.path, self.skip_invalid = db, path, skip_invalid
+        self.sessions_table, self.messages_table = sessions_table, messages_table
+
+    def sessions(self) -> Iterator[AgentsSession]:
+        """Each session of the file, checked when it is reached: ``InvalidArchive``
+        for a session id that is not one, or a row that is not a JSON object (unless
+        *skip_invalid*: then it is skipped, as the SDK's own reads do) or not an
+        item the store accepts."""
+        for session_id, created_at in self._session_ids():
+            if not isinstance(session_id, str):
+                raise _bad(self.path, f"a session_id that is not text: {session_id!r}")
+            try:
+                agents_ops.check_session_id(session_id)
+            except errors.InvalidInput as exc:
+                raise _bad(self.path, str(exc)) from None
+            row_ids: list[int] = []
+            hashes: list[str] = []
+            skipped: list[int] = []
+            for row in self.rows(session_id):
+                if row.item is None:
+                    if self.skip_invalid:
+                        skipped.append(row.row_id)
+                        continue
+                    raise _bad(
+                        self.path, f"row {row.row_id} of {self.messages_table} is not a JSON object"
+                    )
+                try:
+                    agents_ops.encode_item(row.item, row.row_id)
+                except errors.InvalidInput as exc:
+                    raise _bad(self.path, f"row {row.row_id}: {exc}") from None
+                row_ids.append(row.row_id)
+                hashes.append(item_hash(row.item))
+            yield AgentsSession(
+                session_id, created_at, tuple(row_ids), tuple(hashes), tuple(skipped)
+            )
+
+    def _session_ids(self) -> list[tuple[Any, float | None]]:
+        rows = self.db.query(
+            f"SELECT session_id, created_at FROM {self.sessions_table} "
+            f"UNION ALL SELECT DISTINCT session_id, NULL FROM {self.messages_table} "
+            f"WHERE session_id NOT IN (SELECT session_id FROM {self.sessions_table})"
+        )
+        return [(r[0], _sdk_time(r[1])) for r in rows]
+
+    def rows(self, session_id: str, after: int = -(2**63)) -> Iterator[AgentsRow]:
+        """The session's rows after row id *after*, in order, read a page at a time."""
+        last = after
+        while True:
+            page = self.db.query(
+                f"SELECT id, message_data, created_at FROM {self.messages_table} "
+                "WHERE session_id = ? AND id > ? ORDER BY id LIMIT 1000",
+                (session_id, last),
+            )
+            for row_id, data, at in page:
+                yield AgentsRow(row_id, _parse(data), _sdk_time(at))
+            if len(page) < 1000:
+                return
+            last = page[-1][0]
 
 
 def _open_source(path: str) -> foreign.ForeignFile:
@@ -175,32 +191,24 @@ def _open_source(path: str) -> foreign.ForeignFile:
     return source
 
 
-def import_sqlite(
-    store: Store,
-    path: str | os.PathLike[str],
+def read_agents_source(
+    path: str,
+    use: Callable[[AgentsSource], T],
     *,
     sessions_table: str = "agent_sessions",
     messages_table: str = "agent_messages",
     skip_invalid: bool = False,
-    batch: int = BATCH,
-) -> ImportSummary:
-    """Import every session of the SDK SQLite file *path* into *store*; see the
-    module docstring.  ``InvalidArchive``: not an SDK file, or a row that is not
-    a JSON object (unless *skip_invalid*, which skips such rows as the SDK's own
-    reads do); ``AlreadyExists``: a session the store holds differently; both
-    with nothing written.  ``StoreBusy`` (past the write budget): the import
-    stopped between two batches; importing again is safe.  ``ImportNotVerified``
-    if a session does not read back as in the file."""
-    path = os.fspath(path)
-    sessions_table = _check_name(sessions_table, "sessions_table")
-    messages_table = _check_name(messages_table, "messages_table")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise errors.InvalidInput(f"batch must be a positive integer, not {batch!r}")
-    if os.path.isfile(path) and os.path.samefile(path, store.path):
-        raise errors.InvalidInput(f"{path} is the store itself, not an Agents SDK file")
+) -> T:
+    """``use(source)`` on the SDK file *path*, inside one read transaction, and its
+    result (see the module doc).  ``NotFound``: no such file; ``InvalidArchive``:
+    not an SDK file; ``DatabaseError``: it cannot be read without writing beside
+    it; ``FileChanged``: it changed during a read without locks (its message asks
+    for the import to be run again, *use* having perhaps written)."""
+    sessions_table = check_table_name(sessions_table, "sessions_table")
+    messages_table = check_table_name(messages_table, "messages_table")
     file = _open_source(path)
 
-    def read(db: inspect.ReadOnlyDatabase) -> tuple[list[_Plan], tuple[int, ...], int]:
+    def read(db: inspect.ReadOnlyDatabase) -> T:
         tables = {str(r[0]) for r in db.query("SELECT name FROM sqlite_schema")}
         for table, columns in (
             (sessions_table, {"session_id", "created_at"}),
@@ -212,14 +220,13 @@ def import_sqlite(
             if not columns <= have:
                 missing = ", ".join(sorted(columns - have))
                 raise _bad(path, f"table {table} has no column {missing}")
-        source = _Source(db, sessions_table, messages_table)
-        plans, skipped = _check(store, source, path, skip_invalid)
-        return plans, skipped, _append(store, source, plans, batch)
+        return use(AgentsSource(db, path, sessions_table, messages_table, skip_invalid))
 
     try:
-        plans, skipped, inserted = file.read(read)
+        return file.read(read)
     except foreign.FileChanged as exc:
-        # Batches were written during the read: each is whole, and a rerun continues.
+        # *use* may have written during the read (the importer does, a batch per
+        # transaction): what it wrote stays, and a rerun continues from there.
         raise foreign.FileChanged(
             path, f"{path} changed while it was read; import it again"
         ) from exc.__cause__
@@ -227,155 +234,13 @@ def import_sqlite(
         if exc.reason in ("not-a-database", "corrupt"):
             raise _bad(path, exc.reason) from exc
         raise
-    verified = _verify(store, plans)
-    items = sum(len(p.row_ids) for p in plans)
-    return ImportSummary(len(plans), items, inserted, items - inserted, verified, skipped)
-
-
-def _check(
-    store: Store, source: _Source, path: str, skip_invalid: bool
-) -> tuple[list[_Plan], tuple[int, ...]]:
-    """Step 1: every row checked, every session compared with the store.  Writes nothing."""
-    plans: list[_Plan] = []
-    skipped: list[int] = []
-    for session_id, created_at in source.session_ids():
-        if not isinstance(session_id, str):
-            raise _bad(path, f"a session_id that is not text: {session_id!r}")
-        try:
-            agents_ops.check_session_id(session_id)
-        except errors.InvalidInput as exc:
-            raise _bad(path, str(exc)) from None
-        plan = _Plan(session_id, created_at)
-        for row_id, data, _at in source.rows(session_id):
-            item = _parse(data)
-            if item is None:
-                if skip_invalid:
-                    skipped.append(row_id)
-                    continue
-                raise _bad(path, f"row {row_id} of {source.messages} is not a JSON object")
-            try:
-                agents_ops.encode_item(item, row_id)
-            except errors.InvalidInput as exc:
-                raise _bad(path, f"row {row_id}: {exc}") from None
-            plan.row_ids.append(row_id)
-            plan.hashes.append(item_hash(item))
-        # The store may hold what an earlier import wrote (and items added after it):
-        # its first items must be this file's first rows, imported before.
-        stored = agents_ops.stored_message_ids(store, session_id)
-        common = min(len(stored), len(plan.row_ids))
-        if stored[:common] != [imported_id(session_id, r) for r in plan.row_ids[:common]]:
-            raise errors.AlreadyExists(
-                f"session {session_id!r} is in the store with items that are not the rows "
-                f"of {path} imported before; nothing was imported"
-            )
-        plan.present = common
-        plans.append(plan)
-    return plans, tuple(skipped)
-
-
-def _append(store: Store, source: _Source, plans: Sequence[_Plan], batch: int) -> int:
-    """Step 2: the rows the store lacks, a batch per transaction, in order."""
-    inserted = 0
-    for plan in plans:
-        if not plan.row_ids:
-            _create_empty(store, plan)
-            continue
-        if plan.present == len(plan.row_ids):
-            continue
-        wanted = set(plan.row_ids[plan.present :])
-        last = (
-            imported_id(plan.session_id, plan.row_ids[plan.present - 1]) if plan.present else None
-        )
-        after = plan.row_ids[plan.present - 1] if plan.present else -(2**63)
-        pending: list[tuple[int, dict[str, Any], float | None]] = []
-        for row_id, data, at in source.rows(plan.session_id, after):
-            if row_id not in wanted:
-                continue  # an invalid row skipped in step 1
-            item = _parse(data)
-            assert item is not None  # checked in step 1, same read transaction
-            pending.append((row_id, item, _sdk_time(at)))
-            if len(pending) == batch:
-                last = _write(store, plan, pending, last)
-                inserted += len(pending)
-                pending = []
-        if pending:
-            _write(store, plan, pending, last)
-            inserted += len(pending)
-    return inserted
-
-
-def _write(
-    store: Store,
-    plan: _Plan,
-    rows: Sequence[tuple[int, dict[str, Any], float | None]],
-    last: str | None,
-) -> str:
-    ids = [imported_id(plan.session_id, r) for r, _, _ in rows]
-    times = [at if at is not None else (plan.created_at or 0.0) for _, _, at in rows]
-    # Not spooled: the import reports what it did, and a rerun continues from here.
-    agents_ops.add_items(
-        store,
-        plan.session_id,
-        [item for _, item, _ in rows],
-        ids=ids,
-        created_at=times,
-        expect_last=last,
-        session_created_at=plan.created_at,
-        spool=False,
-    )
-    return ids[-1]
-
-
-def _create_empty(store: Store, plan: _Plan) -> None:
-    sid = agents_ops.session_key(plan.session_id)
-    if store.read(lambda tx: tx.execute(store.queries["session_exists"], (sid,))):
-        return
-    args: dict[str, Any] = {
-        "id": sid,
-        "metadata": {agents_ops.META_KEY: {"session_id": plan.session_id}},
-    }
-    if plan.created_at is not None:
-        args["created_at"] = plan.created_at
-    store.submit(Operation("create_session", args, new_id()), spool=False)
-
-
-def _verify(store: Store, plans: Sequence[_Plan]) -> int:
-    """Step 3: each session reads back as the file holds it."""
-    verified = 0
-    for plan in plans:
-        items = agents_ops.get_items(store, plan.session_id)
-        head = [item_hash(i) for i in items[: len(plan.hashes)]]
-        if len(items) < len(plan.hashes) or head != plan.hashes:
-            bad = next(
-                (i for i, (a, b) in enumerate(zip(head, plan.hashes, strict=False)) if a != b),
-                len(head),
-            )
-            raise ImportNotVerified(
-                f"session {plan.session_id!r}: the store holds {len(items)} items; item {bad} "
-                f"of the {len(plan.hashes)} imported does not read back as in the file"
-            )
-        verified += len(plan.hashes)
-    return verified
-
-
-def run_cli(file: str, store: str | None, *, skip_invalid: bool = False) -> int:
-    """The body of ``fleetstore import --from openai-agents-sqlite FILE`` (see
-    ``run_import``); it stops, if the store stays locked, between two batches."""
-    from fleetstore.integrations import run_import
-
-    return run_import(
-        store,
-        lambda opened: import_sqlite(opened, file, skip_invalid=skip_invalid),
-        lambda summary: f"fleetstore import: {summary.describe()}",
-        stopped="the import stopped between two batches",
-    )
 
 
 __all__ = [
-    "BATCH",
-    "ImportNotVerified",
-    "ImportSummary",
-    "import_sqlite",
-    "imported_id",
-    "run_cli",
+    "AgentsRow",
+    "AgentsSession",
+    "AgentsSource",
+    "check_table_name",
+    "item_hash",
+    "read_agents_source",
 ]

@@ -9,6 +9,7 @@ import datetime
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from fleetstore.engine.base import Tx
 from fleetstore.transfer.migrate.report import ConcurrentMigrate, DestinationNotEmpty
 from fleetstore.transfer.migrate.schema import Table, _quote
 from fleetstore.transfer.migrate.side import _Side, _template
@@ -65,7 +66,7 @@ def _write_step(
     item: str,
     expected: str | None,
     new: str,
-    body: Callable[[Any], None],
+    body: Callable[[Tx], None],
 ) -> None:
     """*body* and the progress item moved from *expected* to *new*, in one write
     transaction: a batch is committed together with the record that it was."""

@@ -12,10 +12,10 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.engine.sharded import shard_key
+from fleetstore.transfer.digest import session_digest
 from fleetstore.transfer.migrate.report import DEFAULT_BATCH_ROWS, MigrateReport, Progress
 from fleetstore.transfer.migrate.schema import _BLOBS, _SESSIONS, Table, _normal
 from fleetstore.transfer.migrate.side import _part_pages, _Reader, _Side, _template
-from fleetstore.transfer.stream import session_digest
 
 # -- the canonical encoding ------------------------------------------------------------------
 

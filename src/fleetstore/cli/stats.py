@@ -1,0 +1,79 @@
+"""``fleetstore stats``: where a store's bytes go (the figures are
+fleetstore.admin.stats.store_stats)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from fleetstore.admin.stats import store_stats
+from fleetstore.cli.util import env
+from fleetstore.cli.util import size as _size
+from fleetstore.cli.util import store_option as _store_option
+from fleetstore.cli.util import using_store as _opened
+
+
+@click.command(
+    name="stats",
+    epilog="""\b
+Exit codes:
+  0  done
+  1  the store failed
+  2  bad usage, or no store at --store (nothing is created)""",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(1, 100_000),
+    default=10,
+    show_default=True,
+    help="How many of the largest sessions to show.",
+    **env("stats", "top"),
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="JSON on stdout, with the bytes of every session.",
+    **env("stats", "json"),
+)
+@_store_option
+def stats_command(top: int, as_json: bool, store: str | None) -> None:
+    """Where a store's bytes go: counts, bytes per session (inline plus the stored size
+    of its blobs; a blob shared by forks counts in each), the largest sessions, and
+    the blobs' share of the store (database file plus blob files)."""
+    with _opened("stats", store) as opened:
+        figures = store_stats(opened, top)
+    if as_json:
+        click.echo(json.dumps(figures, ensure_ascii=False, indent=2))
+        return
+    c, b = figures["counts"], figures["blobs"]
+    click.echo(
+        f"fleetstore stats: {figures['path']}: database {_size(figures['database_bytes'])} "
+        f"({_size(figures['free_bytes'])} free), WAL {_size(figures['wal_bytes'])}"
+        + (
+            f" in {figures['database_files']} files (catalog and shards)"
+            if figures["layout"] == "sharded"
+            else ""
+        )
+    )
+    click.echo(
+        f"  {c['sessions']} sessions ({c['top_level_sessions']} top-level), {c['messages']} "
+        f"messages, {c['parts']} parts, {c['chunks']} chunks, {c['state']} state values, "
+        f"{c['applied_ops']} applied_ops"
+    )
+    click.echo(
+        f"  blobs: {b['rows']} ({b['files']} files), {_size(b['stored_bytes'])} stored "
+        f"({_size(b['original_bytes'])} original): {b['share'] * 100:.1f}% of the store's bytes"
+    )
+    if figures["largest"]:
+        click.echo("  largest sessions:")
+        for r in figures["largest"]:
+            click.echo(
+                f"    {r['id']}  {_size(r['bytes']):>9}  ({_size(r['inline_bytes'])} inline, "
+                f"{r['blobs']} blobs {_size(r['blob_stored_bytes'])})  {r['messages']} msgs  "
+                f"{r['title'] or ''}"
+            )
+
+
+__all__ = ["stats_command"]

@@ -1,0 +1,289 @@
+"""``fleetstore stress``: a fleet of agent processes against a store, then the read-back
+(the work is in fleetstore.admin.stress)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from fleetstore.admin.stress import fleet as stress
+from fleetstore.errors import ConfigError, FleetstoreError
+
+
+def _parse_external_locks(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> tuple[stress.ExternalLock, ...]:
+    try:
+        return tuple(stress.ExternalLock.parse(v) for v in values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+@click.command(
+    name="stress",
+    epilog="""\b
+Exit codes:
+  0    fleetstore failed no turn and the read-back found every acknowledged write
+       exactly once, in order, intact; no effect stuck; integrity ok (the peers of
+       --compare are reported, their failures do not change the exit code)
+  1    fleetstore failed a turn, lost, duplicated, reordered or damaged a write, left
+       an effect stuck, a process crashed, integrity_check failed (any file of a
+       sharded store), a sharded store's catalog disagreed with its shards, or the
+       run could not be carried out
+  2    bad usage (an option out of range, unparsable --external-lock)
+  130  interrupted (Ctrl-C or SIGTERM); every child process is killed first""",
+)
+@click.option(
+    "--agents",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    envvar="FLEETSTORE_STRESS_AGENTS",
+    show_envvar=True,
+    help="Agent processes living sessions at once (per target).",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    envvar="FLEETSTORE_STRESS_DURATION",
+    show_envvar=True,
+    help="Seconds each target runs, from a common start after all agents are ready.",
+)
+@click.option(
+    "--think-ms",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    envvar="FLEETSTORE_STRESS_THINK_MS",
+    show_envvar=True,
+    help="Mean think time before each turn and while each tool runs (exponential); "
+    "0 is a closed loop.",
+)
+@click.option(
+    "--url",
+    default=None,
+    envvar="FLEETSTORE_STRESS_URL",
+    show_envvar=True,
+    help="The fleetstore target: a path, sqlite:///path, sqlite+sharded:///directory or "
+    "postgresql://... "
+    "Default: a fresh fleetstore.db under --dir.",
+)
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=str),
+    default=None,
+    envvar="FLEETSTORE_STRESS_DIR",
+    show_envvar=True,
+    help="Where each target's directory (files, agent journals) goes. "
+    "Default: DATA_DIR/stress/run-<timestamp>-<pid>.",
+)
+@click.option(
+    "--output-bytes",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    envvar="FLEETSTORE_STRESS_OUTPUT_BYTES",
+    show_envvar=True,
+    help="Median size of a tool output (log-normal, capped at 256 KiB).",
+)
+@click.option(
+    "--large-rate",
+    type=click.FloatRange(min=0, max=1),
+    default=0.02,
+    show_default=True,
+    envvar="FLEETSTORE_STRESS_LARGE_RATE",
+    show_envvar=True,
+    help="Fraction of tool outputs that are large: log-uniform from 1 MiB to --large-bytes.",
+)
+@click.option(
+    "--large-bytes",
+    type=click.IntRange(min=0),
+    default=8 * 1024 * 1024,
+    show_default=True,
+    envvar="FLEETSTORE_STRESS_LARGE_BYTES",
+    show_envvar=True,
+    help="Largest tool output.",
+)
+@click.option(
+    "--synchronous",
+    type=click.Choice(["NORMAL", "FULL", "EXTRA"], case_sensitive=False),
+    default=None,
+    envvar="FLEETSTORE_SYNCHRONOUS",
+    show_envvar=True,
+    help="SQLite synchronous mode of every target's connections. Default: the store's (NORMAL).",
+)
+@click.option(
+    "--write-budget",
+    type=click.FloatRange(min=0),
+    default=None,
+    envvar="FLEETSTORE_WRITE_BUDGET",
+    show_envvar=True,
+    help="fleetstore's write budget in the agents. Default: the store's (60).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    envvar="FLEETSTORE_STRESS_SEED",
+    show_envvar=True,
+    help="Seed of the workload and the faults (reported, so a run can be repeated). "
+    "Default: random.",
+)
+@click.option(
+    "--external-lock",
+    "external_locks",
+    metavar="HOLD@AT",
+    multiple=True,
+    callback=_parse_external_locks,
+    envvar="FLEETSTORE_STRESS_EXTERNAL_LOCK",
+    show_envvar=True,
+    help="HOLD@AT: at second AT of each target's run, start `fleetstore lock TARGET --hold "
+    "HOLD` as a separate process (an outside writer). Repeatable; the variable takes "
+    "several, separated by spaces.",
+)
+@click.option(
+    "--kill-rate",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    envvar="FLEETSTORE_STRESS_KILL_RATE",
+    show_envvar=True,
+    help="SIGKILLs per second, at random times, of a random agent or worker, each "
+    "restarted at once.",
+)
+@click.option(
+    "--maintain",
+    is_flag=True,
+    default=False,
+    envvar="FLEETSTORE_STRESS_MAINTAIN",
+    show_envvar=True,
+    help="Run `fleetstore maintain` on the fleetstore target a third into the run.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    envvar="FLEETSTORE_STRESS_WORKERS",
+    show_envvar=True,
+    help="Outbox worker processes settling the agents' effects (fleetstore target).",
+)
+@click.option(
+    "--compare",
+    is_flag=True,
+    default=False,
+    envvar="FLEETSTORE_STRESS_COMPARE",
+    show_envvar=True,
+    help="Run the same workload, same seed, after fleetstore against opencode's and "
+    "zcode's SQLite patterns and the OpenAI Agents SDK's SQLiteSession (when installed), "
+    "each in its own directory; one table.",
+)
+@click.option(
+    "--drop-every",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    envvar="FLEETSTORE_STRESS_DROP_EVERY",
+    show_envvar=True,
+    help="Self-test: make the fleetstore target broken, skipping every Nth write while "
+    "acknowledging it; the verdict must then fail. 0: off.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    default=False,
+    envvar="FLEETSTORE_STRESS_JSON",
+    show_envvar=True,
+    help="Print the result as JSON on stdout instead of the table.",
+)
+@click.option(
+    "--report",
+    "report_file",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    envvar="FLEETSTORE_STRESS_REPORT",
+    show_envvar=True,
+    help="Also write a self-contained HTML report (no network) to this file.",
+)
+def stress_command(
+    agents: int,
+    duration: float,
+    think_ms: float,
+    url: str | None,
+    directory: str | None,
+    output_bytes: int,
+    large_rate: float,
+    large_bytes: int,
+    synchronous: str | None,
+    write_budget: float | None,
+    seed: int | None,
+    external_locks: tuple[stress.ExternalLock, ...],
+    kill_rate: float,
+    maintain: bool,
+    workers: int,
+    compare: bool,
+    drop_every: int,
+    as_json: bool,
+    report_file: str | None,
+) -> None:
+    """Run a fleet of agent processes living real sessions, then check what was kept.
+
+    Each agent is a separate OS process living turns until --duration ends: a
+    user message, a streamed reply with a tool call (heavy-tailed output sizes),
+    usage, a state checkpoint and an outbox effect, with think time between.
+    Then a separate process reads the target back: every acknowledged turn
+    there exactly once, in order, its tool output intact, no effect stuck
+    running past its lease. Prints one table (or --json), one column per target:
+    acknowledged and failed turns, lost, duplicated, turns/s, turn-persistence
+    latency p50/p99/max, fairness, integrity. Progress goes to stderr.
+    """
+    config = stress.StressConfig(
+        agents=agents,
+        duration=duration,
+        think_ms=think_ms,
+        url=url,
+        directory=directory,
+        output_bytes=output_bytes,
+        large_rate=large_rate,
+        large_bytes=large_bytes,
+        synchronous=synchronous.upper() if synchronous else None,
+        write_budget=write_budget,
+        seed=seed,
+        external_locks=external_locks,
+        kill_rate=kill_rate,
+        maintain=maintain,
+        workers=workers,
+        compare=compare,
+        drop_every=drop_every,
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        report = stress.run(config, progress_stream=sys.stderr)
+    except KeyboardInterrupt:
+        click.echo("fleetstore stress: interrupted; agents stopped", err=True)
+        sys.exit(130)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    except (stress.StressError, FleetstoreError, OSError) as exc:
+        click.echo(f"fleetstore stress: {exc}", err=True)
+        sys.exit(1)
+    if report_file:
+        from fleetstore.admin.stress import report as report_html
+
+        report["report"] = report_html.write(report, report_file)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(stress.format_report(report))
+        if report_file:
+            click.echo(f"report: {report['report']}")
+    sys.exit(0 if report["verdict"] == "pass" else 1)
