@@ -6,17 +6,34 @@ Precedence: an explicit keyword argument, then the environment, then the default
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fleetstore.errors import ConfigError
+from fleetstore.core.validate import INT_MAX, MAX_INLINE, MAX_WAIT, check_number
+from fleetstore.errors import ConfigError, InvalidInput
 
 SYNCHRONOUS_MODES = ("NORMAL", "FULL", "EXTRA")
 ON_BUSY = ("spool", "raise")
+#: The number settings and their ranges (seconds).
+_NUMBERS = {
+    "write_budget": (0.0, MAX_WAIT),
+    "stream_flush_interval": (0.001, MAX_WAIT),
+    "publish_interval": (0.0, MAX_WAIT),
+}
+#: The integer settings and their largest values.
+_INTEGERS = {
+    "busy_timeout_ms": 2**31 - 1,  # SQLite takes a C int
+    "checkpoint_bytes": INT_MAX,
+    "truncate_bytes": INT_MAX,
+    "blob_threshold": MAX_INLINE,  # a smaller payload is stored inline, in its row
+    "max_payload_bytes": INT_MAX,
+    "stream_flush_bytes": INT_MAX,
+    "pool_size": 10_000,
+    "max_open_shards": 1_000_000,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,60 +83,50 @@ class Settings:
     max_open_shards: int = 64
 
     def __post_init__(self) -> None:
-        budget = self.write_budget
-        if not isinstance(budget, int | float) or isinstance(budget, bool):
-            raise ConfigError(f"write_budget must be a number of seconds, not {budget!r}")
-        if not math.isfinite(budget) or budget < 0:
-            raise ConfigError(f"write_budget must be a finite number >= 0, not {budget!r}")
+        for name, (minimum, maximum) in _NUMBERS.items():
+            value = getattr(self, name)
+            try:
+                check_number(value, name, minimum=minimum, maximum=maximum)
+            except InvalidInput:
+                raise ConfigError(
+                    f"{name} must be a finite number of seconds from {minimum:g} to "
+                    f"{maximum:g}, not {value!r:.80}"
+                ) from None
         if (
             not isinstance(self.synchronous, str)
             or self.synchronous.upper() not in SYNCHRONOUS_MODES
         ):
             raise ConfigError(
-                f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}, not {self.synchronous!r}"
+                f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}, "
+                f"not {self.synchronous!r:.80}"
             )
         object.__setattr__(self, "synchronous", self.synchronous.upper())
-        if self.on_busy not in ON_BUSY:
-            raise ConfigError(f"on_busy must be one of {', '.join(ON_BUSY)}, not {self.on_busy!r}")
-        interval = self.stream_flush_interval
-        if (
-            not isinstance(interval, int | float)
-            or isinstance(interval, bool)
-            or not math.isfinite(interval)
-            or interval <= 0
-        ):
-            raise ConfigError(f"stream_flush_interval must be a number > 0, not {interval!r}")
-        publish = self.publish_interval
-        if (
-            not isinstance(publish, int | float)
-            or isinstance(publish, bool)
-            or not math.isfinite(publish)
-            or publish < 0
-        ):
-            raise ConfigError(f"publish_interval must be a number >= 0, not {publish!r}")
-        for name in (
-            "busy_timeout_ms",
-            "checkpoint_bytes",
-            "truncate_bytes",
-            "blob_threshold",
-            "max_payload_bytes",
-            "stream_flush_bytes",
-            "pool_size",
-            "max_open_shards",
-        ):
+        if not isinstance(self.on_busy, str) or self.on_busy not in ON_BUSY:
+            raise ConfigError(
+                f"on_busy must be one of {', '.join(ON_BUSY)}, not {self.on_busy!r:.80}"
+            )
+        for name, maximum in _INTEGERS.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, not {value!r}")
-        if not isinstance(self.local_dir, str):
-            raise ConfigError(f"local_dir must be a directory path, not {self.local_dir!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= maximum:
+                raise ConfigError(
+                    f"{name} must be a positive integer of at most {maximum:,}, not {value!r:.80}"
+                )
+        if not isinstance(self.local_dir, str) or (self.local_dir and "\x00" in self.local_dir):
+            raise ConfigError(f"local_dir must be a directory path, not {self.local_dir!r:.80}")
+        try:
+            self.local_dir.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise ConfigError(f"local_dir is not a valid path: {self.local_dir!r:.80}") from None
         if not isinstance(self.gate, bool):
-            raise ConfigError(f"gate must be true or false, not {self.gate!r}")
+            raise ConfigError(f"gate must be true or false, not {self.gate!r:.80}")
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Defaults, then ``FLEETSTORE_*`` variables from *env* (default ``os.environ``),
         then *overrides*.  Unknown names and unparsable values raise ``ConfigError``."""
         env = os.environ if env is None else env
+        if not isinstance(env, Mapping):
+            raise ConfigError(f"env must be a mapping of variables, not {type(env).__name__}")
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(overrides) - set(known))
         if unknown:
@@ -155,7 +162,9 @@ def env_var(name: str) -> str:
     return "FLEETSTORE_" + name.upper()
 
 
-def _parse(var: str, raw: str, type_name: object) -> Any:
+def _parse(var: str, raw: object, type_name: object) -> Any:
+    if not isinstance(raw, str):
+        raise ConfigError(f"{var} must be text, not {type(raw).__name__}")
     text = raw.strip()
     try:
         if type_name in (float, "float"):

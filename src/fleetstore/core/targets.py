@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from fleetstore import errors
 from fleetstore.core.settings import Settings, default_data_dir
+from fleetstore.core.validate import check_path
 
 #: The file a directory names, and the default store under the data directory.
 DEFAULT_FILENAME = "fleetstore.db"
@@ -43,7 +44,7 @@ def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path 
         url_or_path = os.environ.get("FLEETSTORE_URL") or None
     if url_or_path is None:
         return "sqlite", default_data_dir() / DEFAULT_FILENAME
-    text = os.fspath(url_or_path)
+    text = check_path(url_or_path, "the store path or URL")
     if "://" in text:
         scheme, _, rest = text.partition("://")
         if scheme in POSTGRES_SCHEMES:

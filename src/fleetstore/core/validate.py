@@ -9,13 +9,18 @@ accepted by every other and stored by either engine.  A bad value raises
 
 ``check_*`` take a value and what to call it; ``arg_*`` take an operation's
 arguments and a key (the key names the value in the message).
+
+The limits bound what one row holds inline, so that the largest record an export
+writes (a session's row, a message's row with one part) stays well under the
+export's line limit (64 MiB): docs/reference.md, "Limits".
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fleetstore import errors
@@ -25,15 +30,27 @@ Args = Mapping[str, Any]
 
 #: The largest integer either engine stores (SQLite INTEGER, PostgreSQL BIGINT).
 INT_MAX = 2**63 - 1
-#: One inline string (far above blob_threshold).
+#: One streamed chunk's text, in characters (a longer delta is stored as more chunks).
 MAX_TEXT = 64 * 1024 * 1024
-#: A short string argument (a title, a project, a namespace), unless said otherwise.
+#: A short string argument (a title, a project, a tool's name...), unless said otherwise.
 MAX_SHORT = 4096
 #: A message role ("user", "assistant", "tool", ...).
 ROLES_MAX = 64
+#: A message's model name, a file part's mime type.
+MAX_MODEL = 256
+#: A message's error text (characters).
+MAX_ERROR_TEXT = 64 * 1024
+#: The longest wait or delay an argument may ask for (seconds): 366 days.
+MAX_WAIT = 366 * 86400.0
 #: A state value's key and namespace (the framework adapters keep their keys there too).
 STATE_KEY_MAX = 1024
 STATE_NAMESPACE_MAX = 256
+#: The JSON text (UTF-8 bytes) of a session's or a message's metadata.
+MAX_METADATA = 1024 * 1024
+#: The JSON text of a part's meta (a tool's name and call id, a file's name and type).
+MAX_PART_META = 64 * 1024
+#: An inline payload's bytes (``blob_threshold`` is at most this; larger ones are blobs).
+MAX_INLINE = 64 * 1024 * 1024
 
 
 def _show(value: object) -> str:
@@ -68,10 +85,14 @@ def check_opt_id(value: object, what: str) -> str | None:
 
 
 def check_str(value: object, what: str, *, limit: int = MAX_SHORT, empty: bool = True) -> str:
-    """A string of at most *limit* characters (and not empty unless *empty*)."""
+    """A string of at most *limit* characters (and not empty unless *empty*), valid
+    UTF-8 without NUL: it goes to a text column, and PostgreSQL text cannot hold
+    U+0000 (refused on every engine, so that both store the same values)."""
     if not isinstance(value, str) or len(value) > limit or (not empty and not value):
         size = f"{'a non-empty' if not empty else 'a'} string of at most {limit} characters"
         raise errors.InvalidInput(f"{what} must be {size}, not {_show(value)}")
+    if "\x00" in value:
+        raise errors.InvalidInput(f"{what} must not contain NUL (U+0000), not {_show(value)}")
     return check_text(value, what)
 
 
@@ -94,26 +115,49 @@ def check_int(value: object, what: str, *, minimum: int = 0, maximum: int = INT_
     return value
 
 
+def _finite(value: object) -> float | None:
+    """*value* as a finite float, or None (not a number, a bool, NaN, infinite, or an
+    integer too large for a float, on which ``math.isfinite`` raises OverflowError)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def check_number(
     value: object, what: str, *, minimum: float = -math.inf, maximum: float = math.inf
 ) -> float:
     """A finite number (int or float, not a bool) from *minimum* to *maximum*."""
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or not minimum <= value <= maximum
-    ):
+    number = _finite(value)
+    if number is None or not minimum <= number <= maximum:
         span = "" if math.isinf(minimum) and math.isinf(maximum) else f" in [{minimum}, {maximum}]"
         raise errors.InvalidInput(f"{what} must be a finite number{span}, not {_show(value)}")
-    return float(value)
+    return number
+
+
+def check_opt_number(value: object, what: str, *, minimum: float, maximum: float) -> float | None:
+    """A finite number from *minimum* to *maximum*, or None."""
+    return None if value is None else check_number(value, what, minimum=minimum, maximum=maximum)
+
+
+def check_timeout(value: object, what: str = "timeout") -> float:
+    """Seconds to wait: a finite number from 0 to ``MAX_WAIT``."""
+    return check_number(value, what, minimum=0.0, maximum=MAX_WAIT)
+
+
+def check_opt_timeout(value: object, what: str = "timeout") -> float | None:
+    return None if value is None else check_timeout(value, what)
 
 
 def check_time(value: object, what: str) -> float:
     """A time in seconds since the epoch (any finite number)."""
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+    number = _finite(value)
+    if number is None:
         raise errors.InvalidInput(f"{what} must be a time in seconds, not {_show(value)}")
-    return float(value)
+    return number
 
 
 def check_bool(value: object, what: str) -> bool:
@@ -131,18 +175,70 @@ def check_object(value: object, what: str) -> dict[str, Any]:
     return value
 
 
-def object_json(value: object, what: str) -> str:
-    """The JSON text of a JSON object value (``check_object``, then ``dump_json``)."""
-    return dump_json(check_object(value, what), what)
+def check_mapping(value: object, what: str) -> dict[str, Any]:
+    """A JSON object given as any mapping with string keys, as a dict."""
+    if not isinstance(value, Mapping):
+        raise errors.InvalidInput(f"{what} must be a dict, not {type(value).__name__}")
+    return check_object(dict(value), what)
 
 
-def dump_json(value: object, what: str) -> str:
-    """JSON text for *value*, or ``InvalidInput`` naming *what* could not be stored."""
+def object_json(value: object, what: str, limit: int = MAX_METADATA) -> str:
+    """The JSON text of a JSON object value (``check_object``, then ``dump_json``),
+    at most *limit* bytes."""
+    return dump_json(check_object(value, what), what, limit)
+
+
+def dump_json(value: object, what: str, limit: int | None = None) -> str:
+    """JSON text for *value* (at most *limit* bytes of UTF-8, if given), or
+    ``InvalidInput`` naming *what* could not be stored."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise errors.InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
-    return check_text(text, what)
+    check_text(text, what)
+    return text if limit is None else check_size(text, what, limit)
+
+
+def check_size(text: str, what: str, limit: int) -> str:
+    """*text* (JSON text, already valid), or ``InvalidInput`` if its UTF-8 is over
+    *limit* bytes."""
+    if len(text) > limit or len(text.encode("utf-8")) > limit:
+        raise errors.InvalidInput(
+            f"{what} is {len(text.encode('utf-8')):,} bytes of JSON, over its limit of {limit:,}"
+        )
+    return text
+
+
+def check_strings(
+    value: object, what: str, *, limit: int = MAX_SHORT, empty: bool = False
+) -> list[str]:
+    """An iterable of strings (a list, tuple, set...), never a bare string or bytes
+    (which would be iterated character by character) nor a mapping."""
+    if isinstance(value, str | bytes | bytearray | memoryview | Mapping) or not isinstance(
+        value, Iterable
+    ):
+        raise errors.InvalidInput(
+            f"{what} must be a list of strings, not {type(value).__name__} {_show(value)}"
+        )
+    return [check_str(item, f"an item of {what}", limit=limit, empty=empty) for item in value]
+
+
+def check_path(value: object, what: str = "path") -> str:
+    """A file system path (str or os.PathLike of str) without NUL, as text;
+    ``ConfigError`` otherwise."""
+    try:
+        text = os.fspath(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise errors.ConfigError(f"{what} must be a path, not {type(value).__name__}") from None
+    if not isinstance(text, str):
+        raise errors.ConfigError(f"{what} must be a text path, not {type(text).__name__}")
+    if "\x00" in text:
+        raise errors.ConfigError(f"{what} must not contain NUL: {text!r:.80}")
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise errors.ConfigError(f"{what} is not a valid path: {text!r:.80}") from None
+    return text
 
 
 # -- an operation's arguments ---------------------------------------------------------------
@@ -195,16 +291,23 @@ def arg_when(args: Args, key: str, optional: bool = False) -> Any:
     return check_time(value, key)
 
 
-def arg_meta(args: Args, key: str = "metadata") -> str:
-    """A JSON object argument (None: ``{}``) as the JSON text to store."""
+def arg_meta(args: Args, key: str = "metadata", limit: int = MAX_METADATA) -> str:
+    """A JSON object argument (None: ``{}``) as the JSON text to store, at most
+    *limit* bytes."""
     value = args.get(key)
-    return object_json({} if value is None else value, key)
+    return object_json({} if value is None else value, key, limit)
 
 
 __all__ = [
     "INT_MAX",
+    "MAX_ERROR_TEXT",
+    "MAX_INLINE",
+    "MAX_METADATA",
+    "MAX_MODEL",
+    "MAX_PART_META",
     "MAX_SHORT",
     "MAX_TEXT",
+    "MAX_WAIT",
     "ROLES_MAX",
     "STATE_KEY_MAX",
     "STATE_NAMESPACE_MAX",
@@ -218,13 +321,20 @@ __all__ = [
     "check_bool",
     "check_id",
     "check_int",
+    "check_mapping",
     "check_number",
     "check_object",
     "check_opt_id",
+    "check_opt_number",
     "check_opt_str",
+    "check_opt_timeout",
+    "check_path",
+    "check_size",
     "check_str",
+    "check_strings",
     "check_text",
     "check_time",
+    "check_timeout",
     "dump_json",
     "object_json",
 ]

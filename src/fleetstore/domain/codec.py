@@ -12,11 +12,15 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.validate import (
-    MAX_TEXT,
+    MAX_INLINE,
+    MAX_MODEL,
+    MAX_PART_META,
+    MAX_SHORT,
     STATE_KEY_MAX,
     STATE_NAMESPACE_MAX,
     arg_int,
@@ -32,9 +36,30 @@ from fleetstore.engine.base import Tx
 from fleetstore.models import PART_TYPES, File, Part, Reasoning, Text, ToolCall, ToolResult
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A payload checked and ready to write: nothing is written until ``write_payload``
+    (so that a call checks every argument before its first blob file)."""
+
+    head: dict[str, Any]  # a part's kind and meta ({} for a bare payload)
+    raw: bytes
+    value: str | bytes
+    enc: str
+
+
+def prepare_payload(store: StorePort, value: str | bytes, enc: str) -> Prepared:
+    """*value* checked (valid text, at most ``max_payload_bytes``); nothing written."""
+    return Prepared({}, _raw(store, value), value, enc)
+
+
+def write_payload(store: StorePort, prepared: Prepared) -> dict[str, Any]:
+    """``{"enc", "body"}`` inline, or ``{"enc", "blob"}`` after writing the blob file."""
+    return {**prepared.head, **_encoded(store, prepared.raw, prepared.value, prepared.enc)}
+
+
 def encode_payload(store: StorePort, value: str | bytes, enc: str) -> dict[str, Any]:
     """``{"enc", "body"}`` inline, or ``{"enc", "blob"}`` after writing the blob file."""
-    return _encoded(store, _raw(store, value), value, enc)
+    return write_payload(store, prepare_payload(store, value, enc))
 
 
 def _encoded(store: StorePort, raw: bytes, value: str | bytes, enc: str) -> dict[str, Any]:
@@ -66,23 +91,23 @@ def _raw(store: StorePort, value: str | bytes) -> bytes:
     return raw
 
 
-def _prepare_part(store: StorePort, part: object) -> tuple[dict[str, Any], bytes, str | bytes, str]:
-    """(kind and meta, raw bytes, payload, encoding) of *part*: every check done,
-    nothing written."""
+def _prepare_part(store: StorePort, part: object) -> Prepared:
+    """*part* with every check done (its fields' types, its names' lengths), nothing
+    written."""
     if isinstance(part, Text | Reasoning):
         _check_type(part, "text", str)
         head: dict[str, Any] = {"kind": part.kind, "meta": {}}
         value: str | bytes = part.text
         enc = "str"
     elif isinstance(part, ToolCall):
-        _check_type(part, "name", str)
-        _check_type(part, "call_id", str)
+        _check_name(part, "name")
+        _check_name(part, "call_id")
         value = dump_json(part.arguments, f"arguments of tool call {part.name!r}")
         head = {"kind": part.kind, "meta": {"name": part.name, "call_id": part.call_id}}
         enc = "json"
     elif isinstance(part, ToolResult):
-        _check_type(part, "call_id", str)
-        _check_type(part, "name", str)
+        _check_name(part, "call_id")
+        _check_name(part, "name")
         _check_type(part, "is_error", bool)
         _check_type(part, "output", str | bytes)
         meta = {"call_id": part.call_id, "is_error": part.is_error, "name": part.name}
@@ -91,27 +116,41 @@ def _prepare_part(store: StorePort, part: object) -> tuple[dict[str, Any], bytes
         enc = "str" if isinstance(part.output, str) else "bytes"
     elif isinstance(part, File):
         _check_type(part, "data", bytes)
-        _check_type(part, "mime_type", str)
-        _check_type(part, "name", str)
+        _check_name(part, "mime_type", MAX_MODEL)
+        _check_name(part, "name")
         head = {"kind": part.kind, "meta": {"mime_type": part.mime_type, "name": part.name}}
         value = part.data
         enc = "bytes"
     else:
         kinds = ", ".join(t.__name__ for t in PART_TYPES.values())
         raise errors.InvalidInput(f"not a message part: {type(part).__name__} (parts are {kinds})")
-    return head, _raw(store, value), value, enc
+    dump_json(head["meta"], f"the meta of a {part.kind} part", MAX_PART_META)
+    return Prepared(head, _raw(store, value), value, enc)
+
+
+def prepare_parts(store: StorePort, parts: Sequence[object]) -> list[Prepared]:
+    """*parts* checked, nothing written (``write_parts`` writes their blobs)."""
+    return [_prepare_part(store, p) for p in parts]
+
+
+def write_parts(store: StorePort, prepared: Sequence[Prepared]) -> list[dict[str, Any]]:
+    """The operation JSON of prepared parts, their blob files written."""
+    return [write_payload(store, p) for p in prepared]
 
 
 def encode_parts(store: StorePort, parts: Sequence[object]) -> list[dict[str, Any]]:
     """The operation JSON of *parts*.  Every part is checked before any blob file
     is written, so a rejected write leaves no file behind."""
-    prepared = [_prepare_part(store, p) for p in parts]
-    return [{**head, **_encoded(store, raw, value, enc)} for head, raw, value, enc in prepared]
+    return write_parts(store, prepare_parts(store, parts))
 
 
 def encode_part(store: StorePort, part: object) -> dict[str, Any]:
     """An operation's JSON for *part* (a ``Text``, ``ToolCall``...)."""
     return encode_parts(store, [part])[0]
+
+
+def _check_name(part: object, name: str, limit: int = MAX_SHORT) -> None:
+    check_str(getattr(part, name), f"{type(part).__name__}.{name}", limit=limit)
 
 
 def _check_type(part: object, name: str, kind: Any) -> None:
@@ -160,20 +199,29 @@ def decode_part(store: StorePort, row: Sequence[Any]) -> Part:
     raise errors.CorruptStore(f"part of unknown kind {kind!r} in message {_mid}")
 
 
-def encode_state(
+def prepare_state(
     store: StorePort, session_id: object, key: object, value: Any, namespace: object
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], Prepared]:
     """The arguments of a state put of *value* (JSON-serialisable, or bytes) under
-    *namespace*/*key* of *session_id*: every check first, then the payload (a blob
-    file written here if it is large)."""
+    *namespace*/*key* of *session_id*, and its payload, every check done and nothing
+    written (``write_payload`` writes it)."""
     check_id(session_id, "session_id")
     check_str(key, "a state key", limit=STATE_KEY_MAX, empty=False)
     check_str(namespace, "a state namespace", limit=STATE_NAMESPACE_MAX, empty=False)
     if isinstance(value, bytes | bytearray | memoryview):
-        encoded = encode_payload(store, bytes(value), "bytes")
+        payload = prepare_payload(store, bytes(value), "bytes")
     else:
-        encoded = encode_payload(store, dump_json(value, f"state value {key!r}"), "json")
-    return {"namespace": namespace, "key": key, "value": encoded}
+        payload = prepare_payload(store, dump_json(value, f"state value {key!r}"), "json")
+    return {"namespace": namespace, "key": key}, payload
+
+
+def encode_state(
+    store: StorePort, session_id: object, key: object, value: Any, namespace: object
+) -> dict[str, Any]:
+    """The arguments of a state put: every check first, then the payload (a blob
+    file written here if it is large)."""
+    head, payload = prepare_state(store, session_id, key, value, namespace)
+    return {**head, "value": write_payload(store, payload)}
 
 
 # -- inside the transaction: an encoded payload's columns -------------------------------
@@ -201,14 +249,23 @@ def encoded_body(
         sha, size = blob_ref(tx, q, item["blob"], now)
         return enc, None, sha, size
     body = item.get("body")
-    if not isinstance(body, str) or len(body) > MAX_TEXT:
+    if not isinstance(body, str):
         raise errors.InvalidInput(f"{what}: body must be a string")
+    # At most MAX_INLINE bytes inline (base64 makes 4 characters of 3 bytes).
+    if len(body) > (MAX_INLINE + 2) // 3 * 4 or (
+        enc != "bytes" and (len(body) > MAX_INLINE or len(body.encode("utf-8")) > MAX_INLINE)
+    ):
+        raise errors.InvalidInput(
+            f"{what}: an inline body is at most {MAX_INLINE:,} bytes (larger ones are blobs)"
+        )
     check_text(body, what)
     if enc == "bytes":
         try:
             raw = base64.b64decode(body, validate=True)
         except ValueError:
             raise errors.InvalidInput(f"{what}: body is not base64") from None
+        if len(raw) > MAX_INLINE:
+            raise errors.InvalidInput(f"{what}: an inline body is at most {MAX_INLINE:,} bytes")
         return enc, raw, None, len(raw)
     if enc == "json":
         try:
@@ -223,6 +280,7 @@ def encoded_body(
 
 
 __all__ = [
+    "Prepared",
     "blob_ref",
     "encode_state",
     "encoded_body",
@@ -231,4 +289,9 @@ __all__ = [
     "encode_part",
     "encode_parts",
     "encode_payload",
+    "prepare_parts",
+    "prepare_state",
+    "prepare_payload",
+    "write_parts",
+    "write_payload",
 ]

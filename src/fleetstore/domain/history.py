@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -18,10 +17,32 @@ from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
-from fleetstore.core.validate import ROLES_MAX, check_id, check_str, check_text, dump_json
-from fleetstore.domain.codec import decode_part, encode_part, encode_parts, encode_state
+from fleetstore.core.validate import (
+    INT_MAX,
+    MAX_ERROR_TEXT,
+    MAX_METADATA,
+    MAX_MODEL,
+    MAX_TEXT,
+    ROLES_MAX,
+    check_bool,
+    check_id,
+    check_int,
+    check_mapping,
+    check_number,
+    check_opt_id,
+    check_opt_str,
+    check_str,
+    dump_json,
+)
+from fleetstore.domain.codec import (
+    decode_part,
+    encode_part,
+    encode_state,
+    prepare_parts,
+    write_parts,
+)
 from fleetstore.domain.operations import Operation
-from fleetstore.domain.outbox import effects_args
+from fleetstore.domain.outbox import effects_args, prepare_effects
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import (
     USAGE_FIELDS,
@@ -61,14 +82,10 @@ def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None
             f"usage has unknown fields: {', '.join(sorted(map(str, unknown)))}"
         )
     for name, value in data.items():
-        number = int | float if name == "cost" else int
-        if (
-            not isinstance(value, number)
-            or isinstance(value, bool)
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            raise errors.InvalidInput(f"usage {name} must be a number >= 0, not {value!r}")
+        if name == "cost":
+            check_number(value, "usage cost", minimum=0.0)
+        else:
+            check_int(value, f"usage {name}")
     return data
 
 
@@ -80,10 +97,8 @@ def effects_arg(store: StorePort, effects: Sequence[NewEffect]) -> list[dict[str
 def _metadata(value: Mapping[str, Any] | None) -> dict[str, Any]:
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
-        raise errors.InvalidInput(f"metadata must be a dict, not {type(value).__name__}")
-    data = dict(value)
-    dump_json(data, "metadata")
+    data = check_mapping(value, "metadata")
+    dump_json(data, "metadata", MAX_METADATA)
     return data
 
 
@@ -142,6 +157,14 @@ def messages_from_rows(store: StorePort, tx: Tx, rows: Sequence[Sequence[Any]]) 
 # -- the public API --------------------------------------------------------------------------
 
 
+def error_text(text: str) -> str:
+    """*text* (an exception's message) as a message's error: at most MAX_ERROR_TEXT
+    characters, NUL and lone surrogates replaced."""
+    text = text[: MAX_ERROR_TEXT + 1].replace("\x00", "\ufffd")
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 1] + "…"
+
+
 class Sessions:
     """``store.sessions``: create, read, list, fork, archive and delete sessions."""
 
@@ -161,9 +184,11 @@ class Sessions:
         """A new session; with *parent_id*, a subagent's session in its parent's tree.
         *effects* are enqueued in the same transaction (the transactional outbox)."""
         sid = new_id() if id is None else check_id(id, "id")
-        if parent_id is not None:
-            check_id(parent_id, "parent_id")
+        check_opt_id(parent_id, "parent_id")
+        check_opt_str(title, "title")
+        check_opt_str(project, "project")
         meta = _metadata(metadata)
+        effect_list = prepare_effects(self._store, effects).write()
         now = time.time()
         args: dict[str, Any] = {
             "id": sid,
@@ -173,8 +198,8 @@ class Sessions:
             "metadata": meta,
             "created_at": now,
         }
-        if effects:
-            args["effects"] = effects_arg(self._store, effects)
+        if effect_list:
+            args["effects"] = effect_list
         if self._store.submit(Operation("create_session", args, new_id())) is None:
             return Session(
                 id=sid,
@@ -191,6 +216,7 @@ class Sessions:
 
     def get(self, session_id: str) -> Session:
         """The session (``NotFound`` if there is none)."""
+        check_id(session_id, "session_id")
         self._store.check_visible(session_id)
         rows = self._store.read(
             lambda tx: tx.execute(self._store.queries["session_get"], (session_id,)),
@@ -211,14 +237,17 @@ class Sessions:
         before: str | None = None,
     ) -> list[Session]:
         """Sessions, newest first; *before* (a session id) pages through older ones."""
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise errors.InvalidInput(f"limit must be a positive integer, not {limit!r}")
+        check_int(limit, "limit", minimum=1)
+        check_opt_str(project, "project")
+        for name, value in (("parent_id", parent_id), ("root_id", root_id), ("before", before)):
+            check_opt_id(value, name)
+        check_bool(include_archived, "include_archived")
         self._store.check_visible(None)
         params = {
             "project": project,
             "parent_id": parent_id,
             "root_id": root_id,
-            "include_archived": bool(include_archived),
+            "include_archived": include_archived,
             "before": before,
             "limit": limit,
         }
@@ -230,7 +259,8 @@ class Sessions:
 
     def children(self, session_id: str) -> builtins.list[Session]:
         """The subagent sessions spawned by *session_id*."""
-        return self.list(parent_id=session_id, include_archived=True, limit=1_000_000)
+        check_id(session_id, "session_id")
+        return self.list(parent_id=session_id, include_archived=True, limit=INT_MAX)
 
     def update(
         self,
@@ -246,13 +276,14 @@ class Sessions:
         enqueued in the same transaction.  Never spooled (see ``_unspooled``)."""
         args: dict[str, Any] = {"id": check_id(session_id, "session_id")}
         if title is not None:
-            args["title"] = title
+            args["title"] = check_str(title, "title")
         if metadata is not None:
             args["metadata"] = _metadata(metadata)
         if expected_version is not None:
-            args["expected_version"] = expected_version
-        if effects:
-            args["effects"] = effects_arg(self._store, effects)
+            args["expected_version"] = check_int(expected_version, "expected_version", minimum=1)
+        effect_list = prepare_effects(self._store, effects).write()
+        if effect_list:
+            args["effects"] = effect_list
         return self._unspooled(Operation("update_session", args, new_id()), session_id)
 
     def fork(
@@ -266,6 +297,9 @@ class Sessions:
         """A new session holding a copy of *session_id*'s messages up to and
         including *at_message_id* (all of them by default).  Never spooled."""
         new = new_id() if id is None else check_id(id, "id")
+        check_id(session_id, "session_id")
+        check_opt_id(at_message_id, "at_message_id")
+        check_opt_str(title, "title")
         at_seq = None
         if at_message_id is not None:
             # Only its seq: reading the whole message would read (and verify) its blobs.
@@ -290,7 +324,10 @@ class Sessions:
     def archive(self, session_id: str, archived: bool = True) -> Session:
         """Archive a session (``archived=False`` restores it); its history is kept.
         Never spooled."""
-        args = {"id": check_id(session_id, "session_id"), "archived": archived}
+        args = {
+            "id": check_id(session_id, "session_id"),
+            "archived": check_bool(archived, "archived"),
+        }
         return self._unspooled(Operation("archive_session", args, new_id()), session_id)
 
     def delete(self, session_id: str) -> None:
@@ -300,6 +337,7 @@ class Sessions:
 
     def usage(self, session_id: str) -> Usage:
         """Tokens and cost summed over the session's messages."""
+        check_id(session_id, "session_id")
         self._store.check_visible(session_id)
         q = self._store.queries
 
@@ -344,14 +382,19 @@ class Messages:
         mid = new_id() if id is None else check_id(id, "id")
         check_id(session_id, "session_id")
         check_str(role, "role", limit=ROLES_MAX, empty=False)
+        check_opt_str(model, "model", MAX_MODEL)
         meta = _metadata(metadata)
         usage_dict = usage_args(usage)
-        if isinstance(parts, Mapping):
-            raise errors.InvalidInput("parts must be a sequence of parts, not a dict")
+        if isinstance(parts, Mapping | bytes | bytearray) or not isinstance(parts, Sequence):
+            raise errors.InvalidInput(
+                f"parts must be a list of parts or a string, not {type(parts).__name__}"
+            )
         part_list: tuple[Part, ...] = (Text(parts),) if isinstance(parts, str) else tuple(parts)
-        # Last: it writes the blob files, and everything else has been checked.
-        effect_list = effects_arg(self._store, effects)
-        encoded = encode_parts(self._store, part_list)
+        prepared = prepare_parts(self._store, part_list)
+        prepared_effects = prepare_effects(self._store, effects)
+        # Last: they write the blob files, and everything has been checked.
+        effect_list = prepared_effects.write()
+        encoded = write_parts(self._store, prepared)
         now = time.time()
         args: dict[str, Any] = {
             "id": mid,
@@ -408,6 +451,7 @@ class Messages:
 
     def get(self, message_id: str) -> Message:
         """One message with its parts (``NotFound`` if there is none)."""
+        check_id(message_id, "message_id")
         q = self._store.queries
 
         def run(tx: Tx) -> list[Message]:
@@ -430,13 +474,13 @@ class Messages:
     ) -> list[Message]:
         """The session's messages in order: those after seq *after* (up to *limit*),
         or with *last*, the last *last* of them (still oldest first)."""
+        check_id(session_id, "session_id")
+        check_int(after, "after")
+        for name, value in (("limit", limit), ("last", last)):
+            if value is not None:
+                check_int(value, name)
         self._store.check_visible(session_id)
         q = self._store.queries
-        for name, value in (("after", after), ("limit", limit), ("last", last)):
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0
-            ):
-                raise errors.InvalidInput(f"{name} must be an integer >= 0, not {value!r}")
 
         def run(tx: Tx) -> list[Message]:
             if not tx.execute(q["session_get"], (session_id,)):
@@ -498,9 +542,7 @@ class Stream:
         self.id = new_id() if id is None else check_id(id, "id")
         check_str(role, "role", limit=ROLES_MAX, empty=False)
         self.role = role
-        if model is not None:
-            check_str(model, "model", limit=256)
-        self.model = model
+        self.model = check_opt_str(model, "model", MAX_MODEL)
         self._metadata = _metadata(metadata)
         self._lock = threading.Lock()  # guards the buffer below
         self._flush_lock = threading.Lock()  # one write at a time keeps chunk order
@@ -529,7 +571,7 @@ class Stream:
         if exc is None:
             self.finish()
         else:
-            self.finish(error=f"{type(exc).__name__}: {exc}")
+            self.finish(error=error_text(f"{type(exc).__name__}: {exc}"))
 
     def open(self) -> None:
         """Start the reply.  Nothing is written yet: the message row goes with the
@@ -564,7 +606,8 @@ class Stream:
             raise errors.InvalidInput(f"a {kind} delta must be a str, not {type(delta).__name__}")
         if not delta:
             return
-        check_text(delta, f"a {kind} delta")  # here, not at a flush that would keep failing
+        # Here, not at a flush that would keep failing.
+        check_str(delta, f"a {kind} delta", limit=MAX_TEXT)
         self._check_open()
         with self._lock:
             if self._part_kind != kind:
@@ -572,7 +615,11 @@ class Stream:
                 self._part_kind = kind
             part_seq = self._part_seq
             last = self._pending[-1] if len(self._pending) > self._sealed else None
-            if last is not None and last["part_seq"] == part_seq:
+            if (
+                last is not None
+                and last["part_seq"] == part_seq
+                and len(last["text"]) + len(delta) <= MAX_TEXT  # a chunk's limit
+            ):
                 last["text"] += delta
             else:
                 seq = self._chunk_seq.get(part_seq, 0)
@@ -705,6 +752,8 @@ class Stream:
     def finish(self, error: str | None = None) -> None:
         """Write what is buffered and mark the message ``complete`` (or ``error``), in
         one transaction.  Idempotent."""
+        if error is not None:
+            check_str(error, "error", limit=MAX_ERROR_TEXT)
         if self._finished or not self._open:
             return
         self._finished = True
@@ -720,7 +769,9 @@ class Stream:
             # Never mark it complete without its last text: try the end alone, as
             # an error, so the message does not stay streaming when it can be helped.
             if error is None:
-                self._end_as_error(f"{type(exc).__name__}: {exc} (its last text was lost)")
+                self._end_as_error(
+                    error_text(f"{type(exc).__name__}: {exc} (its last text was lost)")
+                )
             raise
         finally:
             self._store.streams_closed(self)

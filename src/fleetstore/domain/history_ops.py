@@ -6,12 +6,14 @@ same rows (docs/design.md, "Operations and exactly-once")."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id
 from fleetstore.core.validate import (
+    MAX_ERROR_TEXT,
+    MAX_MODEL,
+    MAX_PART_META,
     MAX_TEXT,
     ROLES_MAX,
     arg_id,
@@ -19,6 +21,7 @@ from fleetstore.core.validate import (
     arg_meta,
     arg_str,
     arg_time,
+    check_number,
     dump_json,
 )
 from fleetstore.domain.codec import encoded_body
@@ -158,7 +161,7 @@ def _part_meta(part: Args, what: str) -> str:
         meta = {}
     if not isinstance(meta, dict):
         raise errors.InvalidInput(f"{what}: meta must be an object")
-    return dump_json(meta, f"{what} metadata")
+    return dump_json(meta, f"{what} meta", MAX_PART_META)
 
 
 def insert_part(
@@ -190,15 +193,8 @@ def _usage(
     if unknown:
         raise errors.InvalidInput(f"usage has unknown fields: {', '.join(sorted(unknown))}")
     counts = [arg_int(usage, f) or 0 for f in USAGE_FIELDS if f != "cost"]
-    cost = usage.get("cost", 0.0)
-    if (
-        not isinstance(cost, int | float)
-        or isinstance(cost, bool)
-        or not math.isfinite(cost)
-        or cost < 0
-    ):
-        raise errors.InvalidInput(f"usage cost must be a number >= 0, not {cost!r}")
-    tx.execute(q["usage_upsert"], (message_id, session_id, model, *counts, float(cost)))
+    cost = check_number(usage.get("cost", 0.0), "usage cost", minimum=0.0)
+    tx.execute(q["usage_upsert"], (message_id, session_id, model, *counts, cost))
 
 
 @OPERATIONS.declare("append_message", scope=Scope.SESSION)
@@ -211,7 +207,7 @@ def append_message(tx: Tx, q: Queries, a: Args) -> Result:
     status = a.get("status", "complete")
     if status not in ("complete", "streaming"):
         raise errors.InvalidInput(f"a new message is 'complete' or 'streaming', not {status!r}")
-    model = arg_str(a, "model", limit=256)
+    model = arg_str(a, "model", limit=MAX_MODEL)
     metadata = arg_meta(a)
     parts = a.get("parts")
     if parts is None:
@@ -271,7 +267,7 @@ def finish_streaming(tx: Tx, q: Queries, mid: str, sid: str, a: Args) -> None:
     status = a.get("status")
     if status not in ("complete", "error"):
         raise errors.InvalidInput(f"a message finishes 'complete' or 'error', not {status!r}")
-    error = arg_str(a, "error", limit=64 * 1024)
+    error = arg_str(a, "error", limit=MAX_ERROR_TEXT)
     now = arg_time(a, "now")
     model = tx.execute(q["message_model"], (mid,))[0][0]
     _usage(tx, q, mid, sid, model, a.get("usage"))
@@ -315,7 +311,7 @@ def finish_message(tx: Tx, q: Queries, a: Args) -> Result:
         raise errors.InvalidInput(
             f"a message finishes 'complete' or 'error', not {a.get('status')!r}"
         )
-    arg_str(a, "error", limit=64 * 1024)
+    arg_str(a, "error", limit=MAX_ERROR_TEXT)
     arg_time(a, "now")
     if streaming_status(tx, q, mid, sid) != "streaming":
         return {"duplicate": True}

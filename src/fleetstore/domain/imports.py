@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.validate import (
+    MAX_ERROR_TEXT,
+    MAX_MODEL,
+    MAX_PART_META,
     MAX_TEXT,
     check_id,
     check_int,
+    check_number,
     check_opt_id,
     check_opt_str,
     check_time,
@@ -230,7 +233,7 @@ def _parse_part(p: object, message_id: str) -> PartIn:
     kind = p.get("kind")
     if kind not in PART_KINDS:
         raise errors.InvalidInput(f"{what}: unknown part kind {str(kind)[:40]!r}")
-    meta = object_json(p.get("meta"), f"{what}: meta")
+    meta = object_json(p.get("meta"), f"{what}: meta", MAX_PART_META)
     if p.get("enc") != "chunks":
         return PartIn(seq, kind, meta, _payload(p, what, ("seq", "kind", "meta")), None)
     _fields(p, what, ("seq", "kind", "meta", "enc", "chunks"))
@@ -264,12 +267,8 @@ def _parse_usage(raw: object, what: str) -> tuple[Any, ...] | None:
     if not isinstance(raw, dict) or set(raw) != set(USAGE_FIELDS):
         raise errors.InvalidInput(f"{what}: usage has exactly the fields {', '.join(USAGE_FIELDS)}")
     counts = [check_int(raw[f], f"{what}: usage {f}") for f in USAGE_FIELDS[:-1]]
-    cost = raw["cost"]
-    if not isinstance(cost, int | float) or isinstance(cost, bool) or not math.isfinite(cost):
-        raise errors.InvalidInput(f"{what}: usage cost must be a number")
-    if cost < 0:
-        raise errors.InvalidInput(f"{what}: usage cost must be >= 0")
-    return (*counts, float(cost))
+    cost = check_number(raw["cost"], f"{what}: usage cost", minimum=0.0)
+    return (*counts, cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,9 +320,9 @@ def _parse_message(a: Args) -> MessageIn:
         seq=check_int(a["seq"], f"{what}: seq", minimum=1),
         role=role,
         status=status,
-        model=check_opt_str(a["model"], f"{what}: model", 256),
+        model=check_opt_str(a["model"], f"{what}: model", MAX_MODEL),
         metadata=object_json(a["metadata"], f"{what}: metadata"),
-        error=check_opt_str(a["error"], f"{what}: error", 64 * 1024),
+        error=check_opt_str(a["error"], f"{what}: error", MAX_ERROR_TEXT),
         created_at=check_time(a["created_at"], f"{what}: created_at"),
         completed_at=None if completed is None else check_time(completed, f"{what}: completed_at"),
         usage=_parse_usage(a["usage"], what),

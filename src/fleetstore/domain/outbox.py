@@ -31,17 +31,28 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
 from fleetstore.core.validate import (
+    MAX_WAIT,
     arg_id,
     arg_int,
     arg_number,
     arg_str,
+    check_bool,
+    check_id,
     check_int,
     check_number,
+    check_opt_str,
     check_str,
-    check_text,
+    check_strings,
+    check_timeout,
     dump_json,
 )
-from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
+from fleetstore.domain.codec import (
+    Prepared,
+    decode_value,
+    encoded_body,
+    prepare_payload,
+    write_payload,
+)
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectError, EffectState, NewEffect
@@ -62,7 +73,7 @@ MAX_ERROR = 16 * 1024
 #: A handler's result is kept inline: larger results belong in the store proper.
 MAX_RESULT = 1024 * 1024
 MAX_ATTEMPTS_LIMIT = 10_000
-MAX_DELAY = 366 * 86400.0
+MAX_DELAY = MAX_WAIT
 MAX_LEASE = 86400.0
 MAX_CLAIM = 1000
 
@@ -82,19 +93,34 @@ def _replay_safe(value: object) -> int | None:
 
 
 def _error_text(value: object) -> str:
+    """An effect error as kept: at most MAX_ERROR characters, NUL and lone surrogates
+    replaced (it is often an exception's message, which may hold anything)."""
     if not isinstance(value, str):
         raise errors.InvalidInput(f"an effect error must be a string, not {type(value).__name__}")
-    check_text(value, "error")
+    value = value[: MAX_ERROR + 1].replace("\x00", "\ufffd")
+    value = value.encode("utf-8", "replace").decode("utf-8")
     return value if len(value) <= MAX_ERROR else value[: MAX_ERROR - 1] + "…"
 
 
 def _kinds_json(kinds: Iterable[str] | None) -> str | None:
     if kinds is None:
         return None
-    listed = sorted(set(kinds))
-    for kind in listed:
-        check_str(kind, "kind", limit=MAX_KIND, empty=False)
+    listed = sorted(set(check_strings(kinds, "kinds", limit=MAX_KIND)))
     return json.dumps(listed)
+
+
+def _kinds_arg(a: Args) -> str | None:
+    """The ``kinds`` argument of a claim: null or the JSON text of a list of kinds."""
+    text = a.get("kinds")
+    if text is None:
+        return None
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        value = None
+    if not isinstance(value, list):
+        raise errors.InvalidInput(f"kinds must be the JSON text of a list, not {text!r:.80}")
+    return _kinds_json(value)
 
 
 # -- operations ---------------------------------------------------------------------------------
@@ -179,7 +205,7 @@ def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
             "owner": arg_str(a, "owner", False, 256, empty=False),
             "limit": arg_int(a, "limit", False, 1, MAX_CLAIM, 1),
             "lease": arg_number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE),
-            "kinds": a.get("kinds"),
+            "kinds": _kinds_arg(a),
             "now": float(a["now"]),
         },
     )
@@ -449,9 +475,9 @@ def effect_from_row(store: StorePort, row: Sequence[Any]) -> Effect:
     )
 
 
-def effect_args(store: StorePort, spec: NewEffect) -> dict[str, Any]:
-    """``enqueue_effect`` arguments for *spec*, its payload encoded (a large one
-    becomes a blob file now, before any transaction)."""
+def _prepare_effect(store: StorePort, spec: object) -> tuple[dict[str, Any], Prepared]:
+    """``enqueue_effect`` arguments for *spec* (its payload still to write) with
+    every check done: nothing written."""
     if not isinstance(spec, NewEffect):
         raise errors.InvalidInput(f"effects must be NewEffect values, not {type(spec).__name__}")
     for name, value, limit in (
@@ -462,36 +488,63 @@ def effect_args(store: StorePort, spec: NewEffect) -> dict[str, Any]:
     key = spec.idempotency_key
     if key is not None:
         check_str(key, "idempotency_key", limit=MAX_THREAD_KEY, empty=False)
+    check_id(spec.id, "id")
     check_number(spec.delay, "delay", minimum=0.0, maximum=MAX_DELAY)
     check_int(spec.max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
     _replay_safe(spec.replay_safe)
     if isinstance(spec.payload, bytes | bytearray | memoryview):
-        encoded = encode_payload(store, bytes(spec.payload), "bytes")
+        payload = prepare_payload(store, bytes(spec.payload), "bytes")
     else:
-        encoded = encode_payload(store, dump_json(spec.payload, "effect payload"), "json")
-    return {
+        payload = prepare_payload(store, dump_json(spec.payload, "effect payload"), "json")
+    args = {
         # An idempotency key names the effect: a retry of the enqueue, spooled
         # or not, carries the same id, so the caller always learns it.
         "id": derived_id("effect", key) if key is not None else spec.id,
         "thread_key": spec.thread_key,
         "kind": spec.kind,
-        "payload": encoded,
         "idempotency_key": key,
         "delay": spec.delay,
         "max_attempts": spec.max_attempts,
         "replay_safe": spec.replay_safe,
     }
+    return args, payload
+
+
+class PreparedEffects:
+    """Effects checked, their payloads not yet written: ``write()`` writes them (blob
+    files for large payloads) and returns the ``effects`` argument (None if none)."""
+
+    def __init__(self, store: StorePort, items: list[tuple[dict[str, Any], Prepared]]) -> None:
+        self._store = store
+        self._items = items
+
+    def write(self) -> list[dict[str, Any]] | None:
+        if not self._items:
+            return None
+        return [{**a, "payload": write_payload(self._store, p)} for a, p in self._items]
+
+
+def prepare_effects(store: StorePort, effects: Sequence[NewEffect] | None) -> PreparedEffects:
+    """The effects of a history write, every one checked before any payload is written."""
+    if not effects:
+        return PreparedEffects(store, [])
+    if isinstance(effects, NewEffect | str | bytes | Mapping) or not isinstance(effects, Sequence):
+        raise errors.InvalidInput("effects must be a list of NewEffect values")
+    return PreparedEffects(store, [_prepare_effect(store, e) for e in effects])
+
+
+def effect_args(store: StorePort, spec: NewEffect) -> dict[str, Any]:
+    """``enqueue_effect`` arguments for *spec*, its payload encoded (a large one
+    becomes a blob file now, before any transaction)."""
+    args, payload = _prepare_effect(store, spec)
+    return {**args, "payload": write_payload(store, payload)}
 
 
 def effects_args(
     store: StorePort, effects: Sequence[NewEffect] | None
 ) -> list[dict[str, Any]] | None:
     """The ``effects`` argument of a history operation (None when there are none)."""
-    if not effects:
-        return None
-    if isinstance(effects, NewEffect) or not isinstance(effects, Sequence):
-        raise errors.InvalidInput("effects must be a list of NewEffect values")
-    return [effect_args(store, e) for e in effects]
+    return prepare_effects(store, effects).write()
 
 
 # -- the API ------------------------------------------------------------------------------------
@@ -544,6 +597,7 @@ class Effects:
 
     def get(self, effect_id: str) -> Effect:
         """The effect *effect_id* (``NotFound`` if there is none)."""
+        check_id(effect_id, "effect_id")
         self._store.check_visible(None)
         q = self._store.queries
         rows = self._store.read(lambda tx: tx.execute(q["effect_get"], (effect_id,)))
@@ -561,10 +615,22 @@ class Effects:
         after: Effect | None = None,
     ) -> builtins.list[Effect]:
         """Effects by thread and seq, filtered; page with ``after=`` the last one."""
-        if state is not None and str(state) not in _STATES:
+        if state is not None and (not isinstance(state, str) or str(state) not in _STATES):
             raise errors.InvalidInput(f"state must be one of {', '.join(_STATES)}, not {state!r}")
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= 100_000:
-            raise errors.InvalidInput(f"limit must be an integer in [1, 100000], not {limit!r}")
+        check_int(limit, "limit", minimum=1, maximum=100_000)
+        check_opt_str(thread_key, "thread_key", MAX_THREAD_KEY)
+        check_opt_str(kind, "kind", MAX_KIND)
+        if after is not None and (
+            not isinstance(after, Effect)
+            or not isinstance(after.thread_key, str)
+            or not isinstance(after.seq, int)
+        ):
+            raise errors.InvalidInput(
+                f"after must be an Effect (the last one listed), not {after!r:.80}"
+            )
+        if after is not None:
+            check_str(after.thread_key, "after.thread_key", limit=MAX_THREAD_KEY)
+            check_int(after.seq, "after.seq")
         q = self._store.queries
         params = {
             "thread": thread_key,
@@ -594,6 +660,7 @@ class Effects:
     def wait_for_work(self, timeout: float) -> bool:
         """Wait up to *timeout* seconds for an effect to become ready (PostgreSQL:
         a NOTIFY from the effects trigger; SQLite: just the wait).  True if woken."""
+        check_timeout(timeout)
         return bool(self._store.notify_wait("fleetstore_effects", timeout))
 
     def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
@@ -622,6 +689,9 @@ class Effects:
         """Claim up to *limit* ready effects (thread heads whose time has come),
         oldest first, for *owner*, each under a lease of *lease* seconds.
         Never spooled: past the write budget ``StoreBusy``."""
+        check_str(owner, "owner", limit=256, empty=False)
+        check_int(limit, "limit", minimum=1, maximum=MAX_CLAIM)
+        check_number(lease, "lease", minimum=0.001, maximum=MAX_LEASE)
         op_id = new_id()
         op = Operation(
             "claim_effects",
@@ -652,17 +722,24 @@ class Effects:
     def retry(self, effect_id: str) -> Effect:
         """Run a dead or cancelled effect again (at the end of its thread, with
         fresh attempts), or a pending one now."""
+        check_id(effect_id, "effect_id")
         self._store.submit(Operation("retry_effect", {"id": effect_id}, new_id()), spool=False)
         return self.get(effect_id)
 
     def cancel(self, effect_id: str) -> Effect:
         """Cancel a pending or running effect; its thread moves on."""
+        check_id(effect_id, "effect_id")
         self._store.submit(Operation("cancel_effect", {"id": effect_id}, new_id()), spool=False)
         return self.get(effect_id)
 
     def declare(self, kinds: Mapping[str, bool]) -> None:
         """Record, per kind, whether it is safe to run again after its owner
         was lost (``{"title.generate": True, "provider.turn": False}``)."""
+        if not isinstance(kinds, Mapping):
+            raise errors.InvalidInput(f"kinds must be a dict of kind -> bool, not {kinds!r:.80}")
+        for kind, safe in kinds.items():
+            check_str(kind, "kind", limit=MAX_KIND, empty=False)
+            check_bool(safe, f"replay_safe of kind {kind!r}")
         op = Operation("declare_effect_kinds", {"kinds": dict(kinds)}, new_id())
         self._store.submit(op, independent=True)
 
@@ -700,6 +777,8 @@ class Claim:
     def heartbeat(self, lease: float | None = None) -> float:
         """Extend the lease by *lease* (default: the claim's) seconds from now;
         returns the new expiry.  ``LeaseLost`` if the claim is no longer current."""
+        if lease is not None:
+            check_number(lease, "lease", minimum=0.001, maximum=MAX_LEASE)
         args = {
             "id": self.id,
             "fence": self.fence,
@@ -722,13 +801,17 @@ class Claim:
     def retry(self, delay: float = 0.0, error: str = "") -> bool:
         """Failed this time: run again after *delay* seconds (``dead`` with
         ``attempts_exhausted`` if this was the last attempt)."""
-        return self._settle("retry", error=error or "retry requested", delay=delay)
+        check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
+        if error is not None and not isinstance(error, str):
+            raise errors.InvalidInput(f"error must be a string, not {type(error).__name__}")
+        return self._settle("retry", error=_error_text(error or "retry requested"), delay=delay)
 
     def fail(self, error: str, *, interrupted: bool = False) -> bool:
         """Failed for good: ``dead`` (``dead_reason`` ``failed``, or ``interrupted``
         for a run that was cut short, e.g. by a worker's hard stop); the thread moves on."""
+        check_bool(interrupted, "interrupted")
         return self._settle(
-            "dead", error=error, dead_reason="interrupted" if interrupted else "failed"
+            "dead", error=_error_text(error), dead_reason="interrupted" if interrupted else "failed"
         )
 
     def cancel(self) -> bool:
@@ -758,4 +841,13 @@ class Claim:
         )
 
 
-__all__ = ["DEFAULT_LEASE", "Claim", "Effects", "Swept", "effects_args", "enqueue_in"]
+__all__ = [
+    "DEFAULT_LEASE",
+    "Claim",
+    "Effects",
+    "PreparedEffects",
+    "Swept",
+    "effects_args",
+    "enqueue_in",
+    "prepare_effects",
+]

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from fleetstore import errors
+from fleetstore.core.validate import check_time
 from fleetstore.domain import history_ops, imports, maintenance, outbox, state, streams
 from fleetstore.domain.frameworks import adk, langgraph, openai_agents
 from fleetstore.domain.operations import (
@@ -78,8 +79,11 @@ def apply(tx: Tx, q: Queries, op: Operation, now: float) -> Result:
         found = tx.execute(q["op_applied"], (op.op_id,))
         if found:
             return {**earlier_result(found[0][1]), "duplicate": True}
+    if not isinstance(op.args, Mapping):
+        raise errors.InvalidInput(f"operation {op.name}: arguments must be an object")
     args = dict(op.args)
     args.setdefault("now", now)
+    check_time(args["now"], "now")  # an operation from a journal or a file may hold anything
     # The transactional outbox: effects named by a history operation commit
     # (or roll back) with it, and a duplicate of the operation adds none.
     effects = args.pop("effects", None)

@@ -22,12 +22,13 @@ from fleetstore.core.validate import (
     arg_str,
     arg_time,
     check_id,
+    check_int,
     check_str,
 )
-from fleetstore.domain.codec import decode_value, encode_state, encoded_body
-from fleetstore.domain.history import effects_arg
+from fleetstore.domain.codec import decode_value, encoded_body, prepare_state, write_payload
 from fleetstore.domain.history_ops import session_row
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
+from fleetstore.domain.outbox import prepare_effects
 from fleetstore.domain.ports import StorePort
 from fleetstore.engine.base import Tx
 from fleetstore.models import NewEffect, StateValue
@@ -43,6 +44,7 @@ class State:
 
     def get(self, session_id: str, key: str, *, namespace: str = "default") -> StateValue | None:
         """The value under *key*, or None."""
+        _check_key(session_id, key, namespace)
         self._store.check_visible(session_id)
         q = self._store.queries
         rows = self._store.read(
@@ -68,10 +70,15 @@ class State:
         """Store *value* (JSON-serialisable, or bytes) under *key*; returns it with
         its new version (``None`` while the write waits in this process's spool).
         *effects* are enqueued in the same transaction (the transactional outbox)."""
-        effect_list = effects_arg(self._store, effects)
+        # Every argument checked before a blob file is written.
+        _check_expected(expected_version)
+        head, payload = prepare_state(self._store, session_id, key, value, namespace)
+        prepared = prepare_effects(self._store, effects)
+        effect_list = prepared.write()
         now = time.time()
         args: dict[str, Any] = {
-            **encode_state(self._store, session_id, key, value, namespace),
+            **head,
+            "value": write_payload(self._store, payload),
             "session_id": session_id,
             "expected_version": expected_version,
             "now": now,
@@ -104,13 +111,14 @@ class State:
         """Remove *key*; True if it existed (also True if the delete was spooled).
         *effects* are enqueued in the same transaction."""
         _check_key(session_id, key, namespace)
+        _check_expected(expected_version)
+        effect_list = prepare_effects(self._store, effects).write()
         args: dict[str, Any] = {
             "session_id": session_id,
             "namespace": namespace,
             "key": key,
             "expected_version": expected_version,
         }
-        effect_list = effects_arg(self._store, effects)
         if effect_list:
             args["effects"] = effect_list
         result = self._store.submit(
@@ -120,6 +128,7 @@ class State:
 
     def keys(self, session_id: str, *, namespace: str = "default") -> list[str]:
         """The keys stored in *namespace* of the session, sorted."""
+        _check_key(session_id, "-", namespace)
         self._store.check_visible(session_id)
         q = self._store.queries
         rows = self._store.read(
@@ -143,6 +152,11 @@ def _check_key(session_id: object, key: object, namespace: object) -> None:
     check_id(session_id, "session_id")
     check_str(key, "a state key", limit=STATE_KEY_MAX, empty=False)
     check_str(namespace, "a state namespace", limit=STATE_NAMESPACE_MAX, empty=False)
+
+
+def _check_expected(expected: object) -> None:
+    if expected is not None:
+        check_int(expected, "expected_version")
 
 
 # -- the operations ----------------------------------------------------------------------------

@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.domain.outbox import DEFAULT_LEASE, Claim, Effects
+from fleetstore.core.validate import (
+    MAX_WAIT,
+    check_bool,
+    check_int,
+    check_number,
+    check_str,
+)
+from fleetstore.domain.outbox import DEFAULT_LEASE, MAX_CLAIM, MAX_KIND, MAX_LEASE, Claim, Effects
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect
 
@@ -73,10 +80,22 @@ class Handler:
 
 def _handler(value: object, kind: str) -> Handler:
     if isinstance(value, Handler):
+        if not callable(value.fn) or not isinstance(value.replay_safe, bool):
+            raise errors.ConfigError(
+                f"handler for {kind!r}: fn must be callable, replay_safe a bool"
+            )
         return value
     if callable(value):
         return Handler(value)
     raise errors.ConfigError(f"handler for {kind!r} is not callable: {value!r}")
+
+
+def _setting(check: Callable[..., Any], value: object, what: str, **limits: Any) -> Any:
+    """*check* (a ``core.validate`` function) of a worker argument: ``ConfigError``."""
+    try:
+        return check(value, what, **limits)
+    except errors.InvalidInput as exc:
+        raise errors.ConfigError(str(exc)) from None
 
 
 def default_owner() -> str:
@@ -149,23 +168,30 @@ class Worker:
         owner: str | None = None,
         until_idle: bool = False,
     ) -> None:
+        if not all(hasattr(store, a) for a in ("submit", "read", "queries", "notifies")):
+            raise errors.ConfigError(f"store must be an open Store, not {store!r:.80}")
+        if not isinstance(handlers, Mapping):
+            raise errors.ConfigError(
+                f"handlers must be a dict of kind -> function, not {handlers!r:.80}"
+            )
         if not handlers:
             raise errors.ConfigError("a worker needs at least one handler")
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise errors.ConfigError(f"concurrency must be an integer >= 1, not {concurrency!r}")
-        if not isinstance(prefetch, int) or prefetch < 0:
-            raise errors.ConfigError(f"prefetch must be an integer >= 0, not {prefetch!r}")
+        for kind in handlers:
+            _setting(check_str, kind, "a handler's kind", limit=MAX_KIND, empty=False)
+        _setting(check_int, concurrency, "concurrency", minimum=1, maximum=MAX_CLAIM)
+        _setting(check_int, prefetch, "prefetch", minimum=0, maximum=MAX_CLAIM - concurrency)
+        _setting(check_number, lease, "lease", minimum=0.001, maximum=MAX_LEASE)
         for name, value in (
-            ("lease", lease),
             ("grace", grace),
             ("poll_interval", poll_interval),
             ("backoff", backoff),
             ("max_backoff", max_backoff),
+            ("sweep_interval", 0.0 if sweep_interval is None else sweep_interval),
         ):
-            if not isinstance(value, int | float) or not value >= 0:
-                raise errors.ConfigError(f"{name} must be a number of seconds >= 0, not {value!r}")
-        if lease <= 0:
-            raise errors.ConfigError("lease must be > 0 seconds")
+            _setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
+        if owner is not None:
+            _setting(check_str, owner, "owner", limit=256, empty=False)
+        _setting(check_bool, until_idle, "until_idle")
         self.store = store
         self._effects = Effects(store)
         self.handlers = {kind: _handler(fn, kind) for kind, fn in handlers.items()}
@@ -196,6 +222,7 @@ class Worker:
     def stop(self, hard: bool = False) -> None:
         """Stop claiming; *hard*: interrupt what runs.  Thread-safe; a second
         call without *hard* is taken as hard, like a second signal."""
+        _setting(check_bool, hard, "hard")
         level = 2 if hard or self._stop_requested else 1
         self._stop_requested = max(self._stop_requested, level)
         loop, wake = self._loop, self._wake

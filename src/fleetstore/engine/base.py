@@ -124,9 +124,24 @@ class Migration:
 
 
 def ordered_migrations(migrations: Iterable[Migration]) -> list[Migration]:
-    """The migrations in version order; ``ConfigError`` unless every version is a
-    positive integer, used once.  (Both engines.)"""
-    steps = sorted(migrations, key=lambda m: m.version)
+    """The migrations in version order; ``ConfigError`` unless they are a list of
+    ``Migration`` (SQL text or a function each) whose versions are positive
+    integers, each used once.  (Both engines.)"""
+    if isinstance(migrations, str | bytes | Migration) or not isinstance(migrations, Iterable):
+        raise errors.ConfigError(f"migrations must be a list of Migration, not {migrations!r:.80}")
+    given = list(migrations)
+    for m in given:
+        if not isinstance(m, Migration):
+            raise errors.ConfigError(f"migrations must be Migration values, not {m!r:.80}")
+        if not isinstance(m.name, str) or not (isinstance(m.sql, str) or callable(m.sql)):
+            raise errors.ConfigError(
+                f"migration {m.version!r}: name must be text and sql SQL text or a function"
+            )
+    if any(not isinstance(m.version, int) or isinstance(m.version, bool) for m in given):
+        raise errors.ConfigError(
+            f"migration versions must be positive integers: {[m.version for m in given]}"
+        )
+    steps = sorted(given, key=lambda m: m.version)
     versions = [m.version for m in steps]
     if any(not isinstance(v, int) or isinstance(v, bool) or v <= 0 for v in versions):
         raise errors.ConfigError(f"migration versions must be positive integers: {versions}")

@@ -24,6 +24,7 @@ import apsw
 from fleetstore import errors
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
+from fleetstore.core.validate import check_bool, check_path, check_str, check_timeout
 from fleetstore.engine.base import (
     Applier,
     Item,
@@ -62,6 +63,23 @@ def _translate(exc: apsw.Error, path: str) -> errors.FleetstoreError:
     return errors.DatabaseError(message)
 
 
+def _sql(sql: object) -> str:
+    if not isinstance(sql, str) or "\x00" in sql:
+        raise errors.InvalidInput(f"sql must be SQL text (without NUL), not {sql!r:.80}")
+    return sql
+
+
+def _bad_params(exc: Exception, path: str) -> errors.InvalidInput:
+    """What the driver raises for parameters it cannot bind (a type it does not
+    know, an integer past 64 bits, text that is not UTF-8) is bad input."""
+    return errors.InvalidInput(f"{path}: parameters cannot be bound: {exc}")
+
+
+def _callable(fn: object) -> None:
+    if not callable(fn):
+        raise errors.InvalidInput(f"fn must be a function of the transaction, not {fn!r:.80}")
+
+
 def _pragma(conn: apsw.Connection, name: str) -> int:
     value = conn.execute(f"PRAGMA {name}").fetchall()[0][0]
     return int(value) if isinstance(value, int | str) else 0
@@ -91,9 +109,11 @@ class _Tx:
         """
         cursor = self._cursor()
         try:
-            return list(cursor.execute(sql, params))
+            return list(cursor.execute(_sql(sql), params))
         except apsw.Error as exc:
             raise _translate(exc, self._path) from exc
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise _bad_params(exc, self._path) from exc
         finally:
             cursor.close(True)
 
@@ -101,10 +121,12 @@ class _Tx:
         """Run *sql* once per parameter set (rows produced are read and dropped)."""
         cursor = self._cursor()
         try:
-            for _ in cursor.executemany(sql, seq_of_params):
+            for _ in cursor.executemany(_sql(sql), seq_of_params):
                 pass
         except apsw.Error as exc:
             raise _translate(exc, self._path) from exc
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise _bad_params(exc, self._path) from exc
         finally:
             cursor.close(True)
 
@@ -329,7 +351,8 @@ class Database:
         every process opening it at the same time.  *settings* are ``Settings`` fields,
         each also readable from ``FLEETSTORE_<NAME>``."""
         config = Settings.load(**settings)
-        path = os.fspath(path)
+        path = check_path(path)
+        ordered_migrations(migrations)  # checked before the file is made
         if path in ("", ":memory:") or path.startswith("file:"):
             raise errors.ConfigError(
                 f"a file path is required, not {path!r}: processes share files"
@@ -625,12 +648,15 @@ class Database:
         """``fn(tx)`` in one write transaction (``write()``), committed; the engines'
         common way to write (on PostgreSQL *fn* may run more than once).  SQLite's
         writers are serial: *single_statement* changes nothing here."""
+        _callable(fn)
+        check_bool(single_statement, "single_statement")
         with self.write() as tx:
             return fn(tx)
 
     def notify_wait(self, channel: str, timeout: float) -> bool:
         """SQLite has no notifications: waits *timeout* seconds, returns False."""
-        time.sleep(max(timeout, 0.0))
+        check_str(channel, "channel", limit=63, empty=False)
+        time.sleep(check_timeout(timeout))
         return False
 
     def _acquire_gate(self, started: float, deadline: float) -> None:
@@ -729,6 +755,8 @@ class Database:
         frames back, one non-waiting try to truncate it.  Returns (frames in the
         WAL, frames checkpointed).  A checkpoint of this process already running (the
         background one) is waited for first; with *wait* False, (-1, -1) instead."""
+        check_bool(truncate, "truncate")
+        check_bool(wait, "wait")
         self._check_process()
         if not self._checkpoint_lock.acquire(blocking=wait):
             return (-1, -1)
@@ -779,6 +807,7 @@ class Database:
     def read(self, fn: Callable[[ReadTx], T]) -> T:
         """Call ``fn(tx)`` inside a read transaction (one snapshot) on a read connection,
         without the gate, and return what it returns."""
+        _callable(fn)
         self._check_process()
         if self._identity is not None and not self._same_file():
             raise errors.FileMoved(f"{self.path}: the file was moved or removed")

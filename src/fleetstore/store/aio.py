@@ -113,9 +113,15 @@ def _bridge(job: concurrent.futures.Future[T]) -> asyncio.Future[T]:
     return waiter
 
 
+#: The most threads an AsyncStore's pool may have.
+MAX_THREADS = 1024
+
+
 def _check_threads(threads: object) -> int:
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise errors.ConfigError(f"threads must be an integer >= 1, not {threads!r}")
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS:
+        raise errors.ConfigError(
+            f"threads must be an integer from 1 to {MAX_THREADS}, not {threads!r:.80}"
+        )
     return threads
 
 

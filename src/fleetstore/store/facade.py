@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +30,14 @@ from fleetstore.core.targets import (
     redact,
     resolve_target,
 )
+from fleetstore.core.validate import (
+    check_bool,
+    check_opt_id,
+    check_opt_timeout,
+    check_str,
+    check_timeout,
+)
+from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.history import Messages, Sessions
 from fleetstore.domain.operations import Operation
@@ -180,6 +188,13 @@ class Store:
         process's spooled writes nor they on it: applied now even while the
         spool holds writes, never spooled.  If the journal cannot be written
         either (disk full), ``DatabaseError``: nothing was written."""
+        check_operation(op)
+        for name, flag in (
+            ("spool", spool),
+            ("must_land", must_land),
+            ("independent", independent),
+        ):
+            check_bool(flag, name)
         self._check_open()
         if self._publisher is None:
             self._start_publisher()
@@ -209,6 +224,7 @@ class Store:
 
     def apply(self, op: Operation) -> dict[str, Any]:
         """Apply *op* now, in its own write transaction (``StoreBusy`` past the budget)."""
+        check_operation(op)
         return self.backend.apply(op)
 
     def _spool(self, op: Operation, busy: errors.StoreBusy | None) -> None:
@@ -245,11 +261,14 @@ class Store:
     def notify_wait(self, channel: str, timeout: float) -> bool:
         """Wait up to *timeout* seconds for a notification on *channel* (a sleep on
         SQLite, which has none)."""
+        check_str(channel, "channel", limit=63, empty=False)
+        check_timeout(timeout)
         return self.db.notify_wait(channel, timeout)
 
     def spool_pending(self, session_id: str | None = None) -> int:
         """This process's writes waiting in its spool (only those that touch
         *session_id*, if given: then 0 or the whole count)."""
+        check_opt_id(session_id, "session_id")
         pending = len(self.spool)
         if pending and session_id is not None and not self.spool.touches(session_id):
             return 0
@@ -258,6 +277,7 @@ class Store:
     def check_visible(self, session_id: str | None) -> None:
         """Raise ``SpoolPending`` if a read of *session_id* (None: of anything) would
         miss writes of this process still in its spool."""
+        check_opt_id(session_id, "session_id")
         self._check_open()
         pending = len(self.spool)
         if not pending:
@@ -273,6 +293,7 @@ class Store:
     def flush(self, timeout: float | None = None) -> bool:
         """Write pending stream text and wait until this process's spool is empty
         (at most *timeout* seconds; default: the write budget).  True if it is."""
+        check_opt_timeout(timeout)
         self._check_open()
         return self._drain(timeout)
 
@@ -298,6 +319,8 @@ class Store:
     def read(self, fn: Callable[[Tx], T], *, session_id: str | None = None) -> T:
         """``fn(tx)`` in one read transaction.  A sharded store reads the file of
         *session_id*'s tree, or the catalog (sessions index, effects) without one."""
+        check_callable(fn)
+        check_opt_id(session_id, "session_id")
         self._check_open()
         if self._publisher is None:
             self._start_publisher()
@@ -306,6 +329,7 @@ class Store:
     def read_first(self, fn: Callable[[Tx], list[T]]) -> list[T]:
         """``fn(tx)`` for a lookup by an id that does not name its session (a message
         id): a sharded store asks the catalog, then each shard, until one has rows."""
+        check_callable(fn)
         self._check_open()
         return self.backend.read_first(fn)
 
@@ -315,6 +339,7 @@ class Store:
         budget); else wait at most *timeout* seconds for the background refresh
         (``sessions.list`` waits 0.5 s: a listing does not wait for a locked
         catalog).  True if the index is up to date with this process's writes."""
+        check_opt_timeout(timeout)
         self._check_open()
         return self.backend.sync_catalog(timeout)
 
@@ -560,6 +585,7 @@ class Store:
         spool to drain, and close.  Writes still spooled stay in the journal, for
         ``fleetstore recover`` or the next ``fleetstore.open``; a replay attempt
         under way may add up to one write budget to the wait.  Idempotent."""
+        check_opt_timeout(timeout)
         if self._closed:
             return
         drained = False
@@ -601,6 +627,21 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<fleetstore.Store {str(self.path)!r}{' closed' if self._closed else ''}>"
+
+
+def check_operation(op: object) -> Operation:
+    """*op*, an ``Operation`` naming a registered operation, with an id and arguments
+    (a JSON object); ``InvalidInput`` otherwise."""
+    if not isinstance(op, Operation):
+        raise errors.InvalidInput(f"not an Operation: {type(op).__name__}")
+    if not isinstance(op.args, Mapping) or not all(isinstance(k, str) for k in op.args):
+        raise errors.InvalidInput(f"operation {op.name!r:.80}: args must be a dict")
+    return registry.decode({"op": op.name, "id": op.op_id, "args": dict(op.args)})
+
+
+def check_callable(fn: object) -> None:
+    if not callable(fn):
+        raise errors.InvalidInput(f"fn must be a function of the transaction, not {fn!r:.80}")
 
 
 def _open_store(path: Path | str, config: Settings, kind: str = "") -> Store:

@@ -33,7 +33,15 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
-from fleetstore.core.validate import arg_str, check_int, check_str, check_text, check_time
+from fleetstore.core.validate import (
+    MAX_METADATA,
+    arg_str,
+    check_int,
+    check_size,
+    check_str,
+    check_text,
+    check_time,
+)
 from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
@@ -165,6 +173,7 @@ class Checkpoints:
         if not isinstance(metadata, Mapping):
             raise errors.InvalidInput(f"metadata must be a dict, not {type(metadata).__name__}")
         meta = canonical_json(dict(metadata), "checkpoint metadata")
+        check_size(meta, "checkpoint metadata", MAX_METADATA)
         if not isinstance(channel_versions, Mapping):
             raise errors.InvalidInput("channel_versions must be a dict")
         keys = {
@@ -503,6 +512,7 @@ def _op_put(tx: Tx, q: Queries, a: Args) -> Result:
         arg_str(a, "parent_id", False, _ID_MAX, empty=False)
     now = check_time(a.get("now"), "now")
     _json_object(a, "metadata")
+    check_size(a["metadata"], "metadata", MAX_METADATA)
     keys = _json_object(a, "channel_keys")
     if not all(isinstance(v, str) for v in keys.values()):
         raise errors.InvalidInput("channel_keys must map channels to version keys")
