@@ -670,7 +670,25 @@ METHODS: list[Method] = [
         mirrored=False,
     ),
     Method(
-        "checkpoint", lambda w: {"truncate": False}, {"truncate": h.BOOL}, root="db", mirrored=False
+        "checkpoint",
+        lambda w: {"truncate": False, "wait": True},
+        {"truncate": h.BOOL, "wait": h.BOOL},
+        root="db",
+        mirrored=False,
+    ),
+    Method(
+        "submit",
+        lambda w: {"item": _NoItem()},
+        {"item": h.kind([None, 5, "item", h.Opaque(), lambda tx: None])},
+        root="db",
+        mirrored=False,
+    ),
+    Method(
+        "serve",
+        lambda w: {"tag": "t", "applier": lambda tx, b: b},
+        {"tag": h.nonempty(256, optional=False), "applier": h.CALLABLE},
+        root="db",
+        mirrored=False,
     ),
     Method(
         "notify_wait",
@@ -899,6 +917,19 @@ def test_the_async_mirror_refuses_it_too(world: World, method: Method, param: st
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0])
     assert not failures, "\n".join(failures)
+
+
+class _NoItem:
+    """An item that writes nothing (the base arguments of the ``submit`` row)."""
+
+    def run(self, tx: Any) -> object:
+        return None
+
+    def payload(self) -> bytes | None:
+        return None
+
+    def result(self, data: bytes) -> object:
+        return None
 
 
 def test_stream_usage_tokens_are_checked(world: World) -> None:

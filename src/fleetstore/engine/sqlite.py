@@ -581,6 +581,9 @@ class Database:
         items may be applied by theirs.  *tag* names the code that may apply an item
         (an item posted under another tag is left to its own process)."""
         self._check_process()
+        check_str(tag, "tag", limit=256, empty=False)
+        if not callable(applier):
+            raise errors.InvalidInput(f"applier must be callable, not {type(applier).__name__}")
         self._applier, self._tag = applier, tag
         self._combiner = Combiner(self, applier, tag, self.settings.write_budget)
 
@@ -592,6 +595,11 @@ class Database:
         (or the applier, through ``item.result``) returned; raises what it raised, or
         ``StoreBusy`` past the write budget with nothing written."""
         self._check_process()
+        if not all(callable(getattr(item, name, None)) for name in ("run", "payload", "result")):
+            raise errors.InvalidInput(
+                f"item must have run(), payload() and result() (engine.base.Item), not "
+                f"{type(item).__name__}"
+            )
         if self._write_owner == threading.get_ident():
             raise errors.DatabaseError(
                 f"{self.path}: db.submit() inside a db.write() block of the same thread"
