@@ -146,6 +146,17 @@ def test_an_item_appended_while_compacting_is_kept(tmp_path: Path) -> None:
             with pytest.raises(CompactionConflict):
                 await manual.run_compaction({"force": True})
             assert await backend.get_items() == [*got, newer]
+            # So does one through an EncryptedSession (the SDK would clear, then add).
+            await backend.clear_session()
+            encrypted = EncryptedSession("s", backend, encryption_key="synthetic-key")
+            await encrypted.add_items(original)
+            manual = OpenAIResponsesCompactionSession(
+                "s", encrypted, client=compact_client(compact), compaction_mode="input"
+            )
+            with pytest.raises(CompactionConflict):
+                await manual.run_compaction({"force": True})
+            assert await encrypted.get_items() == original
+            assert (await backend.get_items())[-1] == newer
             backend.close()
             other.close()
             return got
@@ -318,3 +329,27 @@ def test_appends_of_other_processes_racing_compactions_are_never_lost(tmp_path: 
     assert sorted(_covered(items)) == expected
     assert replaced["manual"] >= 1, replaced
     assert replaced["runner"] >= 1, replaced
+
+
+def test_encrypted_pop_over_a_subclass_that_overrides_pop_item_uses_its_pop(
+    tmp_path: Path,
+) -> None:
+    """As the SDK's EncryptedSession over a SQLiteSession subclass: its own pop runs."""
+
+    class CountingSession(FleetstoreSession):
+        pops = 0
+
+        async def pop_item(self) -> Any:
+            self.pops += 1
+            return await super().pop_item()
+
+    async def go() -> None:
+        with fleetstore.open(tmp_path / "subclass.db") as store:
+            backend = CountingSession("s", store)
+            session = EncryptedSession("s", backend, encryption_key="synthetic-key")
+            await session.add_items([user("saved")])
+            assert await session.pop_item() == user("saved")
+            assert backend.pops == 1
+            backend.close()
+
+    asyncio.run(go())

@@ -289,6 +289,15 @@ class FleetstoreSession:
         complete = limit is not None and limit > 0 and len(items) < limit
         return cast(list[TResponseInputItem], items), complete
 
+    async def _note_compaction_basis(self) -> None:
+        """Remember the stored messages as they are now, as ``_read_compaction_items``
+        does (for a wrapper that reads the items itself)."""
+
+        def note() -> None:
+            self._compaction_basis = agents_ops.compaction_read(self.store, self.session_id, 0)[1]
+
+        await self._call(note)
+
     async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
         """Replace the history the compaction read (``_read_compaction_items``; if
         it read none, the history as stored now) with *items*, in one operation,

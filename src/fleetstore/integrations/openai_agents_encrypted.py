@@ -12,9 +12,14 @@ before fleetstore's conditional removal, and one that fails stays where it was::
 
     session = EncryptedSession("user-42", FleetstoreSession("user-42", store), key)
 
+It also hands ``FleetstoreSession``'s whole-history replacement on to the SDK's
+compaction when it wraps this class (``OpenAIResponsesCompactionSession(
+EncryptedSession(FleetstoreSession(...)))``): the SDK looks that hook up on the
+type of the session it wraps, so over the SDK's own class a manual compaction
+clears the session and adds the summary in two writes.  Here it is one
+transaction, refused if the session changed since the compaction read it.
 Everything else is the SDK's class (it needs ``cryptography``: the SDK's
-``encrypt`` extra).  Compaction needs nothing of this module: the SDK's own
-``EncryptedSession`` finds ``FleetstoreSession``'s compaction hooks itself.
+``encrypt`` extra).
 """
 
 from __future__ import annotations
@@ -38,7 +43,11 @@ class EncryptedSession(_SdkEncryptedSession):
         self, *, wrapper: RunContextWrapper[Any] | None = None
     ) -> TResponseInputItem | None:
         underlying = self.underlying_session
-        if not isinstance(underlying, FleetstoreSession):
+        if (
+            not isinstance(underlying, FleetstoreSession)
+            or type(underlying).pop_item is not FleetstoreSession.pop_item
+        ):
+            # As the SDK: a subclass that overrides pop_item keeps its own pop.
             return await super().pop_item(wrapper=wrapper)
 
         def authenticate(item: TResponseInputItem) -> None:
@@ -53,6 +62,22 @@ class EncryptedSession(_SdkEncryptedSession):
             item = self._unwrap(enc)
             if item is not None:
                 return item
+
+    async def _read_compaction_items(
+        self, limit: int | None, *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> tuple[list[TResponseInputItem], bool]:
+        underlying = self.underlying_session
+        if isinstance(underlying, FleetstoreSession):
+            # Noted before the read: an item stored in between makes the replacement
+            # refuse (it sees a message it was not told of), never lose it.
+            await underlying._note_compaction_basis()
+        return await super()._read_compaction_items(limit, wrapper=wrapper)
+
+    async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
+        underlying = self.underlying_session
+        if not isinstance(underlying, FleetstoreSession):
+            return False  # the SDK's own path
+        return await underlying._atomic_replace_items(self._encrypt_items(items))
 
 
 __all__ = ["EncryptedSession"]
