@@ -43,6 +43,7 @@ from fleetstore.integrations.openai_agents import (
 from fleetstore.integrations.openai_agents_encrypted import EncryptedSession
 from tests.agents import script
 from tests.fix_procs import Barrier, Proc
+from tests.fix_stores import OpenStore
 
 set_tracing_disabled(True)
 
@@ -101,65 +102,65 @@ def test_errors_are_the_sdks_classes_too(tmp_path: Path) -> None:
 # -- compaction ------------------------------------------------------------------------------
 
 
-def test_an_item_appended_while_compacting_is_kept(tmp_path: Path) -> None:
+def test_an_item_appended_while_compacting_is_kept(open_store: OpenStore) -> None:
     """As the SDK's ``test_new_backend_write_invalidates_snapshot``: another writer
     (another store object, as another process) appends while the compaction request
-    is out; the compaction must not replace history that no longer ends where it read."""
-    path = tmp_path / "race.db"
+    is out; the compaction must not replace history that no longer ends where it read.
+    On each engine."""
+    store, other_store = open_store("race.db"), open_store("race.db")
 
     async def go() -> list[Any]:
-        with fleetstore.open(path) as store, fleetstore.open(path) as other_store:
-            backend = FleetstoreSession("s", store)
-            other = FleetstoreSession("s", other_store)
-            original = [user(str(i)) for i in range(4)]
-            await backend.add_items(original)
-            newer = user("concurrent backend append")
+        backend = FleetstoreSession("s", store)
+        other = FleetstoreSession("s", other_store)
+        original = [user(str(i)) for i in range(4)]
+        await backend.add_items(original)
+        newer = user("concurrent backend append")
 
-            async def compact(**kwargs: Any) -> Any:
-                await other.add_items([newer])
-                return SimpleNamespace(output=[])
+        async def compact(**kwargs: Any) -> Any:
+            await other.add_items([newer])
+            return SimpleNamespace(output=[])
 
-            session = OpenAIResponsesCompactionSession(
-                "s",
-                backend,
-                client=compact_client(compact),
-                compaction_mode="input",
-                should_trigger_compaction=lambda _: True,
-            )
-            await Runner.run(
-                Agent(name="worker", model=ScriptedModel(steps=[[reply()]])),
-                "continue",
-                session=session,
-                run_config=RunConfig(session_settings={"limit": 1}),
-            )
-            got = await backend.get_items(limit=100)
-            assert got == [
-                *original,
-                user("continue"),
-                reply().model_dump(exclude_unset=True),
-                newer,
-            ]
-            # A manual compaction (the whole history) refuses as well, and says so.
-            manual = OpenAIResponsesCompactionSession(
-                "s", backend, client=compact_client(compact), compaction_mode="input"
-            )
-            with pytest.raises(CompactionConflict):
-                await manual.run_compaction({"force": True})
-            assert await backend.get_items() == [*got, newer]
-            # So does one through an EncryptedSession (the SDK would clear, then add).
-            await backend.clear_session()
-            encrypted = EncryptedSession("s", backend, encryption_key="synthetic-key")
-            await encrypted.add_items(original)
-            manual = OpenAIResponsesCompactionSession(
-                "s", encrypted, client=compact_client(compact), compaction_mode="input"
-            )
-            with pytest.raises(CompactionConflict):
-                await manual.run_compaction({"force": True})
-            assert await encrypted.get_items() == original
-            assert (await backend.get_items())[-1] == newer
-            backend.close()
-            other.close()
-            return got
+        session = OpenAIResponsesCompactionSession(
+            "s",
+            backend,
+            client=compact_client(compact),
+            compaction_mode="input",
+            should_trigger_compaction=lambda _: True,
+        )
+        await Runner.run(
+            Agent(name="worker", model=ScriptedModel(steps=[[reply()]])),
+            "continue",
+            session=session,
+            run_config=RunConfig(session_settings={"limit": 1}),
+        )
+        got = await backend.get_items(limit=100)
+        assert got == [
+            *original,
+            user("continue"),
+            reply().model_dump(exclude_unset=True),
+            newer,
+        ]
+        # A manual compaction (the whole history) refuses as well, and says so.
+        manual = OpenAIResponsesCompactionSession(
+            "s", backend, client=compact_client(compact), compaction_mode="input"
+        )
+        with pytest.raises(CompactionConflict):
+            await manual.run_compaction({"force": True})
+        assert await backend.get_items() == [*got, newer]
+        # So does one through an EncryptedSession (the SDK would clear, then add).
+        await backend.clear_session()
+        encrypted = EncryptedSession("s", backend, encryption_key="synthetic-key")
+        await encrypted.add_items(original)
+        manual = OpenAIResponsesCompactionSession(
+            "s", encrypted, client=compact_client(compact), compaction_mode="input"
+        )
+        with pytest.raises(CompactionConflict):
+            await manual.run_compaction({"force": True})
+        assert await encrypted.get_items() == original
+        assert (await backend.get_items())[-1] == newer
+        backend.close()
+        other.close()
+        return got
 
     asyncio.run(go())
 

@@ -45,7 +45,7 @@ class EncryptedSession(_SdkEncryptedSession):
         underlying = self.underlying_session
         if (
             not isinstance(underlying, FleetstoreSession)
-            or type(underlying).pop_item is not FleetstoreSession.pop_item
+            or getattr(type(underlying), "pop_item", None) is not FleetstoreSession.pop_item
         ):
             # As the SDK: a subclass that overrides pop_item keeps its own pop.
             return await super().pop_item(wrapper=wrapper)

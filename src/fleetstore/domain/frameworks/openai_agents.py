@@ -289,7 +289,13 @@ def _replace_items(tx: Tx, q: Queries, a: Args) -> Result:
     # it, if *whole*), and the pruned prefix its first: else someone wrote since.
     tail = stored[len(stored) - len(expect) :] if expect else []
     head = stored[: len(prune)]
-    if tail != expect or head != prune or (whole and len(stored) != len(prune) + len(expect)):
+    overlap = len(prune) + len(expect) > len(stored)
+    if (
+        tail != expect
+        or head != prune
+        or overlap
+        or (whole and len(stored) != len(prune) + len(expect))
+    ):
         raise errors.VersionConflict(
             f"session {sid!r} changed since its items were read for compaction: nothing replaced"
         )
