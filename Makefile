@@ -9,7 +9,7 @@ AGENTS   ?= 16
 DURATION ?= 30
 THINK_MS ?= 10
 
-.PHONY: venv demo test lint typecheck unit bench clean
+.PHONY: venv demo test lint typecheck unit frameworks bench clean
 
 venv: $(STAMP)
 
@@ -23,8 +23,8 @@ demo: venv
 	$(BIN)/fleetstore stress --compare --agents $(AGENTS) --duration $(DURATION) --think-ms $(THINK_MS) --external-lock 6.5@5 --report /tmp/fleetstore-stress-report.html
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks frameworks
+	$(BIN)/ruff format --check src tests benchmarks frameworks
 	$(BIN)/lint-imports
 
 typecheck: venv
@@ -40,6 +40,13 @@ unit: venv
 	$(BIN)/pytest -n 4
 
 test: lint typecheck unit
+
+# The frameworks' own session and checkpointer tests (OpenAI Agents SDK, LangGraph),
+# from their released source packages at the versions .venv installs, against
+# fleetstore's adapters: frameworks/run.py (downloads into build/frameworks/ once;
+# the swap of the store fixture and the expected failures are in frameworks/).
+frameworks: venv
+	$(BIN)/python frameworks/run.py
 
 bench: venv
 	$(BIN)/python benchmarks/bench_engine.py

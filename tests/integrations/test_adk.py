@@ -221,6 +221,100 @@ def test_create_with_a_taken_id_and_append_to_a_deleted_session(
     run(go())
 
 
+def test_a_blank_session_id_gets_a_new_one_as_in_adks_memory_and_sqlite_services(
+    service: FleetstoreSessionService, tmp_path: Path
+) -> None:
+    """``create_session(session_id="   ")`` raised InvalidInput."""
+    from google.adk.sessions.sqlite_session_service import SqliteSessionService
+
+    async def blank(svc: Any) -> str:
+        s = await svc.create_session(app_name="app", user_id="u", session_id="   ")
+        again = await svc.get_session(app_name="app", user_id="u", session_id=s.id)
+        assert again is not None and again.id == s.id
+        return str(s.id)
+
+    for theirs in (InMemorySessionService(), SqliteSessionService(str(tmp_path / "adk-sqlite.db"))):
+        assert run(blank(theirs)).strip()  # a new id, as ours
+    first, second = run(blank(service)), run(blank(service))
+    assert first.strip() == first and first and first != second
+
+
+async def _out_of_order_events(svc: Any) -> tuple[list[str], list[str]]:
+    """Events appended with timestamps out of order (and a tie): all of them as
+    get_session returns them, and ``num_recent_events=1``."""
+    s = await svc.create_session(app_name="app", user_id="u", session_id="s")
+    t = time.time()
+    for eid, dt in (("c", 3.0), ("a", 1.0), ("b2", 2.0), ("b1", 2.0)):
+        await svc.append_event(s, Event(id=eid, author="user", invocation_id="i", timestamp=t + dt))
+    full = await svc.get_session(app_name="app", user_id="u", session_id="s")
+    last = await svc.get_session(
+        app_name="app", user_id="u", session_id="s", config=GetSessionConfig(num_recent_events=1)
+    )
+    return [e.id for e in full.events], [e.id for e in last.events]
+
+
+def test_event_order_is_append_order_or_that_of_the_service_migrated_from(
+    open_store: OpenStore, tmp_path: Path
+) -> None:
+    """Events came back in append order only: DatabaseSessionService orders them by
+    (timestamp, id), SqliteSessionService by timestamp (ties in append order), so with
+    out-of-order timestamps ``num_recent_events=1`` returned another event."""
+    from google.adk.sessions import DatabaseSessionService
+    from google.adk.sessions.sqlite_session_service import SqliteSessionService
+
+    async def database() -> tuple[list[str], list[str]]:
+        db = DatabaseSessionService(f"sqlite+aiosqlite:///{tmp_path / 'database.db'}")
+        try:
+            return await _out_of_order_events(db)
+        finally:
+            await db.close()
+
+    theirs = {
+        "append": run(_out_of_order_events(InMemorySessionService())),
+        "timestamp": run(_out_of_order_events(SqliteSessionService(str(tmp_path / "s.db")))),
+        "timestamp_id": run(database()),
+    }
+    assert theirs == {
+        "append": (["c", "a", "b2", "b1"], ["b1"]),
+        "timestamp": (["a", "b2", "b1", "c"], ["c"]),
+        "timestamp_id": (["a", "b1", "b2", "c"], ["c"]),
+    }
+    for order, expected in theirs.items():
+        store = open_store(f"order-{order}.db")
+        svc = FleetstoreSessionService(store, event_order=order)
+        try:
+            assert run(_out_of_order_events(svc)) == expected, order
+        finally:
+            run(svc.close())
+    default = FleetstoreSessionService(open_store("order-default.db"))
+    try:
+        assert run(_out_of_order_events(default)) == theirs["append"]
+    finally:
+        run(default.close())
+    with pytest.raises(errors.ConfigError, match="event_order"):
+        FleetstoreSessionService(open_store("order-bad.db"), event_order="time")
+
+
+def test_stale_session_error_has_the_wording_of_adks_database_service(
+    service: FleetstoreSessionService,
+) -> None:
+    """ADK's own tests match ``modified in storage`` (DatabaseSessionService's message)."""
+
+    async def go() -> None:
+        s = await service.create_session(app_name="app", user_id="u", session_id="s")
+        other = await service.get_session(app_name="app", user_id="u", session_id="s")
+        assert other is not None
+        await service.append_event(other, event(text="first"))
+        with pytest.raises(ValueError, match="modified in storage") as caught:
+            await service.append_event(s, event(text="stale"))
+        assert isinstance(caught.value, StaleSession)
+        by_hand = Session(id="s", app_name="app", user_id="u", last_update_time=0.0)
+        with pytest.raises(StaleSession, match="modified in storage"):
+            await service.append_event(by_hand, event(text="by hand"))
+
+    run(go())
+
+
 def test_bad_input_is_refused_with_nothing_written(service: FleetstoreSessionService) -> None:
     async def go() -> None:
         with pytest.raises(errors.InvalidInput):

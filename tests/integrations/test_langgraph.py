@@ -401,6 +401,71 @@ def test_bad_input_raises_a_typed_error_and_writes_nothing(tmp_path: Path) -> No
         assert not any((tmp_path / "bad.db.blobs").rglob("*.*"))
 
 
+# --- as LangGraph's own savers do (the frameworks' suites, docs/integrations.md) --------------
+
+
+def _empty_checkpoint(cid: str) -> Any:
+    return {
+        "v": 4,
+        "id": cid,
+        "ts": "2024-01-01T00:00:00+00:00",
+        "channel_values": {},
+        "channel_versions": {},
+        "versions_seen": {},
+        "updated_channels": None,
+    }
+
+
+def _empty_id_calls(saver: Any) -> list[Any]:
+    """put / get_tuple / list with ``checkpoint_id: ""``, as graphs built by some tools
+    pass it: what a saver returns for each."""
+    empty: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": ""}}
+    first = saver.put(empty, _empty_checkpoint("1"), {"step": 0}, {})
+    saver.put(first, _empty_checkpoint("2"), {"step": 1}, {})
+    got = saver.get_tuple(empty)
+    listed = [t.config["configurable"]["checkpoint_id"] for t in saver.list(empty)]
+    return [
+        first["configurable"]["checkpoint_id"],
+        saver.get_tuple(first).parent_config,
+        got.config["configurable"]["checkpoint_id"],
+        got.parent_config["configurable"]["checkpoint_id"],
+        listed,
+    ]
+
+
+def test_an_empty_checkpoint_id_is_no_id_as_in_sqlite_and_in_memory_savers(
+    tmp_path: Path,
+) -> None:
+    """``checkpoint_id: ""`` raised InvalidInput from get_tuple, list and put."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    expected = _empty_id_calls(InMemorySaver())
+    with SqliteSaver.from_conn_string(":memory:") as sqlite_saver:
+        assert _empty_id_calls(sqlite_saver) == expected
+    with FleetstoreSaver(tmp_path / "empty-id.db") as saver:
+        assert _empty_id_calls(saver) == expected == ["1", None, "2", "1", ["2", "1"]]
+        # As InMemorySaver (SqliteSaver lists nothing before ""): no bound.
+        empty: Any = {"configurable": {"thread_id": "t", "checkpoint_id": ""}}
+        assert [t.checkpoint["id"] for t in saver.list(None, before=empty)] == ["2", "1"]
+
+
+def test_metadata_writes_key_is_kept_as_in_sqlite_and_in_memory_savers(tmp_path: Path) -> None:
+    """The metadata key ``writes`` was dropped on put (as PostgresSaver does)."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    metadata: Any = {"source": "loop", "step": 1, "writes": {"node": {"log": ["a"]}}}
+    with SqliteSaver.from_conn_string(":memory:") as sqlite_saver:
+        sqlite_saver.put(config, _empty_checkpoint("1"), metadata, {})
+        expected = sqlite_saver.get_tuple(config).metadata
+    with FleetstoreSaver(tmp_path / "writes.db") as saver:
+        saver.put(config, _empty_checkpoint("1"), metadata, {})
+        got = saver.get_tuple(config).metadata
+        assert got == expected
+        assert got["writes"] == {"node": {"log": ["a"]}}
+        assert [t.metadata for t in saver.list(config, filter={"writes": metadata["writes"]})]
+
+
 def test_checkpoints_module_imports_without_langgraph() -> None:
     code = (
         "import sys\n"

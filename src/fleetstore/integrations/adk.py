@@ -84,9 +84,29 @@ log = logging.getLogger("fleetstore.adk")
 DEFAULT_THREADS = 4
 
 
+#: The message of ADK's DatabaseSessionService, which ADK's own tests match.
+STALE_MESSAGE = (
+    "The session has been modified in storage since it was loaded. "
+    "Please reload the session before appending more events."
+)
+
+#: How ``get_session`` orders events (``event_order=``): as fleetstore appended
+#: them (ADK's InMemorySessionService), by timestamp with ties in append order
+#: (SqliteSessionService), or by timestamp then event id (DatabaseSessionService).
+EVENT_ORDERS = ("append", "timestamp", "timestamp_id")
+_EVENT_QUERIES = {
+    "append": "adk_events",
+    "timestamp": "adk_events_by_time",
+    "timestamp_id": "adk_events_by_time_id",
+}
+
+
 class StaleSession(errors.VersionConflict, StaleSessionError):
     """The session was written by someone else since this session object was read:
     reload it with ``get_session``.  Nothing was written."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{STALE_MESSAGE} ({detail})")
 
 
 class SessionNotFound(errors.NotFound, SessionNotFoundError):
@@ -207,16 +227,24 @@ class FleetstoreSessionService(BaseSessionService):
 
     *store*: an open ``Store`` or ``AsyncStore`` (the caller closes it), or a path or
     URL as for ``fleetstore.open`` (None: ``$FLEETSTORE_URL`` or the default), which
-    the service opens with *settings* and closes in ``close()``."""
+    the service opens with *settings* and closes in ``close()``.  *event_order*:
+    how ``get_session`` orders events, one of ``EVENT_ORDERS`` (default ``append``;
+    ``timestamp`` or ``timestamp_id`` to match the service you migrate from)."""
 
     def __init__(
         self,
         store: Store | AsyncStore | str | os.PathLike[str] | None = None,
         *,
         threads: int = DEFAULT_THREADS,
+        event_order: str = "append",
         **settings: Any,
     ) -> None:
         check_threads(threads)
+        if event_order not in EVENT_ORDERS:
+            raise errors.ConfigError(
+                f"event_order must be one of {', '.join(EVENT_ORDERS)}, not {event_order!r}"
+            )
+        self.event_order = event_order
         self.store, self._owns_store = adopt_store(store, settings, "service")
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="fleetstore-adk")
         self._pending: list[_Pending] = []
@@ -326,7 +354,7 @@ class FleetstoreSessionService(BaseSessionService):
                 if recent != 0:
                     limit = -1 if recent is None else recent
                     params = {"fs_id": fs_id, "after": after, "limit": limit}
-                    found = tx.execute(q["adk_events"], params)
+                    found = tx.execute(q[_EVENT_QUERIES[self.event_order]], params)
                     events = [self._event(*r[1:]) for r in reversed(found)]
                 state = self._values(tx.execute(q["adk_session_state"], (fs_id,)))
                 view = _View(
@@ -337,6 +365,8 @@ class FleetstoreSessionService(BaseSessionService):
             if view is None:
                 return None
             if mine:  # pending events were added after the stored ones: filter again
+                if self.event_order != "append":
+                    view.events.sort(key=_EVENT_KEYS[self.event_order])
                 if after is not None:
                     view.events = [e for e in view.events if e.timestamp >= after]
                 if recent is not None:
@@ -360,7 +390,10 @@ class FleetstoreSessionService(BaseSessionService):
         state, ``temp:`` keys are dropped.  ``SessionExists`` if *session_id* is taken."""
         _check_name(app_name, "app_name")
         _check_name(user_id, "user_id")
-        sid = session_id.strip() if session_id else str(uuid.uuid4())
+        # A blank id is none: a new one is made, as ADK's in-memory and SQLite
+        # services do (DatabaseSessionService keeps it as given).
+        given = session_id.strip() if isinstance(session_id, str) else session_id
+        sid = given or str(uuid.uuid4())
         _check_name(sid, "session_id")
         if state is not None and not isinstance(state, Mapping):
             raise errors.InvalidInput(f"state must be a dict, not {type(state).__name__}")
@@ -370,7 +403,7 @@ class FleetstoreSessionService(BaseSessionService):
         }
 
         def create() -> Session:
-            if session_id and self._read_view(app_name, user_id, sid, _NO_EVENTS) is not None:
+            if given and self._read_view(app_name, user_id, sid, _NO_EVENTS) is not None:
                 raise SessionExists(f"Session with id {sid} already exists.")
             fs_id = adk_fs_id(app_name, user_id, sid)
             op_id = new_id()
@@ -640,6 +673,10 @@ class _SessionLock:
 
 
 _NO_EVENTS = GetSessionConfig(num_recent_events=0)
+_EVENT_KEYS: dict[str, Callable[[Event], Any]] = {
+    "timestamp": lambda e: e.timestamp,  # a stable sort: ties stay in append order
+    "timestamp_id": lambda e: (e.timestamp, e.id.encode("utf-8")),
+}
 
 
 def _apply(view: _View | None, p: _Pending) -> _View | None:
@@ -671,6 +708,7 @@ def _text_of(event: Event) -> str | None:
 
 __all__ = [
     "DEFAULT_THREADS",
+    "EVENT_ORDERS",
     "FleetstoreSessionService",
     "SessionExists",
     "SessionNotFound",

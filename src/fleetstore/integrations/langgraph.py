@@ -57,8 +57,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    get_checkpoint_id,
-    get_serializable_checkpoint_metadata,
+    get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
@@ -119,7 +118,7 @@ class FleetstoreSaver(BaseCheckpointSaver[str]):
         """The checkpoint ``config`` names (its ``checkpoint_id``, else the newest
         of the thread's namespace), with its pending writes; None if none."""
         thread, ns = _thread(config), _ns(config)
-        stored = self.checkpoints.get(thread, ns, get_checkpoint_id(config))
+        stored = self.checkpoints.get(thread, ns, _checkpoint_id(config))
         return None if stored is None else self._tuple(stored)
 
     def list(
@@ -138,8 +137,8 @@ class FleetstoreSaver(BaseCheckpointSaver[str]):
         stored = self.checkpoints.list(
             _thread(config) if config is not None else None,
             checkpoint_ns=conf.get("checkpoint_ns"),
-            checkpoint_id=conf.get("checkpoint_id"),
-            before=get_checkpoint_id(before) if before is not None else None,
+            checkpoint_id=_checkpoint_id(config) if config is not None else None,
+            before=_checkpoint_id(before) if before is not None else None,
             filter=filter,
             limit=limit,
         )
@@ -170,9 +169,11 @@ class FleetstoreSaver(BaseCheckpointSaver[str]):
             thread,
             ns,
             checkpoint["id"],
-            parent_id=get_checkpoint_id(config),
+            parent_id=_checkpoint_id(config),
             body=self.serde.dumps_typed(body),
-            metadata=get_serializable_checkpoint_metadata(config, metadata),
+            # Every key the caller gave, "writes" included, as SqliteSaver and
+            # InMemorySaver keep it (get_serializable_checkpoint_metadata drops it).
+            metadata=get_checkpoint_metadata(config, metadata),
             channel_versions=checkpoint["channel_versions"],
             values=changed,
         )
@@ -194,7 +195,7 @@ class FleetstoreSaver(BaseCheckpointSaver[str]):
         """Store a task's writes against ``config``'s checkpoint.  Special channels
         (error, interrupt, ...) take their fixed negative index and replace an
         earlier one; other writes are kept once per (task, index)."""
-        checkpoint_id = get_checkpoint_id(config)
+        checkpoint_id = _checkpoint_id(config)
         if checkpoint_id is None:
             raise errors.InvalidInput("put_writes: the config names no checkpoint_id")
         self.checkpoints.put_writes(
@@ -395,6 +396,13 @@ def _thread(config: RunnableConfig) -> str:
             '{"configurable": {"thread_id": ...}} to invoke/stream/get_state'
         )
     return _thread_text(conf["thread_id"])
+
+
+def _checkpoint_id(config: RunnableConfig) -> str | None:
+    """The config's ``checkpoint_id``; an empty one is none, as InMemorySaver and
+    SqliteSaver take it (graphs built by some tools pass ``""``)."""
+    cid = (config.get("configurable") or {}).get("checkpoint_id")
+    return None if cid == "" else cid
 
 
 def _ns(config: RunnableConfig) -> str:

@@ -22,6 +22,10 @@ Operations (``agt_*``), each one transaction, logged so a retry applies once:
 * ``agt_pop_item``: delete the last item if it is still the one the caller
   read (``VersionConflict`` otherwise: the caller reads again).  Never spooled.
 * ``agt_clear_session``: delete every item, keeping the session.  May be spooled.
+* ``agt_replace_items``: the SDK's compaction: delete the items the compaction
+  read (and an expired prefix the caller names) and append its output, if the
+  session still ends with exactly those items (``VersionConflict`` otherwise:
+  an item appended meanwhile is never lost).  Never spooled.
 
 Reading your own spooled writes: while an ``agt_add_items`` or
 ``agt_clear_session`` of this process waits in its spool, ``get_items`` returns
@@ -41,13 +45,21 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
-from fleetstore.core.validate import ROLES_MAX, arg_id, arg_time, check_text, dump_json
+from fleetstore.core.validate import (
+    ROLES_MAX,
+    arg_id,
+    arg_time,
+    check_bool,
+    check_id,
+    check_text,
+    dump_json,
+)
 from fleetstore.domain.codec import encode_parts
 from fleetstore.domain.history import LISTING_SYNC_WAIT, messages_from_rows
 from fleetstore.domain.history_ops import append_message, create_session
@@ -255,6 +267,51 @@ def _clear_session(tx: Tx, q: Queries, a: Args) -> Result:
     return {"cleared": True}
 
 
+def _id_list(a: Args, name: str) -> list[str]:
+    value = a.get(name, [])
+    if not isinstance(value, list):
+        raise errors.InvalidInput(f"{name} must be a list of message ids")
+    return [check_id(v, f"{name}[{i}]") for i, v in enumerate(value)]
+
+
+@OPERATIONS.declare("agt_replace_items", scope=Scope.SESSION, creates="session_id")
+def _replace_items(tx: Tx, q: Queries, a: Args) -> Result:
+    sid = arg_id(a, "session_id")
+    agents_sid = check_session_id(a.get("agents_session_id"))
+    expect, prune = _id_list(a, "expect"), _id_list(a, "prune")
+    whole = check_bool(a.get("whole"), "whole")
+    now = arg_time(a, "now")
+    messages = a.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise errors.InvalidInput("messages must be a list of objects")
+    stored = [str(r[0]) for r in tx.execute(q["agt_message_ids"], (sid,))]
+    # The items the compaction read must still be the session's last ones (all of
+    # it, if *whole*), and the pruned prefix its first: else someone wrote since.
+    tail = stored[len(stored) - len(expect) :] if expect else []
+    head = stored[: len(prune)]
+    overlap = len(prune) + len(expect) > len(stored)
+    if (
+        tail != expect
+        or head != prune
+        or overlap
+        or (whole and len(stored) != len(prune) + len(expect))
+    ):
+        raise errors.VersionConflict(
+            f"session {sid!r} changed since its items were read for compaction: nothing replaced"
+        )
+    if not tx.execute(q["session_exists"], (sid,)):
+        if not messages:
+            return {"session_id": sid, "removed": 0, "added": 0}
+        create = {"id": sid, "metadata": {META_KEY: {"session_id": agents_sid}}}
+        create_session(tx, q, {**create, "created_at": now, "now": now})
+    for mid in (*prune, *expect):
+        tx.execute(q["agt_message_delete"], (mid,))
+    for m in messages:
+        append_message(tx, q, {**m, "session_id": sid, "now": now})
+    tx.execute(q["session_touch"], (now, sid))
+    return {"session_id": sid, "removed": len(prune) + len(expect), "added": len(messages)}
+
+
 # -- the API ---------------------------------------------------------------------------------
 
 
@@ -324,14 +381,20 @@ def add_items(
     return result
 
 
-def get_items(store: StorePort, session_id: str, limit: int | None = None) -> list[Item]:
+def get_items(
+    store: StorePort,
+    session_id: str,
+    limit: int | None = None,
+    *,
+    _also: Callable[[Tx], Any] | None = None,
+) -> list[Item]:
     """The session's items in order; with *limit* > 0 the last *limit* of them
     (still oldest first), 0 none, negative all (as the SDK's ``SQLiteSession``).
     Includes this process's writes still in its spool.  An unknown session has none."""
     sid = session_key(session_id)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
         raise errors.InvalidInput(f"limit must be an integer or None, not {limit!r}")
-    if limit == 0:
+    if limit == 0 and _also is None:
         return []
     last = limit if limit is not None and limit > 0 else None
     q = store.queries
@@ -345,8 +408,13 @@ def get_items(store: StorePort, session_id: str, limit: int | None = None) -> li
             rows = tx.execute(q["message_list_last"], {"session_id": sid, "limit": last})
             rows.reverse()
         waiting = [p for p in pending if not tx.execute(q["op_applied"], (p.op_id,))]
+        if _also is not None:
+            _also(tx)
         return messages_from_rows(store, tx, rows), waiting
 
+    if limit == 0:
+        store.read(run, session_id=sid)
+        return []
     messages, waiting = store.read(run, session_id=sid)
     items = [message_item(m) for m in messages]
     for p in waiting:
@@ -369,11 +437,19 @@ def wait_for_spool(store: StorePort, timeout: float | None) -> None:
         )
 
 
-def pop_item(store: StorePort, session_id: str, *, read_wait: float | None = None) -> Item | None:
+def pop_item(
+    store: StorePort,
+    session_id: str,
+    *,
+    read_wait: float | None = None,
+    validate: Callable[[Item], None] | None = None,
+) -> Item | None:
     """Remove the session's last item and return it (None if it has none).  A
     conditional write, so never spooled: it first waits up to *read_wait* for this
     process's spooled writes to land (``SpoolPending`` if they do not), and past
-    the write budget raises ``StoreBusy``; either way nothing is removed."""
+    the write budget raises ``StoreBusy``; either way nothing is removed.
+    *validate(item)* runs before the removal: if it raises, nothing is removed (the
+    SDK's ``EncryptedSession`` authenticates there)."""
     sid = session_key(session_id)
     wait_for_spool(store, read_wait)
     q = store.queries
@@ -387,6 +463,8 @@ def pop_item(store: StorePort, session_id: str, *, read_wait: float | None = Non
         if not found:
             return None
         item = message_item(found[0])
+        if validate is not None:
+            validate(copy.deepcopy(item))
         args = {"session_id": sid, "message_id": found[0].id, "now": time.time()}
         try:
             store.submit(Operation("agt_pop_item", args, new_id()), spool=False)
@@ -406,6 +484,136 @@ def clear_items(store: StorePort, session_id: str) -> dict[str, Any] | None:
     result = store.submit(op)
     if result is None:
         _remember(store, sid, _Pending(op.op_id, None))
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class StoredItem:
+    """An item as stored: its message's id and seq, and the item (None if the
+    message does not hold one that parses)."""
+
+    id: str
+    seq: int
+    item: Item | None
+
+
+def _stored_items(store: StorePort, tx: Tx, rows: builtins.list[Any]) -> builtins.list[StoredItem]:
+    out = []
+    for m in messages_from_rows(store, tx, rows):
+        try:
+            item: Item | None = message_item(m)
+        except errors.CorruptStore:
+            item = None
+        out.append(StoredItem(m.id, int(m.seq or 0), item))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The last items of a session as stored, for the SDK's compaction: *complete*
+    if there are none before them; *pending* if this process's spool holds writes
+    of the session (not among them: such a snapshot must not be replaced)."""
+
+    items: tuple[StoredItem, ...]
+    complete: bool
+    pending: bool
+
+
+def snapshot(store: StorePort, session_id: str, limit: int) -> Snapshot:
+    """The last *limit* stored items of the session, oldest first, in one read."""
+    sid = session_key(session_id)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise errors.InvalidInput(f"limit must be a positive integer, not {limit!r}")
+    q = store.queries
+    pending = _pending_of(store, sid)
+
+    def run(tx: Tx) -> Snapshot:
+        rows = tx.execute(q["message_list_last"], {"session_id": sid, "limit": limit})
+        rows.reverse()
+        items = _stored_items(store, tx, rows)
+        first = tx.execute(q["message_list"], {"session_id": sid, "after": 0, "limit": 1})
+        complete = not items or not first or str(first[0][0]) == items[0].id
+        waiting = any(not tx.execute(q["op_applied"], (p.op_id,)) for p in pending)
+        return Snapshot(tuple(items), complete, waiting or bool(store.spool_pending(sid)))
+
+    return store.read(run, session_id=sid)
+
+
+def items_before(
+    store: StorePort, session_id: str, before: int, after: int = 0, limit: int = 100
+) -> builtins.list[StoredItem]:
+    """Stored items with *after* < seq < *before*, oldest first, at most *limit*."""
+    sid = session_key(session_id)
+    q = store.queries
+
+    def run(tx: Tx) -> builtins.list[StoredItem]:
+        params = {"session_id": sid, "after": after, "limit": limit}
+        return [s for s in _stored_items(store, tx, tx.execute(q["message_list"], params))]
+
+    return [s for s in store.read(run, session_id=sid) if s.seq < before]
+
+
+def compaction_read(
+    store: StorePort, session_id: str, limit: int | None
+) -> tuple[builtins.list[Item], tuple[str, ...] | None]:
+    """``get_items(limit)`` and, read in the same transaction, the ids of every
+    stored message of the session: what a later ``replace_items(whole=True)`` may
+    replace.  None instead of the ids if this process's spool holds writes of the
+    session (they are among the items, not yet stored)."""
+    sid = session_key(session_id)
+    q = store.queries
+    ids: builtins.list[tuple[str, ...]] = []
+
+    def run(tx: Tx) -> Any:
+        ids.append(tuple(str(r[0]) for r in tx.execute(q["agt_message_ids"], (sid,))))
+        return tx
+
+    items = get_items(store, session_id, limit, _also=run)
+    basis = None if store.spool_pending(sid) or _pending_of(store, sid) else ids[-1]
+    return items, basis
+
+
+def replace_items(
+    store: StorePort,
+    session_id: str,
+    items: Sequence[Mapping[str, Any]],
+    *,
+    expect: Sequence[str],
+    whole: bool,
+    prune: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The compaction's replacement, one operation in one transaction, never
+    spooled: remove the messages *expect* (the session's last; all of them if
+    *whole*) and *prune* (its first), append *items* after what stays.
+    ``VersionConflict`` (nothing changed) if the session holds other messages there
+    now; ``StoreBusy`` past the write budget."""
+    sid = session_key(session_id)
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
+        raise errors.InvalidInput(f"items must be a list of dicts, not {type(items).__name__}")
+    encoded = [encode_item(item, i) for i, item in enumerate(items)]
+    parts = [encode_parts(store, [Text(e.text)]) for e in encoded]
+    now = time.time()
+    messages = [
+        {
+            "id": new_id(),
+            "role": e.role,
+            "metadata": e.metadata,
+            "parts": parts[i],
+            "created_at": now,
+        }
+        for i, e in enumerate(encoded)
+    ]
+    args = {
+        "session_id": sid,
+        "agents_session_id": session_id,
+        "expect": list(expect),
+        "prune": list(prune),
+        "whole": whole,
+        "messages": messages,
+        "now": now,
+    }
+    result = store.submit(Operation("agt_replace_items", args, new_id()), spool=False)
+    assert result is not None  # never spooled
     return result
 
 
@@ -484,15 +692,21 @@ __all__ = [
     "AgentSession",
     "EncodedItem",
     "SessionPage",
+    "Snapshot",
+    "StoredItem",
     "add_items",
     "check_session_id",
     "clear_items",
+    "compaction_read",
     "encode_item",
     "get_items",
+    "items_before",
     "list_sessions",
     "message_item",
     "pop_item",
+    "replace_items",
     "session_key",
+    "snapshot",
     "stored_message_ids",
     "wait_for_spool",
 ]

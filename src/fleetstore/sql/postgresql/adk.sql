@@ -45,6 +45,26 @@ WHERE m.session_id = :fs_id
 ORDER BY m.seq DESC
 LIMIT nullif(greatest(:limit, -1), -1)
 
+-- adk_events_by_time: adk_events newest timestamp first, ties newest append first
+-- (ADK's SqliteSessionService order; the event's timestamp is the message's created_at)
+SELECT m.seq, p.enc, p.body, p.blob_sha, p.size
+FROM messages m JOIN parts p ON p.message_id = m.id AND p.seq = 0
+WHERE m.session_id = :fs_id
+  AND (m.metadata::json ->> 'adk_event_id') IS NOT NULL
+  AND (:after IS NULL OR m.created_at >= :after)
+ORDER BY m.created_at DESC, m.seq DESC
+LIMIT nullif(greatest(:limit, -1), -1)
+
+-- adk_events_by_time_id: adk_events newest timestamp first, ties by event id, greatest
+-- first (ADK's DatabaseSessionService order)
+SELECT m.seq, p.enc, p.body, p.blob_sha, p.size
+FROM messages m JOIN parts p ON p.message_id = m.id AND p.seq = 0
+WHERE m.session_id = :fs_id
+  AND (m.metadata::json ->> 'adk_event_id') IS NOT NULL
+  AND (:after IS NULL OR m.created_at >= :after)
+ORDER BY m.created_at DESC, (m.metadata::json ->> 'adk_event_id') COLLATE "C" DESC
+LIMIT nullif(greatest(:limit, -1), -1)
+
 -- adk_session_state: a session's own state values (namespace 'adk')
 SELECT key, enc, value, blob_sha, size FROM state WHERE session_id = ? AND namespace = 'adk'
 
