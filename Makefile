@@ -41,6 +41,12 @@ unit: venv
 
 test: lint typecheck unit
 
+# The fast subset for iterating (a few minutes): everything but the slow fleet tests.
+fast: venv
+	$(BIN)/pytest -n 4 -m "not slow"
+
+check: lint typecheck fast
+
 # The frameworks' own session and checkpointer tests (OpenAI Agents SDK, LangGraph),
 # from their released source packages at the versions .venv installs, against
 # fleetstore's adapters: frameworks/run.py (downloads into build/frameworks/ once;
