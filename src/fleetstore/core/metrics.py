@@ -108,6 +108,7 @@ class WriteMetrics:
         "begin_busy_retries",  # BEGIN IMMEDIATE met an outside holder and was retried
         "gate_contended",  # the gate was not free at the first try
         "checkpoints",  # checkpoints run after commit
+        "checkpoint_errors",  # checkpoints put off: what they would make durable could not be
         "discarded_connections",  # connections thrown away after a failed rollback
         # PostgreSQL: a write transaction started over (always 0 on SQLite)
         "serialization_retries",  # SQLSTATE 40001

@@ -12,6 +12,7 @@ Identical payloads share one file.  Reads verify the hash.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import re
@@ -57,16 +58,23 @@ def check_sha(sha256: object) -> str:
 class BlobStore:
     """The blob files of one store (``<database>.blobs/``)."""
 
-    def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], max_bytes: int, *, durable: bool = True
+    ) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
+        #: fsync each file and its directory before ``put`` returns (``synchronous`` FULL
+        #: or EXTRA).  Else (NORMAL) they are made durable by ``sync()``, which the
+        #: database runs before every checkpoint: under NORMAL no commit is durable
+        #: before a checkpoint either (docs/design.md, "Blobs: durable at the barrier").
+        self.durable = durable
 
     def path(self, sha256: str) -> Path:
         sha = check_sha(sha256)
         return self.directory / sha[:2] / sha
 
     def put(self, data: bytes) -> BlobRef:
-        """Store *data* durably (fsynced) and return its reference.  A payload
+        """Store *data* (durably at once, if ``durable``) and return its reference.  A payload
         already stored is not written again if its file verifies; a damaged file
         is replaced, so writing the same payload repairs it."""
         if len(data) > self.max_bytes:
@@ -101,7 +109,8 @@ class BlobStore:
             view = memoryview(packed)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if self.durable:
+                os.fsync(fd)
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -110,8 +119,18 @@ class BlobStore:
         os.close(fd)
         # Two processes storing the same payload both rename: either file is right.
         os.replace(tmp, target)
-        fsync_dir(target.parent)
+        if self.durable:
+            fsync_dir(target.parent)
         return BlobRef(sha, len(data), len(packed))
+
+    def sync(self) -> None:
+        """Make every blob file written so far durable, whoever wrote it: one
+        ``syncfs`` of the blob directory's file system (the database runs it before a
+        checkpoint makes durable the rows that refer to them).  Nothing to do when
+        each ``put`` is durable already."""
+        if self.durable or not self.directory.is_dir():
+            return
+        syncfs(self.directory)
 
     def get(self, sha256: str, size: int | None = None) -> bytes:
         """The payload, verified against its hash (``BlobCorrupt`` if missing or damaged)."""
@@ -300,6 +319,34 @@ def _unpack(packed: bytes, limit: int, what: str) -> bytes:
         raise errors.BlobCorrupt(f"{what}: {exc}") from exc
 
 
+def _load_syncfs() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_syncfs = _load_syncfs()
+
+
+def syncfs(path: Path) -> None:
+    """Write back every dirty page of the file system *path* is on (``syncfs(2)``;
+    ``sync()`` where there is none)."""
+    if _syncfs is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(path))
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: Path) -> None:
     """fsync a directory, so a file created or renamed in it survives a power loss."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -316,5 +363,6 @@ __all__ = [
     "BlobStore",
     "DbBlobStore",
     "check_sha",
+    "syncfs",
     "fsync_dir",
 ]

@@ -15,7 +15,7 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,10 @@ class ShardSet:
         settings: dict[str, Any],
         max_open: int = 64,
         serve: tuple[str, Applier] | None = None,
+        before_checkpoint: Callable[[], None] | None = None,
     ) -> None:
         self.root = root
+        self._before_checkpoint = before_checkpoint
         #: Group commit in every file (``Database.serve``): the tag and the applier.
         self._serve = serve
         self.migrations = list(migrations)
@@ -58,6 +60,8 @@ class ShardSet:
         self._share(self.catalog)
         if serve is not None:
             self.catalog.serve(*serve)
+        if before_checkpoint is not None:
+            self.catalog.before_checkpoint(before_checkpoint)
         self._lock = threading.Lock()
         self._open: collections.OrderedDict[str, Database] = collections.OrderedDict()
         self._users: collections.Counter[str] = collections.Counter()
@@ -111,6 +115,8 @@ class ShardSet:
         self._share(fresh)
         if self._serve is not None:
             fresh.serve(*self._serve)
+        if self._before_checkpoint is not None:
+            fresh.before_checkpoint(self._before_checkpoint)
         evicted: list[Database] = []
         with self._lock:
             db = self._open.get(key)

@@ -34,7 +34,9 @@ from fleetstore.engine.base import (
     check_not_newer,
     ordered_migrations,
 )
+from fleetstore.engine.checkpoints import Checkpointer
 from fleetstore.engine.combine import Combiner
+from fleetstore.engine.forkguard import ForkGuard
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.proclocks import lock_holders
 
@@ -150,70 +152,7 @@ class ReadTx(_Tx):
     __slots__ = ()
 
 
-class _ForkGuard:
-    """Threads count themselves in while they run SQLite code; ``os.fork`` waits
-    (in a before-fork hook) until no *other* thread is inside.
-
-    A child inherits every connection, and one that another parent thread was
-    using at the instant of the fork may be inside SQLite, holding its mutex: the
-    child could neither close it (deadlock) nor keep it (its in-process lock state
-    makes the child's own connections take no real lock, and the child's writes
-    were lost: tests/store/test_spool.py::test_forked_child_neither_writes_nor_keeps_the_parents_journal).
-    With this guard no connection is ever inside SQLite at a fork, so the child
-    closes them all.  Waiting for the gate or between BEGIN attempts does not count.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._inside = 0
-        self._forking = 0  # the thread ident that is forking
-        self._depth = threading.local()
-
-    def enter(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            while self._forking and self._forking != me:
-                self._cond.wait()
-            self._inside += 1
-        self._depth.n = getattr(self._depth, "n", 0) + 1
-
-    def exit(self) -> None:
-        self._depth.n -= 1
-        with self._cond:
-            self._inside -= 1
-            if self._forking:
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def inside(self) -> Iterator[None]:
-        self.enter()
-        try:
-            yield
-        finally:
-            self.exit()
-
-    def before_fork(self) -> None:
-        mine = getattr(self._depth, "n", 0)
-        with self._cond:
-            while self._forking:  # another thread is forking: let it finish first
-                self._cond.wait()
-            self._forking = threading.get_ident()
-            while self._inside > mine:
-                self._cond.wait()
-
-    def after_fork_in_parent(self) -> None:
-        with self._cond:
-            self._forking = 0
-            self._cond.notify_all()
-
-    def after_fork_in_child(self) -> None:
-        # Only the forking thread exists here; its own count carries over.
-        self._cond = threading.Condition(threading.Lock())
-        self._inside = getattr(self._depth, "n", 0)
-        self._forking = 0
-
-
-_guard = _ForkGuard()
+_guard = ForkGuard()
 _live: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
@@ -229,60 +168,6 @@ os.register_at_fork(
     after_in_parent=_guard.after_fork_in_parent,
     after_in_child=_after_fork_in_child,
 )
-
-
-class _Checkpointer:
-    """Runs a database's passive checkpoints off the writers' path: ``request()``
-    returns at once; one daemon thread, started on first use, checkpoints while it is
-    asked to and exits after a quiet second.  A forked child starts its own."""
-
-    _IDLE = 1.0
-
-    def __init__(self, db: Database) -> None:
-        self._db = weakref.ref(db)
-        self._cond = threading.Condition()
-        self._wanted = False
-        self._running = False
-        self._stopped = False
-
-    def request(self) -> None:
-        with self._cond:
-            if self._stopped:
-                return
-            self._wanted = True
-            if self._running:
-                self._cond.notify()
-                return
-            self._running = True
-        threading.Thread(target=self._loop, name="fleetstore-checkpoint", daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                if not self._wanted and not self._stopped:
-                    self._cond.wait(self._IDLE)
-                if not self._wanted or self._stopped:
-                    self._running = False
-                    self._cond.notify_all()
-                    return
-                self._wanted = False
-            db = self._db()
-            if db is None:
-                return
-            try:
-                db.checkpoint(wait=False)
-            except errors.FleetstoreError:
-                pass  # a closed or failing store: the next commit past the line asks again
-            del db
-
-    def stop(self) -> None:
-        """No more checkpoints; wait (briefly) for one under way."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-            deadline = time.monotonic() + 5.0
-            while self._running and time.monotonic() < deadline:
-                self._cond.wait(0.1)
 
 
 class Database:
@@ -320,6 +205,9 @@ class Database:
         #: the tag that says which code they must have been made by (``serve``).
         self._applier: Applier | None = None
         self._tag = ""
+        #: Run before every checkpoint: what the rows about to become durable refer to
+        #: must be durable first (the store's blob files under synchronous=NORMAL).
+        self._before_checkpoint: Callable[[], None] | None = None
         self._reset_process_state()
         _live.add(self)
 
@@ -337,7 +225,7 @@ class Database:
         # Checkpoints run in a thread of their own: a passive checkpoint fsyncs the WAL
         # and the database (8-12 ms measured), which the writer whose commit crossed
         # the line used to wait out before its write returned.
-        self._checkpoints = _Checkpointer(self)
+        self._checkpoints = Checkpointer(self)
         self._combiner = Combiner(self, self._applier, self._tag, self.settings.write_budget)
 
     # -- opening ---------------------------------------------------------------------------
@@ -572,6 +460,14 @@ class Database:
         self._metrics.record_write(acquired - started, committed - acquired)
         self._maybe_checkpoint()
 
+    def before_checkpoint(self, fn: Callable[[], None]) -> None:
+        """Call *fn* before every checkpoint of this database (a checkpoint makes
+        durable whatever the WAL's frames say; *fn* makes durable what they refer to).
+        If *fn* raises, that checkpoint does not run."""
+        if not callable(fn):
+            raise errors.InvalidInput(f"fn must be callable, not {type(fn).__name__}")
+        self._before_checkpoint = fn
+
     # -- group commit ----------------------------------------------------------------------
 
     def serve(self, tag: str, applier: Applier) -> None:
@@ -773,6 +669,16 @@ class Database:
                 with _guard.inside():
                     self._checkpointer = self._connect("checkpointer")
             conn = self._checkpointer
+            if self._before_checkpoint is not None:
+                try:
+                    self._before_checkpoint()
+                except OSError as exc:
+                    # The WAL keeps the frames; the next checkpoint tries again.
+                    self._metrics.count("checkpoint_errors")
+                    raise errors.DatabaseError(
+                        f"{self.path}: checkpoint put off: what it would make durable "
+                        f"refers to files that could not be synced: {exc}"
+                    ) from exc
             with _guard.inside():
                 try:
                     log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from fleetstore import sql
+from fleetstore.core.settings import Settings
 from fleetstore.core.version import __version__
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
@@ -71,6 +72,13 @@ def op_applier(queries: Mapping[str, str]) -> Applier:
         return json.dumps(result, separators=(",", ":"), default=str).encode("utf-8")
 
     return apply
+
+
+def blobs_durable(settings: Settings) -> bool:
+    """Whether a blob file must be durable before the transaction that refers to it:
+    under ``synchronous=NORMAL`` (or OFF) no commit is durable before a checkpoint, so
+    the files are synced before each checkpoint instead (``BlobStore.sync``)."""
+    return settings.synchronous.upper() in ("FULL", "EXTRA")
 
 
 def migrations(dialect: str = "sqlite") -> list[Migration]:
@@ -169,4 +177,12 @@ class OneDatabase:
         self.db.close()
 
 
-__all__ = ["OPS_TAG", "Backend", "OneDatabase", "OpItem", "migrations", "op_applier"]
+__all__ = [
+    "OPS_TAG",
+    "Backend",
+    "OneDatabase",
+    "OpItem",
+    "blobs_durable",
+    "migrations",
+    "op_applier",
+]

@@ -46,7 +46,7 @@ from typing import Any, TypeVar, cast
 
 from fleetstore import errors
 from fleetstore.core.settings import Settings
-from fleetstore.core.targets import sharded_url
+from fleetstore.core.targets import CATALOG, sharded_url
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Scope, check_effects, earlier_result
@@ -54,7 +54,7 @@ from fleetstore.domain.outbox import enqueue_effect
 from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.sharded import ShardSet, shard_key
 from fleetstore.engine.sqlite import Database
-from fleetstore.store.backend import OPS_TAG, OpItem, migrations, op_applier
+from fleetstore.store.backend import OPS_TAG, OpItem, blobs_durable, migrations, op_applier
 from fleetstore.store.spool import decode_line, encode_line, is_rejectable
 
 T = TypeVar("T")
@@ -107,7 +107,9 @@ class Router:
         # One blob directory for every file: a fork shares its tree's blobs, and a
         # blob's file outlives any one shard (maintain collects it store-wide).
         self.blobs: BlobStore | DbBlobStore = BlobStore(
-            str(self.path) + ".blobs", settings.max_payload_bytes
+            str(self.path) + ".blobs",
+            settings.max_payload_bytes,
+            durable=blobs_durable(settings),
         )
         self.q = queries
         self._homes: collections.OrderedDict[str, str | None] = collections.OrderedDict()
@@ -635,12 +637,18 @@ def _parents_first(rows: list[Any]) -> list[Any]:
 def open_sharded(directory: Path, settings: Settings, queries: Mapping[str, str]) -> Router:
     """Open (creating if needed) the sharded store in *directory*: its catalog now,
     each shard file on first use."""
+    blobs = BlobStore(
+        str(directory / CATALOG) + ".blobs",
+        settings.max_payload_bytes,
+        durable=blobs_durable(settings),
+    )
     shards = ShardSet(
         directory,
         migrations(),
         dataclasses.asdict(settings),
         settings.max_open_shards,
         serve=(OPS_TAG, op_applier(queries)),
+        before_checkpoint=None if blobs.durable else blobs.sync,
     )
     try:
         return Router(shards, queries, settings)

@@ -11,7 +11,14 @@ from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobStore
 from fleetstore.domain.operations import Operation, Result
 from fleetstore.engine.sqlite import Database
-from fleetstore.store.backend import OPS_TAG, OneDatabase, OpItem, migrations, op_applier
+from fleetstore.store.backend import (
+    OPS_TAG,
+    OneDatabase,
+    OpItem,
+    blobs_durable,
+    migrations,
+    op_applier,
+)
 
 
 class FileBackend(OneDatabase):
@@ -22,7 +29,11 @@ class FileBackend(OneDatabase):
     def __init__(self, db: Database, queries: Mapping[str, str], settings: Settings) -> None:
         super().__init__(db, queries, Path(db.path))
         self._file = db
-        self.blobs = BlobStore(str(self.path) + ".blobs", settings.max_payload_bytes)
+        self.blobs = BlobStore(
+            str(self.path) + ".blobs", settings.max_payload_bytes, durable=blobs_durable(settings)
+        )
+        if not self.blobs.durable:
+            db.before_checkpoint(self.blobs.sync)
         # Group commit: this process applies other processes' operations while it holds
         # the gate, and they apply its own (engine/combine.py).
         db.serve(OPS_TAG, op_applier(queries))
