@@ -1233,18 +1233,25 @@ def _failed(rows: list[dict[str, Any]]) -> str:
     return "; ".join(parts) or "0"
 
 
-def _noise(rows: list[dict[str, Any]]) -> str:
+def _noise(rows: list[dict[str, Any]], seconds: float) -> str:
+    """The spread of turns/s between the rounds of a cell (cells of >= 100 turns in
+    every round: zcode's near-zero counts would say nothing)."""
     spreads = []
     for r in rows:
         v = r.get("turns_per_s_rounds") or []
-        if len(v) >= 2 and _mean(v) > 0:
-            spreads.append((max(v) - min(v)) / _mean(v))
+        if len(v) >= 2 and min(v) * seconds >= 100:
+            spreads.append(((max(v) - min(v)) / _mean(v), r))
     if not spreads:
-        return "one round: no repeat to judge it by"
-    spreads.sort()
+        return "one round (or too few turns): no repeat to judge it by"
+    spreads.sort(key=lambda x: x[0])
+    worst, w = spreads[-1]
+    fs = sorted(x for x, r in spreads if r["target"] == "fleetstore")
     return (
-        f"between rounds of the same cell, turns/s differed by a median "
-        f"{100 * spreads[len(spreads) // 2]:.0f} % (max {100 * spreads[-1]:.0f} %)"
+        f"between the rounds of a cell, turns/s differed by a median "
+        f"{100 * spreads[len(spreads) // 2][0]:.0f} % (fleetstore's cells: "
+        + (f"{100 * fs[len(fs) // 2]:.0f} %" if fs else "-")
+        + f"; worst {100 * worst:.0f} %, {w['target']} {w['sync']} think {w['think_ms']:g} "
+        f"ms, {w['agents']} agents)"
     )
 
 
@@ -1264,7 +1271,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{run['seed']}, tool outputs log-normal around {run['output_bytes']} B "
         f"(large_rate {run['large_rate']:g}); think and tool time exponential with the "
         "cell's mean (so N agents offer at most N / (2 x think) turns/s). Noise: "
-        f"{_noise(rows)}.",
+        f"{_noise(rows, run['seconds'])}.",
     ]
     if tpl:
         lines += [
