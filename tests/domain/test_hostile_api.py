@@ -691,6 +691,13 @@ METHODS: list[Method] = [
         mirrored=False,
     ),
     Method(
+        "before_checkpoint",
+        lambda w: {"fn": lambda: None},
+        {"fn": h.CALLABLE},
+        root="db",
+        mirrored=False,
+    ),
+    Method(
         "notify_wait",
         lambda w: {"channel": "c", "timeout": 0.0},
         {"channel": h.nonempty(63, optional=False), "timeout": h.TIMEOUT},

@@ -46,7 +46,8 @@ def new_id() -> str:
     value = (ms & 0xFFFFFFFFFFFF) << 80
     value |= 0x7 << 76 | counter << 64
     value |= 0b10 << 62 | int.from_bytes(os.urandom(8), "big") >> 2
-    return str(uuid.UUID(int=value))
+    h = f"{value:032x}"  # uuid.UUID(int=...) and str() of it: 3x the time
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def derived_id(namespace: str, *names: str) -> str:

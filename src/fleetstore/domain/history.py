@@ -9,6 +9,7 @@ chunks; a part is never rewritten whole.
 from __future__ import annotations
 
 import builtins
+import collections
 import json
 import threading
 import time
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
 #: Seconds a listing waits for this process's recent writes to reach a sharded
 #: store's catalog index (its background refresh); past it, it lists what is there.
 LISTING_SYNC_WAIT = 0.5
+#: How many sessions ``Messages`` remembers this process wrote to.
+_KNOWN_SESSIONS = 4096
 
 
 def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -363,6 +366,19 @@ class Messages:
 
     def __init__(self, store: StorePort) -> None:
         self._store = store
+        #: Sessions this process wrote to lately: a stream into one of them does not
+        #: read first whether it exists (a read a turn, measured).  Another process may
+        #: delete one meanwhile: the stream's first write then raises NotFound.
+        self._known: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._known_lock = threading.Lock()
+
+    def _seen(self, session_id: str) -> None:
+        with self._known_lock:
+            known = self._known
+            known[session_id] = None
+            known.move_to_end(session_id)
+            if len(known) > _KNOWN_SESSIONS:
+                known.popitem(last=False)
 
     def append(
         self,
@@ -409,6 +425,8 @@ class Messages:
         if effect_list:
             args["effects"] = effect_list
         result = self._store.submit(Operation("append_message", args, new_id()))
+        if result is not None:
+            self._seen(session_id)
         if result is None or result.get("duplicate"):
             if result is not None:
                 return self.get(mid)
@@ -447,7 +465,7 @@ class Messages:
 
         The message is ``streaming`` while the block runs, ``complete`` after it,
         ``error`` if it raised (the exception propagates)."""
-        return Stream(self._store, session_id, role, model, metadata, id)
+        return Stream(self._store, session_id, role, model, metadata, id, known=self)
 
     def get(self, message_id: str) -> Message:
         """One message with its parts (``NotFound`` if there is none)."""
@@ -536,8 +554,10 @@ class Stream:
         model: str | None,
         metadata: Mapping[str, Any] | None,
         id: str | None,
+        known: Messages | None = None,
     ) -> None:
         self._store = store
+        self._messages = known
         self.session_id = check_id(session_id, "session_id")
         self.id = new_id() if id is None else check_id(id, "id")
         check_str(role, "role", limit=ROLES_MAX, empty=False)
@@ -577,7 +597,8 @@ class Stream:
         """Start the reply.  Nothing is written yet: the message row goes with the
         first write (a reply produced within one flush window is one transaction).
         An unknown session is ``NotFound`` here, from a read, not at the end."""
-        if not self._store.spool_pending(self.session_id):
+        known = self._messages is not None and self.session_id in self._messages._known
+        if not known and not self._store.spool_pending(self.session_id):
             q = self._store.queries
             found = self._store.read(
                 lambda tx: tx.execute(q["session_exists"], (self.session_id,)),
@@ -585,6 +606,8 @@ class Stream:
             )
             if not found:
                 raise errors.NotFound(f"no session {self.session_id!r}")
+            if self._messages is not None:
+                self._messages._seen(self.session_id)
         self._created = {
             "role": self.role,
             "model": self.model,

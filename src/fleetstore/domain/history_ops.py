@@ -261,18 +261,49 @@ def insert_chunks(tx: Tx, q: Queries, mid: str, sid: str, chunks: object) -> Non
         tx.execute(q["chunk_insert"], (mid, part_seq, seq, text))
 
 
-def finish_streaming(tx: Tx, q: Queries, mid: str, sid: str, a: Args) -> None:
+def finish_streaming(
+    tx: Tx,
+    q: Queries,
+    mid: str,
+    sid: str,
+    a: Args,
+    model: str | None = None,
+    known: bool = False,
+) -> None:
     """Mark the streaming message *mid* ``complete`` or ``error`` (``a``: status,
-    error, usage, now), with its usage."""
+    error, usage, now), with its usage.  *known*: the caller knows the message's
+    *model* (else it is read)."""
     status = a.get("status")
     if status not in ("complete", "error"):
         raise errors.InvalidInput(f"a message finishes 'complete' or 'error', not {status!r}")
-    error = arg_str(a, "error", limit=MAX_ERROR_TEXT)
+    error = arg_str(a, "error", limit=64 * 1024)
     now = arg_time(a, "now")
-    model = tx.execute(q["message_model"], (mid,))[0][0]
+    if not known:
+        model = tx.execute(q["message_model"], (mid,))[0][0]
     _usage(tx, q, mid, sid, model, a.get("usage"))
     tx.execute(q["message_finish"], (status, error, now, mid))
     tx.execute(q["session_touch"], (now, sid))
+
+
+def create_streaming(tx: Tx, q: Queries, mid: str, sid: str, a: Args) -> tuple[int, bool]:
+    """A ``streaming`` message *mid* of session *sid* (``a``: role, model, metadata,
+    created_at, now), unless it exists: (its seq, whether it was made now).  The
+    session's ``updated_at`` is not touched (the write that finishes it does)."""
+    role = arg_str(a, "role", optional=False, limit=ROLES_MAX)
+    if not role:
+        raise errors.InvalidInput("role must not be empty")
+    model = arg_str(a, "model", limit=256)
+    metadata = arg_meta(a)
+    now = arg_time(a, "created_at")
+    existing = tx.execute(q["message_identity"], (mid,))
+    if existing:
+        if existing[0][0] == sid:
+            return int(existing[0][1]), False
+        raise errors.AlreadyExists(f"message {mid!r} already exists in another session")
+    session_row(tx, q, sid)
+    seq = int(tx.execute(q["message_last_seq"], (sid,))[0][0]) + 1
+    tx.execute(q["message_insert"], (mid, sid, seq, role, "streaming", model, metadata, now, None))
+    return seq, True
 
 
 @OPERATIONS.declare("append_chunks", scope=Scope.SESSION, logged=False)

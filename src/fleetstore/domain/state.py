@@ -181,6 +181,12 @@ def _check_version(current: int | None, expected: int | None, what: str) -> None
 
 @OPERATIONS.declare("put_state", scope=Scope.SESSION)
 def put_state(tx: Tx, q: Queries, a: Args) -> Result:
+    return write_state(tx, q, a, check_session=True)
+
+
+def write_state(tx: Tx, q: Queries, a: Args, *, check_session: bool) -> Result:
+    """``put_state``'s work; *check_session* False when the caller's transaction
+    already found the session (a stream that made its message in it)."""
     sid, ns, key = _state_key(a)
     expected = arg_int(a, "expected_version", minimum=0)
     value = a.get("value")
@@ -190,7 +196,8 @@ def put_state(tx: Tx, q: Queries, a: Args) -> Result:
     enc, body, sha, size = encoded_body(tx, q, value, f"state {ns}/{key}", now)
     if enc == "str":
         raise errors.InvalidInput("state values are JSON or bytes")
-    session_row(tx, q, sid)
+    if check_session:
+        session_row(tx, q, sid)
     rows = tx.execute(q["state_version"], (sid, ns, key))
     current = rows[0][0] if rows else None
     _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")

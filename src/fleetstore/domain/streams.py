@@ -17,14 +17,14 @@ from typing import Any
 from fleetstore import errors
 from fleetstore.core.validate import arg_id, arg_int, arg_time, check_object
 from fleetstore.domain.history_ops import (
-    append_message,
+    create_streaming,
     finish_streaming,
     insert_chunks,
     insert_part,
     streaming_status,
 )
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
-from fleetstore.domain.state import put_state
+from fleetstore.domain.state import write_state
 from fleetstore.engine.base import Tx
 
 OPERATIONS = Declarations()
@@ -58,23 +58,27 @@ def stream_write(tx: Tx, q: Queries, a: Args) -> Result:
     if finish is not None:
         check_object(finish, "finish")
     seq: int | None = None
+    made = False
     opened = a.get("open")
     if opened is not None:
-        message = {**check_object(opened, "open"), "id": mid, "session_id": sid}
-        made = append_message(tx, q, {**message, "status": "streaming", "parts": [], "now": now})
-        seq = made.get("seq")
-    if streaming_status(tx, q, mid, sid) != "streaming":
+        opened = check_object(opened, "open")
+        seq, made = create_streaming(tx, q, mid, sid, {**opened, "now": now})
+    # Made in this transaction: streaming, no part yet, its session there; else look.
+    if not made and streaming_status(tx, q, mid, sid) != "streaming":
         return {"id": mid, "seq": seq, "duplicate": True}
     if chunks:
         insert_chunks(tx, q, mid, sid, chunks)
     for item in parts:
         part_seq = arg_int(item, "seq", optional=False)
-        if not tx.execute(q["part_exists"], (mid, part_seq)):
+        if made or not tx.execute(q["part_exists"], (mid, part_seq)):
             insert_part(tx, q, mid, sid, part_seq, item.get("part"), now)
     for item in states:
-        put_state(tx, q, {**item, "session_id": sid, "now": now})
+        write_state(tx, q, {**item, "session_id": sid, "now": now}, check_session=not made)
     if finish is not None:
-        finish_streaming(tx, q, mid, sid, {**finish, "now": now})
+        model = opened.get("model") if made and opened is not None else None
+        finish_streaming(tx, q, mid, sid, {**finish, "now": now}, model=model, known=made)
+    elif made:
+        tx.execute(q["session_touch"], (now, sid))
     return {"id": mid, "seq": seq}
 
 

@@ -88,12 +88,15 @@ def _pragma(conn: apsw.Connection, name: str) -> int:
 
 
 class _Tx:
-    __slots__ = ("_conn", "_open", "_path", "now", "uncertain")
+    __slots__ = ("_conn", "_cursor_", "_open", "_path", "now", "uncertain")
 
     def __init__(self, conn: apsw.Connection, path: str) -> None:
         self._conn = conn
         self._path = path
         self._open = True
+        #: One cursor for the transaction's statements (a cursor per statement cost
+        #: about a tenth of a lone agent's turn); replaced after any error.
+        self._cursor_: apsw.Cursor | None = None
         #: This host's clock when the transaction began (the engines agree on the name;
         #: PostgreSQL gives the database's clock).
         self.now = time.time()
@@ -111,13 +114,16 @@ class _Tx:
         """
         cursor = self._cursor()
         try:
-            return list(cursor.execute(_sql(sql), params))
+            return cursor.execute(_sql(sql), params).fetchall()
         except apsw.Error as exc:
+            self._drop_cursor()
             raise _translate(exc, self._path) from exc
         except (TypeError, ValueError, OverflowError) as exc:
+            self._drop_cursor()
             raise _bad_params(exc, self._path) from exc
-        finally:
-            cursor.close(True)
+        except BaseException:
+            self._drop_cursor()
+            raise
 
     def executemany(self, sql: str, seq_of_params: Iterable[Params]) -> None:
         """Run *sql* once per parameter set (rows produced are read and dropped)."""
@@ -126,18 +132,32 @@ class _Tx:
             for _ in cursor.executemany(_sql(sql), seq_of_params):
                 pass
         except apsw.Error as exc:
+            self._drop_cursor()
             raise _translate(exc, self._path) from exc
         except (TypeError, ValueError, OverflowError) as exc:
+            self._drop_cursor()
             raise _bad_params(exc, self._path) from exc
-        finally:
-            cursor.close(True)
+        except BaseException:
+            self._drop_cursor()
+            raise
 
     def _cursor(self) -> apsw.Cursor:
         if not self._open:
             raise errors.StoreClosed(
                 "this transaction has ended; use a new db.write() or db.read()"
             )
-        return self._conn.cursor()
+        cursor = self._cursor_
+        if cursor is None:
+            cursor = self._cursor_ = self._conn.cursor()
+        return cursor
+
+    def _drop_cursor(self) -> None:
+        """Close the cursor (resetting any statement it left active): after an error,
+        and when the transaction ends."""
+        cursor, self._cursor_ = self._cursor_, None
+        if cursor is not None:
+            with contextlib.suppress(apsw.Error):
+                cursor.close(True)
 
 
 class WriteTx(_Tx):
@@ -439,9 +459,11 @@ class Database:
                 tx = WriteTx(conn, self.path)
                 try:
                     yield tx
+                    tx._drop_cursor()
                     conn.execute("COMMIT")
                 except BaseException as exc:
                     self._metrics.count("write_errors")
+                    tx._drop_cursor()
                     self._rollback(conn)
                     if isinstance(exc, apsw.Error):
                         raise _translate(exc, self.path) from exc
@@ -517,6 +539,7 @@ class Database:
     def _end_write(self, tx: Tx, commit: bool) -> None:
         assert isinstance(tx, WriteTx)
         conn = tx._conn
+        tx._drop_cursor()
         try:
             if commit:
                 try:
@@ -749,6 +772,7 @@ class Database:
                 raise _translate(exc, self.path) from exc
             finally:
                 tx._open = False
+                tx._drop_cursor()
                 try:
                     if conn.in_transaction:
                         conn.execute(self._rollback_sql)

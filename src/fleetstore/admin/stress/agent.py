@@ -174,7 +174,8 @@ class _Fleetstore(_Target):
                     reply.text(d)
             with clock():
                 call = reply.tool_call("bash", {"cmd": f"run {t.n}"})
-            time.sleep(t.tool_think)
+            if t.tool_think:
+                time.sleep(t.tool_think)
             with clock():
                 call.result(output)
             with clock():
@@ -303,7 +304,8 @@ class _Opencode(_Target):
             self._part(clock, aid, aid + "/0", {"type": "text", "text": text}, d)
         tool: dict[str, Any] = {"type": "tool", "tool": "bash", "state": {"status": "running"}}
         self._part(clock, aid, aid + "/1", tool, "")
-        time.sleep(t.tool_think)
+        if t.tool_think:
+            time.sleep(t.tool_think)
         output = t.output(self.cfg, self.agent)
         tool["state"] = {"status": "completed", "output": output, "sha": sha(output)}
         self._part(clock, aid, aid + "/1", tool, "")
@@ -367,7 +369,8 @@ class _AgentsSDK(_Target):
         self._add(clock, {"id": uid, "role": "user", "content": t.user})
         call = {"type": "function_call", "call_id": aid + "/c", "name": "bash", "arguments": "{}"}
         self._add(clock, {"id": aid + "/1", **call})
-        time.sleep(t.tool_think)
+        if t.tool_think:
+            time.sleep(t.tool_think)
         output = t.output(self.cfg, self.agent)
         self._add(clock, {"type": "function_call_output", "call_id": aid + "/c", "output": output})
         text = "".join(t.deltas)
@@ -439,7 +442,8 @@ class _LangGraph(_Target):
 
         def tool(state: _GraphState) -> dict[str, Any]:
             t, _, aid = ids_now()
-            time.sleep(t.tool_think)
+            if t.tool_think:
+                time.sleep(t.tool_think)
             output = t.output(cfg, agent)
             msg = {"id": aid + "/2", "role": "tool", "tool_call_id": aid + "/c", "content": output}
             return {"messages": [msg]}
