@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
         assert isinstance(board, Board)
         until = time.monotonic() + hold
         while time.monotonic() < until:
-            low = [board.states[i] for i in range(len(board.addrs)) if i != board.slot]
+            low = [board.states[i] for i in range(len(board.states)) if i != board.slot]
             if sum(1 for s in low if s == POSTED) >= waiters:
                 break
             time.sleep(0.005)

@@ -60,6 +60,8 @@ def _show(value: object) -> str:
 def check_text(value: str, what: str) -> str:
     """*value*, or ``InvalidInput`` if it cannot be stored as UTF-8 (a lone surrogate,
     which would otherwise fail deep in the driver with a bare UnicodeEncodeError)."""
+    if value.isascii():  # O(1) in CPython: most text is, and encoding it copies it
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -188,11 +190,16 @@ def object_json(value: object, what: str, limit: int = MAX_METADATA) -> str:
     return dump_json(check_object(value, what), what, limit)
 
 
+# One encoder: json.dumps with any option builds a new JSONEncoder per call, which was
+# a tenth of the JSON cost of a turn (profile in docs/design.md, "Group commit").
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def dump_json(value: object, what: str, limit: int | None = None) -> str:
     """JSON text for *value* (at most *limit* bytes of UTF-8, if given), or
     ``InvalidInput`` naming *what* could not be stored."""
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise errors.InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
     check_text(text, what)

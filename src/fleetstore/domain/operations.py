@@ -157,9 +157,12 @@ def check_effects(spec: OpSpec, effects: object) -> list[dict[str, Any]]:
 MAX_KEPT_RESULT = 4096
 
 
+_RESULT_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def result_json(result: Result) -> str | None:
     try:
-        text = json.dumps(result, separators=(",", ":"), allow_nan=False)
+        text = _RESULT_ENCODER.encode(result)
     except (TypeError, ValueError):
         return None
     return text if len(text) <= MAX_KEPT_RESULT else None

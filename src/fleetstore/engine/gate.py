@@ -43,6 +43,8 @@ _MAX_NAP = 0.05
 _POLL = 0.0005
 _SPIN = 0.0001
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_FUTEX_WAIT_BITSET, _FUTEX_WAKE_BITSET = 9, 10
+_ALL_BITS = 0xFFFFFFFF
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "riscv64": 98}.get(platform.machine())
 
 
@@ -78,6 +80,36 @@ def futex_wake(addr: ctypes.c_void_p, count: int = 1) -> None:
     """Wake up to *count* sleepers on the word at *addr*."""
     if _syscall is not None:
         _syscall(_SYS_FUTEX, addr, _FUTEX_WAKE, count, None, None, 0)
+
+
+def futex_wait_bits(
+    addr: ctypes.c_void_p, value: int, bits: int, seconds: float, spec: _Timespec
+) -> None:
+    """``futex_wait`` that only a wake naming one of *bits* ends (FUTEX_WAIT_BITSET),
+    so that many waiters can share one word and one syscall wakes a chosen few."""
+    if _syscall is None:
+        time.sleep(min(seconds, _POLL))
+        return
+    until = time.monotonic() + seconds  # the bitset wait's timeout is CLOCK_MONOTONIC, absolute
+    spec.tv_sec = int(until)
+    spec.tv_nsec = int((until % 1) * 1e9)
+    _syscall(
+        _SYS_FUTEX,
+        addr,
+        _FUTEX_WAIT_BITSET,
+        ctypes.c_uint32(value),
+        ctypes.byref(spec),
+        None,
+        ctypes.c_uint32(bits),
+    )
+
+
+def futex_wake_bits(addr: ctypes.c_void_p, bits: int) -> None:
+    """Wake every sleeper on the word at *addr* whose bits meet *bits*."""
+    if _syscall is not None and bits:
+        _syscall(
+            _SYS_FUTEX, addr, _FUTEX_WAKE_BITSET, 0x7FFFFFFF, None, None, ctypes.c_uint32(bits)
+        )
 
 
 def futex_available() -> bool:
@@ -270,5 +302,7 @@ __all__ = [
     "WriterGate",
     "futex_available",
     "futex_wait",
+    "futex_wait_bits",
     "futex_wake",
+    "futex_wake_bits",
 ]

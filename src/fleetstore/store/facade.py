@@ -201,7 +201,7 @@ class Store:
         with self._counts_lock:
             self._op_counts[op.name] += 1
         if independent:
-            return self.apply(op)
+            return self.backend.apply(op)
         may_spool = must_land or (spool and self.settings.on_busy == "spool")
         if len(self.spool) or self._behind:
             if not may_spool:
@@ -215,7 +215,7 @@ class Store:
             self._spool(op, None)
             return None
         try:
-            return self.apply(op)
+            return self.backend.apply(op)  # checked above
         except errors.StoreBusy as busy:
             if not may_spool:
                 raise

@@ -18,6 +18,7 @@ process"); this module never imports it itself (tests/test_layers.py).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -81,13 +82,24 @@ class Turn:
         return rng.randbytes((self.output_size + 1) // 2).hex()[: self.output_size]
 
 
+@functools.lru_cache(maxsize=256)
+def _session_id(run_id: str, target: str, agent: int) -> str:
+    return derived_id(f"stress/{run_id}/{target}", str(agent), "session")
+
+
 def ids(cfg: dict[str, Any], agent: int, n: int | None = None) -> tuple[str, str, str]:
-    """(session, user message, assistant message) ids of agent *agent*'s turn *n*."""
-    ns = f"stress/{cfg['run_id']}/{cfg['target']}"
-    sid = derived_id(ns, str(agent), "session")
+    """(session, user message, assistant message) ids of agent *agent*'s turn *n*.
+
+    Message ids ascend with the turn, as the tools' own do (fleetstore's UUIDv7,
+    opencode's ``Identifier.ascending``): random ids (uuid5, as here before) put
+    every insert on a random page of every index, which doubled the pages a
+    turn's commit writes for every target and is not what either tool does."""
+    sid = _session_id(cfg["run_id"], cfg["target"], agent)
     if n is None:
         return sid, "", ""
-    return sid, derived_id(ns, str(agent), str(n), "u"), derived_id(ns, str(agent), str(n), "a")
+    hx = sid.replace("-", "")  # UUID-shaped, as benchmarks/bench_write_path.py expects
+    head, tail = f"{n:08x}-{agent % 0x10000:04x}", f"{hx[:3]}-{hx[3:7]}-{hx[7:19]}"
+    return sid, f"{head}-a{tail}", f"{head}-b{tail}"
 
 
 def sha(text: str | bytes) -> str:
