@@ -83,9 +83,11 @@ Per cell and target (rows: agents x think; mean over the rounds):
   p50/p99/max    per-turn time inside the target's calls (``Clock.total``), ms
   fairness       fewest and most turns of any agent inside the window
   failed         turns whose call raised, by error class
-  commits/turn   fleetstore's ``metrics()``: ``commits`` if it counts them, else
-                 ``writes``, per acknowledged turn; ``ops/commit`` = ``ops_committed`` /
-                 ``commits``, ``batch_max``, ``handed_over`` (read with .get(k, 0))
+  commits/turn   fleetstore's ``metrics()["writes"]`` (committed transactions) summed
+                 over the fleet, per acknowledged turn; ``ops/commit`` =
+                 ``batched_items`` / ``writes`` (operations per transaction, group
+                 commit's batch), ``batch_max``, ``handed_over`` (items committed by
+                 another process)
   foreign CPU %  machine CPU busy during the window (/proc/stat) minus the CPU of
                  this benchmark's processes, in % of all CPUs: other people's load
   verified       fleetstore, opencode, zcode: the stress verifier (``verify_main``) on
@@ -155,8 +157,7 @@ SEED = 1
 OUTPUT_BYTES = 2000
 METRIC_COUNTERS = (
     "writes",
-    "commits",
-    "ops_committed",
+    "batched_items",
     "handed_over",
     "busy_timeouts",
     "spooled",
@@ -971,10 +972,9 @@ def _summarise(
         engine["batch_max"] = max(_num(b.get("batch_max", 0)) for _, b in m)
         row["engine"] = engine
         row["writes_per_turn"] = engine["writes"] / acked if acked else math.nan
-        commits = engine["commits"] or engine["writes"]
-        row["commits_per_turn"] = commits / acked if acked else math.nan
+        row["commits_per_turn"] = engine["writes"] / acked if acked else math.nan
         row["ops_per_commit"] = (
-            engine["ops_committed"] / engine["commits"] if engine["commits"] else math.nan
+            engine["batched_items"] / engine["writes"] if engine["writes"] else math.nan
         )
 
 
@@ -1136,8 +1136,8 @@ def aggregate(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if engines:
             row["batch_max"] = max(e["batch_max"] for e in engines)
             row["handed_over"] = sum(e["handed_over"] for e in engines)
-            row["ops_committed"] = sum(e["ops_committed"] for e in engines)
-            row["commits"] = sum(e["commits"] for e in engines)
+            row["batched_items"] = sum(e["batched_items"] for e in engines)
+            row["commits"] = sum(e["writes"] for e in engines)
         rows.append(row)
     return rows
 

@@ -120,12 +120,14 @@ def test_a_dead_or_reused_pid_is_not_alive(tmp_path: Path) -> None:
 # -- frames ----------------------------------------------------------------------------------
 
 
-def published(pid: int, writes: int, waits: list[float], alive: bool = True) -> Published:
+def published(
+    pid: int, writes: int, waits: list[float], alive: bool = True, **group: int
+) -> Published:
     hist = Histogram()
     for w in waits:
         hist.add(w)
     record = {
-        "metrics": {"writes": writes, "begin_busy_retries": 2, "spool_pending": 1},
+        "metrics": {"writes": writes, "begin_busy_retries": 2, "spool_pending": 1, **group},
         "histograms": {"lock_wait": hist.export()},
     }
     return Published(pid, f"agent {pid}", alive, 0.1, record)
@@ -268,7 +270,7 @@ def test_top_renders_live_in_a_pseudo_terminal_and_q_quits(tmp_path: Path) -> No
             assert time.monotonic() < deadline, screen
             del buf[:-20000]
             read_some(fd, buf, 0.4)
-        assert "WRITES/S" in screen and "WAIT P99" in screen
+        assert "COMMITS/S" in screen and "BATCH" in screen and "WAIT P99" in screen
         assert "outbox     pending 2" in screen
         assert f"fleetstore top  {db}" in screen
         for w in writers:
@@ -298,3 +300,36 @@ def test_top_renders_live_in_a_pseudo_terminal_and_q_quits(tmp_path: Path) -> No
         for w in writers:
             w.kill()
             w.wait()
+
+
+def test_frame_shows_operations_commits_and_batch_sizes_of_group_commit() -> None:
+    """Process 1 committed 10 transactions carrying 40 operations, 30 of them process
+    2's; process 2 committed nothing itself: its 30 were handed over."""
+    old = top.Sample(
+        10.0,
+        (published(1, 5, [0.001] * 5, batched_items=5), published(2, 3, [0.001] * 3)),
+        {"db": 1, "wal": 2, "shm": 3},
+        None,
+    )
+    new = top.Sample(
+        12.0,
+        (
+            published(1, 15, [0.001] * 15, batched_items=45, served=30, batch_max=9),
+            published(2, 3, [0.001] * 3, handed_over=30),
+        ),
+        {"db": 1, "wal": 2, "shm": 3},
+        None,
+    )
+    f = top.frame("x.db", new, old)
+    rows = {r.pid: r for r in f.rows}
+    assert rows[1].writes_per_s == 5.0 and rows[1].ops_per_s == 5.0
+    assert rows[1].batch_mean == 4.0 and rows[1].batch_max == 9
+    assert rows[2].writes_per_s == 0.0 and rows[2].ops_per_s == 15.0
+    assert rows[2].batch_mean is None
+    assert f.writes_per_s == 5.0 and f.ops_per_s == 20.0 and f.batch_mean == 4.0
+    assert f.batch_max == 9
+    screen = "\n".join(top.render(f, 160))
+    assert "operations/s 20" in screen and "batch 4.0 (max 9)" in screen
+    doc = f.to_json()
+    assert doc["commits_per_s"] == 5.0 and doc["operations_per_s"] == 20.0
+    assert doc["processes"][1]["operations_per_s"] == 15.0

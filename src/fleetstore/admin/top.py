@@ -57,6 +57,12 @@ class ProcRow:
     age: float
     #: Shard databases the process has open (a sharded store), else None.
     shards_open: int | None = None
+    #: Group commit, over the interval: this process's own operations committed per
+    #: second (by itself or by another process for it), and the mean operations per
+    #: transaction it committed; over its life: the largest such transaction.
+    ops_per_s: float | None = None
+    batch_mean: float | None = None
+    batch_max: int = 0
 
 
 @dataclass(slots=True)
@@ -69,6 +75,10 @@ class Frame:
     outbox_error: str | None
     rows: list[ProcRow] = field(default_factory=list)
     writes_per_s: float | None = None
+    #: Operations committed per second, by every process; per commit (the batch size).
+    ops_per_s: float | None = None
+    batch_mean: float | None = None
+    batch_max: int = 0
     wait_p99: float | None = None
     stale: int = 0
     #: A sharded store: shard files on disk, their WAL, shards open (None: one file).
@@ -85,6 +95,10 @@ class Frame:
             "outbox": self.outbox,
             "outbox_error": self.outbox_error,
             "writes_per_s": self.writes_per_s,
+            "commits_per_s": self.writes_per_s,
+            "operations_per_s": self.ops_per_s,
+            "batch_mean": self.batch_mean,
+            "batch_max": self.batch_max,
             "lock_wait_p99": self.wait_p99,
             "stale_files": self.stale,
             "processes": [
@@ -93,6 +107,9 @@ class Frame:
                     "command": r.command,
                     "writes": r.writes,
                     "writes_per_s": r.writes_per_s,
+                    "operations_per_s": r.ops_per_s,
+                    "batch_mean": r.batch_mean,
+                    "batch_max": r.batch_max,
                     "lock_wait_p99": r.wait_p99,
                     "retries": r.retries,
                     "busy_timeouts": r.busy,
@@ -203,7 +220,7 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
     previous = {p.pid: p for p in old.procs} if old is not None else {}
     result = Frame(path, new.at, interval, new.files, new.outbox, new.outbox_error)
     merged = Histogram()
-    total_rate = 0.0
+    total_rate = total_items = 0.0
     shards_open = 0
     for proc in new.procs:
         if not proc.alive:
@@ -213,11 +230,17 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
         prev = previous.get(proc.pid)
         prev_metrics = prev.record.get("metrics", {}) if prev is not None else {}
         writes = int(metrics.get("writes", 0))
-        rate = None
+        rate = ops = mean = None
         wait = None
         if prev is not None and interval:
-            rate = max(writes - int(prev_metrics.get("writes", 0)), 0) / interval
+            commits = max(writes - int(prev_metrics.get("writes", 0)), 0)
+            rate = commits / interval
             total_rate += rate
+            items = _grew(metrics, prev_metrics, "batched_items")
+            total_items += items
+            own = items - _grew(metrics, prev_metrics, "served")
+            ops = max(own + _grew(metrics, prev_metrics, "handed_over"), 0) / interval
+            mean = items / commits if commits else None
             window = _delta_hist(proc, prev, "lock_wait")
             merged.merge_export(window.export())
             wait = window.quantile(0.99) if window.export()["n"] else None
@@ -235,15 +258,29 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
                 spooled=int(metrics.get("spooled", 0)),
                 age=proc.age,
                 shards_open=_int_or_none(metrics.get("shards_open")),
+                ops_per_s=ops,
+                batch_mean=mean,
+                batch_max=int(metrics.get("batch_max", 0)),
             )
         )
+        result.batch_max = max(result.batch_max, int(metrics.get("batch_max", 0)))
         shards_open += int(metrics.get("shards_open") or 0)
     if new.shards is not None:
         result.shards = {**new.shards, "open": shards_open}
     if interval:
         result.writes_per_s = total_rate
+        result.ops_per_s = total_items / interval
+        result.batch_mean = total_items / (total_rate * interval) if total_rate else None
         result.wait_p99 = merged.quantile(0.99) if merged.export()["n"] else None
     return result
+
+
+def _grew(new: dict[str, Any], old: dict[str, Any], key: str) -> int:
+    return max(int(new.get(key, 0)) - int(old.get(key, 0)), 0)
+
+
+def _batch(mean: float | None) -> str:
+    return "-" if mean is None else f"{mean:.1f}"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -266,7 +303,8 @@ def render(f: Frame, width: int | None = None, height: int | None = None) -> lis
         f"files      {'catalog ' if f.shards is not None else ''}db {_size(f.files['db'])}   "
         f"WAL {_size(f.files['wal'])}   "
         f"SHM {_size(f.files['shm'])}",
-        f"writes/s   {_rate(f.writes_per_s)}   lock wait p99 {_ms(f.wait_p99)}   "
+        f"commits/s  {_rate(f.writes_per_s)}   operations/s {_rate(f.ops_per_s)}   "
+        f"batch {_batch(f.batch_mean)} (max {f.batch_max})   lock wait p99 {_ms(f.wait_p99)}   "
         f"processes {len(f.rows)}" + (f" (+{f.stale} gone)" if f.stale else ""),
     ]
     if f.shards is not None:
@@ -284,13 +322,14 @@ def render(f: Frame, width: int | None = None, height: int | None = None) -> lis
         lines.append(f"outbox     unavailable: {f.outbox_error}")
     lines.append("")
     header = (
-        f"{'PID':>7} {'WRITES/S':>9} {'WAIT P99':>10} {'WRITES':>9} {'RETRIES':>8} "
-        f"{'BUSY':>5} {'SPOOL':>6}  COMMAND"
+        f"{'PID':>7} {'OPS/S':>7} {'COMMITS/S':>9} {'BATCH':>6} {'WAIT P99':>10} "
+        f"{'COMMITS':>9} {'RETRIES':>8} {'BUSY':>5} {'SPOOL':>6}  COMMAND"
     )
     lines.append(header)
     for r in f.rows:
         lines.append(
-            f"{r.pid:>7} {_rate(r.writes_per_s):>9} {_ms(r.wait_p99):>10} {r.writes:>9,} "
+            f"{r.pid:>7} {_rate(r.ops_per_s):>7} {_rate(r.writes_per_s):>9} "
+            f"{_batch(r.batch_mean):>6} {_ms(r.wait_p99):>10} {r.writes:>9,} "
             f"{r.retries:>8,} {r.busy:>5,} {r.spool_pending:>6,}  {r.command}"
         )
     if not f.rows:

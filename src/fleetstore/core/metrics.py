@@ -109,6 +109,7 @@ class WriteMetrics:
         "gate_contended",  # the gate was not free at the first try
         "checkpoints",  # checkpoints run after commit
         "checkpoint_errors",  # checkpoints put off: what they would make durable could not be
+        "wal_restarts",  # commits that found the WAL started over (a checkpoint caught up)
         "discarded_connections",  # connections thrown away after a failed rollback
         # PostgreSQL: a write transaction started over (always 0 on SQLite)
         "serialization_retries",  # SQLSTATE 40001

@@ -242,6 +242,11 @@ class WriterGate:
         self._bell.value = self._ring_value
         _syscall(_SYS_FUTEX, self._bell_addr, _FUTEX_WAKE, 1, None, None, 0)
 
+    def wal_frames(self) -> int | None:
+        """The WAL's frames as its last committer saw them (None: not mapped)."""
+        word = self._wal_word
+        return None if word is None else word.value
+
     def swap_wal_frames(self, frames: int) -> int | None:
         """Store *frames* in the gate file and return the value stored by the
         previous writer; None where the file is not mapped.  Gate holders only."""
