@@ -520,3 +520,24 @@ def test_every_finding_code_is_documented_and_no_other() -> None:
     in_docs = set(re.findall(r"^\| `([a-z0-9-]+)`(?: / `([a-z0-9-]+)`)?", table, re.M))
     documented = {code for pair in in_docs for code in pair if code}
     assert documented == in_code
+
+
+def test_blob_rows_without_their_file_are_a_problem(tmp_path: Path) -> None:
+    """What a power cut under synchronous=NORMAL can leave: a committed row whose blob
+    file the kernel had not written back (docs/design.md, "Blobs")."""
+    db = tmp_path / "store.db"
+    with fleetstore.open(db, blob_threshold=1024) as store:
+        s = store.sessions.create(title="x")
+        store.messages.append(s.id, "tool", [fleetstore.ToolResult("c1", "a" * 5000)])
+        store.messages.append(s.id, "tool", [fleetstore.ToolResult("c2", "b" * 5000)])
+    files = sorted(p for p in (tmp_path / "store.db.blobs").rglob("*") if p.is_file())
+    assert len(files) == 2
+    _, clean = doctor_json(db)
+    assert "blob-files-missing" not in codes(clean)
+    assert clean["fleetstore"]["blobs"] == {"checked": 2, "missing": 0, "missing_shas": []}
+    files[0].unlink()
+    code, report = doctor_json(db)
+    found = finding(report, "blob-files-missing")
+    assert found["severity"] == "problem" and files[0].name in found["message"]
+    assert report["fleetstore"]["blobs"]["missing_shas"] == [files[0].name]
+    assert code == doctor.EXIT_PROBLEMS

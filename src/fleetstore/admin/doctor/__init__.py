@@ -114,7 +114,7 @@ def _diagnose_sharded(
     catalog.contents = probe.read_contents(
         db, catalog.header, quick_check, checked_at, catalog=True
     )
-    shards.read_shards(found, quick_check, checked_at)
+    shards.read_shards(found, quick_check, checked_at, db + ".blobs")
     looks.second_look(interval)
 
     processes = looks.processes()

@@ -358,6 +358,19 @@ def _lock_findings(report: Report, proc: dict[str, Any], waited: float, wal_size
 
 def _store_findings(report: Report, store: dict[str, Any]) -> None:
     _schema_findings(report, store)
+    blobs = store.get("blobs")
+    if blobs and blobs["missing"]:
+        report.add(
+            Severity.PROBLEM,
+            "blob-files-missing",
+            f"{blobs['missing']:,} of the {blobs['checked']:,} newest blobs have no file "
+            f"(first: {', '.join(blobs['missing_shas'][:3])}): reading those "
+            "parts, state values or effects raises BlobCorrupt. Under synchronous=NORMAL a "
+            "power cut can do this to writes made since the last checkpoint; otherwise "
+            "the files were deleted by hand.",
+            "restore <db>.blobs/ from a backup, or re-import the sessions that hold them; "
+            "use synchronous=FULL where a power cut must not do this",
+        )
     outbox = store.get("outbox")
     if outbox:
         _outbox_findings(report, outbox)

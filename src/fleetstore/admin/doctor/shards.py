@@ -67,11 +67,11 @@ def watch(
                 paths[f"shard:{shard.key}:{role}"] = shard.probe.sides[role]
 
 
-def read_shards(shards: list[Shard], quick_check: bool, now: float) -> None:
+def read_shards(shards: list[Shard], quick_check: bool, now: float, blob_dir: str) -> None:
     for shard in shards:
         if shard.probe is not None:
             shard.probe.contents = read_contents(
-                shard.probe.db, shard.probe.header, quick_check, now
+                shard.probe.db, shard.probe.header, quick_check, now, blob_dir=blob_dir
             )
 
 
