@@ -13,6 +13,8 @@ from fleetstore import errors
 class _Checkpointing(Protocol):
     def checkpoint(self, *, truncate: bool = False, wait: bool = True) -> tuple[int, int]: ...
 
+    def _background_error(self, what: str, exc: BaseException) -> None: ...
+
 
 class Checkpointer:
     """Runs a database's passive checkpoints off the writers' path: ``request()``
@@ -37,7 +39,12 @@ class Checkpointer:
                 self._cond.notify()
                 return
             self._running = True
-        threading.Thread(target=self._loop, name="fleetstore-checkpoint", daemon=True).start()
+        try:
+            threading.Thread(target=self._loop, name="fleetstore-checkpoint", daemon=True).start()
+        except BaseException:
+            with self._cond:  # or no later request would start one again
+                self._running = False
+            raise
 
     def _loop(self) -> None:
         while True:
@@ -55,7 +62,11 @@ class Checkpointer:
             try:
                 db.checkpoint(wait=False)
             except errors.FleetstoreError:
-                pass  # a closed or failing store: the next commit past the line asks again
+                pass  # counted by checkpoint(); the next commit past the line asks again
+            except Exception as exc:
+                # Not ours to raise (the commits stand), and the thread must live on:
+                # one that died here left _running set, and no checkpoint ran again.
+                db._background_error("checkpoint", exc)
             del db
 
     def stop(self) -> None:

@@ -12,6 +12,7 @@ The write path (DESIGN.md, "The write path (SQLite)")::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -44,14 +45,31 @@ T = TypeVar("T")
 Row = tuple[Any, ...]
 Params = Sequence[Any] | dict[str, Any]
 
+log = logging.getLogger("fleetstore")
+
 _MIGRATIONS_TABLE = "fleetstore_migrations"
 _BEGIN_RETRY_SLEEP = 0.001
 _MAX_IDLE_READERS = 4
 
 
-def _translate(exc: apsw.Error, path: str) -> errors.FleetstoreError:
-    """The fleetstore error for a driver error; the caller raises it ``from exc``."""
+#: COMMIT failed while syncing: its frames may be whole in the WAL, and a crash before
+#: the next write there brings them back (tests/engine/test_faults.py).
+_UNCERTAIN = frozenset({apsw.SQLITE_IOERR_FSYNC, apsw.SQLITE_IOERR_DIR_FSYNC})
+
+
+def _translate(
+    exc: apsw.Error,
+    path: str,
+    conn: apsw.Connection | None = None,
+    commit: bool = False,
+    outcome: str = "nothing of the transaction was written",
+) -> errors.FleetstoreError:
+    """The fleetstore error for a driver error; the caller raises it ``from exc``.
+    *conn* (the connection that met it) tells a full disk from a failing one; a
+    storage error's message ends with *outcome*."""
     message = f"{path}: {exc}"
+    if isinstance(exc, apsw.FullError | apsw.IOError):
+        return _storage_error(exc, path, conn, commit, outcome)
     if isinstance(exc, apsw.ConstraintError):
         return errors.IntegrityError(message)
     if isinstance(exc, apsw.ReadOnlyError):
@@ -63,6 +81,37 @@ def _translate(exc: apsw.Error, path: str) -> errors.FleetstoreError:
     if isinstance(exc, apsw.ConnectionClosedError | apsw.CursorClosedError):
         return errors.StoreClosed(message)
     return errors.DatabaseError(message)
+
+
+def _storage_error(
+    exc: apsw.Error, path: str, conn: apsw.Connection | None, commit: bool, outcome: str
+) -> errors.StorageError:
+    code = getattr(exc, "extendedresult", 0)
+    if commit and code in _UNCERTAIN:
+        return errors.CommitUncertain(
+            f"{path}: COMMIT failed syncing the WAL ({exc}): the write may or may not be in "
+            "the file; read it before writing again (an idempotent write may be repeated)"
+        )
+    try:
+        err = conn.system_errno if conn is not None else 0
+    except apsw.Error:
+        err = 0
+    text = str(exc) or "disk I/O error"
+    # A statement or COMMIT that fails here leaves nothing of its transaction: the
+    # write path rolls it back, and WAL frames count only once whole.
+    if isinstance(exc, apsw.FullError) or err in errors.FULL_ERRNOS:
+        reason = os.strerror(err) if err in errors.FULL_ERRNOS else "database or disk is full"
+        return errors.StorageFull(f"{path}: {reason}; {outcome}")
+    detail = f" ({os.strerror(err)})" if err else ""
+    name = apsw.mapping_extended_result_codes.get(code, "")
+    return errors.StorageError(f"{path}: {text}{detail} [{name or code}]; {outcome}")
+
+
+def _commit_error(
+    exc: BaseException, path: str, conn: apsw.Connection
+) -> errors.FleetstoreError | None:
+    """The fleetstore error for a driver error COMMIT raised (None: not a driver error)."""
+    return _translate(exc, path, conn, commit=True) if isinstance(exc, apsw.Error) else None
 
 
 def _sql(sql: object) -> str:
@@ -100,8 +149,8 @@ class _Tx:
         #: This host's clock when the transaction began (the engines agree on the name;
         #: PostgreSQL gives the database's clock).
         self.now = time.time()
-        #: Never set here: SQLite's COMMIT either returns or raises, never leaves the
-        #: outcome unknown (see engine/postgres.py).
+        #: Never set here: a SQLite COMMIT whose outcome is unknown (its WAL sync
+        #: failed) raises CommitUncertain instead (see Database.submit).
         self.uncertain = False
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
@@ -117,7 +166,7 @@ class _Tx:
             return cursor.execute(_sql(sql), params).fetchall()
         except apsw.Error as exc:
             self._drop_cursor()
-            raise _translate(exc, self._path) from exc
+            raise _translate(exc, self._path, self._conn) from exc
         except (TypeError, ValueError, OverflowError) as exc:
             self._drop_cursor()
             raise _bad_params(exc, self._path) from exc
@@ -133,7 +182,7 @@ class _Tx:
                 pass
         except apsw.Error as exc:
             self._drop_cursor()
-            raise _translate(exc, self._path) from exc
+            raise _translate(exc, self._path, self._conn) from exc
         except (TypeError, ValueError, OverflowError) as exc:
             self._drop_cursor()
             raise _bad_params(exc, self._path) from exc
@@ -337,7 +386,10 @@ class Database:
         sql = "PRAGMA journal_mode" + (f"={new}" if new else "")
         return str(conn.execute(sql).fetchall()[0][0]).lower()
 
-    def _connect(self, role: str) -> apsw.Connection:
+    def _connect(
+        self, role: str, outcome: str = "the connection was not opened; nothing was written"
+    ) -> apsw.Connection:
+        conn: apsw.Connection | None = None
         try:
             with _guard.inside():
                 conn = apsw.Connection(
@@ -345,7 +397,10 @@ class Database:
                 )
                 self._configure(conn, role)
         except apsw.Error as exc:
-            raise _translate(exc, self.path) from exc
+            if conn is not None:
+                with contextlib.suppress(apsw.Error):
+                    conn.close(True)
+            raise _translate(exc, self.path, conn, outcome=outcome) from exc
         return conn
 
     def _configure(self, conn: apsw.Connection, role: str) -> None:
@@ -367,10 +422,19 @@ class Database:
             conn.set_wal_hook(self._on_wal_commit)
 
     def _on_wal_commit(self, _conn: apsw.Connection, _name: str, frames: int) -> int:
-        # Runs inside COMMIT, gate held.  The gate file carries the WAL size the
-        # previous committer saw, so exactly one process (the one whose commit
-        # crosses a multiple of checkpoint_bytes) checkpoints, where a count per
-        # process made a fleet of 64 checkpoint 64 times as often (benchmarks).
+        # Runs inside COMMIT, once the commit is in the WAL: an error returned (or
+        # raised) here would make COMMIT raise for a committed transaction.
+        try:
+            self._count_wal_frames(frames)
+        except Exception as exc:
+            self._background_error("WAL size count", exc)
+        return apsw.SQLITE_OK
+
+    def _count_wal_frames(self, frames: int) -> None:
+        # Gate held.  The gate file carries the WAL size the previous committer saw,
+        # so exactly one process (the one whose commit crosses a multiple of
+        # checkpoint_bytes) checkpoints, where a count per process made a fleet of
+        # 64 checkpoint 64 times as often (benchmarks).
         shared = self._gate.swap_wal_frames(frames)
         before = self._wal_frames if shared is None else shared
         if frames < before:  # the WAL was reset since
@@ -379,7 +443,6 @@ class Database:
         step = max(self.settings.checkpoint_bytes // self._frame_bytes, 1)
         if frames // step > before // step:
             self._checkpoint_due = True
-        return apsw.SQLITE_OK
 
     def _check_process(self) -> None:
         # (A forked child was already dealt with by the at-fork hook.)
@@ -464,9 +527,10 @@ class Database:
                 except BaseException as exc:
                     self._metrics.count("write_errors")
                     tx._drop_cursor()
+                    failed = _commit_error(exc, self.path, conn)
                     self._rollback(conn)
-                    if isinstance(exc, apsw.Error):
-                        raise _translate(exc, self.path) from exc
+                    if failed is not None:
+                        raise failed from exc
                     raise
                 finally:
                     tx._open = False
@@ -475,12 +539,45 @@ class Database:
                 _guard.exit()
         finally:
             self._write_owner = 0
-            combiner = self._combiner
-            combiner.hand_off()
-            gate.release()
-            combiner.woken()
-        self._metrics.record_write(acquired - started, committed - acquired)
-        self._maybe_checkpoint()
+            self._hand_on(gate)
+        self._after_commit(acquired - started, committed - acquired)
+
+    def _hand_on(self, gate: WriterGate) -> None:
+        """Release the gate after a transaction, committed or not, waking the next
+        writer.  Never raises: an error here must not turn a commit into a failure
+        (nor hide the error a failed block raises); it is logged and counted."""
+        combiner = self._combiner
+        for step, fn in (
+            ("gate hand-off", combiner.hand_off),
+            ("gate release", gate.release),
+            ("gate wake-up", combiner.woken),
+        ):
+            try:
+                fn()
+            except Exception as exc:
+                self._background_error(step, exc)
+
+    def _after_commit(self, wait: float, hold: float) -> None:
+        """What follows a commit: figures, and a checkpoint if due.  Never raises (the
+        commit stands whatever happens here: tests/engine/test_faults.py)."""
+        try:
+            self._metrics.record_write(wait, hold)
+            self._maybe_checkpoint()
+        except Exception as exc:
+            self._background_error("after commit", exc)
+
+    def _background_error(self, what: str, exc: BaseException) -> None:
+        """A failure of work that follows a commit (or runs beside the writers): the
+        commit stands; logged, counted, and shown in ``metrics()`` and by doctor."""
+        counter = "checkpoint_errors" if what == "checkpoint" else "post_commit_errors"
+        self._metrics.note_error(counter, what, exc)
+        log.error(
+            "%s: %s failed (committed writes stand): %s: %s",
+            self.path,
+            what,
+            type(exc).__name__,
+            exc,
+        )
 
     def before_checkpoint(self, fn: Callable[[], None]) -> None:
         """Call *fn* before every checkpoint of this database (a checkpoint makes
@@ -511,7 +608,9 @@ class Database:
         ``serve`` was called, those of other processes waiting for the gate (each in
         its own savepoint: one that raises fails alone).  Returns what ``item.run``
         (or the applier, through ``item.result``) returned; raises what it raised, or
-        ``StoreBusy`` past the write budget with nothing written."""
+        ``StoreBusy`` past the write budget with nothing written.  An item whose COMMIT
+        failed syncing (``CommitUncertain``) is applied once more if it may run again
+        (``payload()`` is not None); else, or if that fails too, it raises."""
         self._check_process()
         if not all(callable(getattr(item, name, None)) for name in ("run", "payload", "result")):
             raise errors.InvalidInput(
@@ -522,7 +621,16 @@ class Database:
             raise errors.DatabaseError(
                 f"{self.path}: db.submit() inside a db.write() block of the same thread"
             )
-        return self._combiner.submit(item, time.monotonic())
+        try:
+            return self._combiner.submit(item, time.monotonic())
+        except errors.CommitUncertain:
+            if item.payload() is None:
+                raise  # not safe to apply twice: the caller decides
+            # An item that may run again (it may in another process) is applied once
+            # more: found in the file if its COMMIT got there, else written now.  If
+            # that COMMIT succeeds, the outcome is known; its frames replace the others.
+            self._metrics.count("ambiguous_commits")
+            return self._combiner.submit(item, time.monotonic())
 
     def _open_write(self, started: float, deadline: float) -> WriteTx:
         """The gate held: BEGIN IMMEDIATE on the writer connection within *deadline*
@@ -546,8 +654,9 @@ class Database:
                     conn.execute("COMMIT")
                 except apsw.Error as exc:
                     self._metrics.count("write_errors")
+                    failed = _translate(exc, self.path, conn, commit=True)
                     self._rollback(conn)
-                    raise _translate(exc, self.path) from exc
+                    raise failed from exc
             else:
                 self._metrics.count("write_errors")
                 self._rollback(conn)
@@ -561,12 +670,15 @@ class Database:
         return writer is not None and bool(writer.in_transaction)
 
     def _committed(self, started: float, acquired: float, items: int, served: int) -> None:
-        self._metrics.record_write(acquired - started, time.monotonic() - acquired)
-        self._metrics.count("batched_items", items)
-        if served:
-            self._metrics.count("served", served)
-        self._metrics.peak("batch_max", items)
-        self._maybe_checkpoint()
+        """Group commit's figures after a COMMIT; never raises (see ``_after_commit``)."""
+        try:
+            self._metrics.count("batched_items", items)
+            if served:
+                self._metrics.count("served", served)
+            self._metrics.peak("batch_max", items)
+        except Exception as exc:
+            self._background_error("after commit", exc)
+        self._after_commit(acquired - started, time.monotonic() - acquired)
 
     def _handed_over(self) -> None:
         self._metrics.count("handed_over")
@@ -688,43 +800,55 @@ class Database:
         if not self._checkpoint_lock.acquire(blocking=wait):
             return (-1, -1)
         try:
-            if self._checkpointer is None:
-                with _guard.inside():
-                    self._checkpointer = self._connect("checkpointer")
-            conn = self._checkpointer
-            if self._before_checkpoint is not None:
-                try:
-                    self._before_checkpoint()
-                except OSError as exc:
-                    # The WAL keeps the frames; the next checkpoint tries again.
-                    self._metrics.count("checkpoint_errors")
-                    raise errors.DatabaseError(
-                        f"{self.path}: checkpoint put off: what it would make durable "
-                        f"refers to files that could not be synced: {exc}"
-                    ) from exc
-            with _guard.inside():
-                try:
-                    log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-                except apsw.BusyError:
-                    return (-1, -1)
-                except apsw.Error as exc:
-                    raise _translate(exc, self.path) from exc
-                self._metrics.count("checkpoints")
-                # TRUNCATE holds SQLite's write lock through a full backfill and an
-                # fsync (22-28 ms stalls of the gate holder, measured): only for a WAL
-                # file grown large, e.g. while a reader pinned it, and fully copied.
-                limit = 1 if truncate else self.settings.truncate_bytes
-                if done == log and self._wal_file_bytes() >= limit:
-                    conn.setbusytimeout(0)
-                    try:
-                        log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-                    except apsw.BusyError:
-                        pass
-                    finally:
-                        conn.setbusytimeout(self.settings.busy_timeout_ms)
-                return (log, done)
+            return self._checkpoint(truncate)
+        except errors.StoreClosed:
+            raise
+        except errors.FleetstoreError as exc:
+            # The WAL keeps the frames (every committed write stands); the next
+            # checkpoint tries again.  Counted and shown: metrics(), doctor.
+            self._metrics.note_error("checkpoint_errors", "checkpoint", exc)
+            raise
         finally:
             self._checkpoint_lock.release()
+
+    def _checkpoint(self, truncate: bool) -> tuple[int, int]:
+        outcome = "the checkpoint did not finish; committed writes stay in the WAL"
+        if self._checkpointer is None:
+            with _guard.inside():
+                self._checkpointer = self._connect("checkpointer", outcome)
+        conn = self._checkpointer
+        if self._before_checkpoint is not None:
+            try:
+                self._before_checkpoint()
+            except OSError as exc:
+                raise errors.storage_error(
+                    exc,
+                    f"{self.path}: checkpoint put off: what it would make durable refers "
+                    "to files that could not be synced",
+                ) from exc
+        with _guard.inside():
+            try:
+                log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            except apsw.BusyError:
+                return (-1, -1)
+            except apsw.Error as exc:
+                raise _translate(exc, self.path, conn, outcome=outcome) from exc
+            self._metrics.count("checkpoints")
+            # TRUNCATE holds SQLite's write lock through a full backfill and an
+            # fsync (22-28 ms stalls of the gate holder, measured): only for a WAL
+            # file grown large, e.g. while a reader pinned it, and fully copied.
+            limit = 1 if truncate else self.settings.truncate_bytes
+            if done == log and self._wal_file_bytes() >= limit:
+                conn.setbusytimeout(0)
+                try:
+                    log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                except apsw.BusyError:
+                    pass
+                except apsw.Error as exc:
+                    raise _translate(exc, self.path, conn, outcome=outcome) from exc
+                finally:
+                    conn.setbusytimeout(self.settings.busy_timeout_ms)
+            return (log, done)
 
     def _wal_file_bytes(self) -> int:
         try:

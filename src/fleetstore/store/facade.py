@@ -187,7 +187,7 @@ class Store:
         *independent* (claims, heartbeats, sweeps): neither depends on this
         process's spooled writes nor they on it: applied now even while the
         spool holds writes, never spooled.  If the journal cannot be written
-        either (disk full), ``DatabaseError``: nothing was written."""
+        either, ``StorageFull`` (disk full) or ``StorageError``: nothing was written."""
         check_operation(op)
         for name, flag in (
             ("spool", spool),
@@ -231,9 +231,11 @@ class Store:
         try:
             self.spool.append(op)
         except OSError as exc:
-            raise errors.DatabaseError(
-                f"{self.path}: {op.name} could not be written now (the store is busy) nor "
-                f"spooled ({exc}); nothing was written"
+            why = "the store is busy" if busy is not None else "earlier writes are spooled"
+            raise errors.storage_error(
+                exc,
+                f"{self.path}: {op.name} could not be written now ({why}) nor spooled in "
+                f"{self.spool_dir}; nothing was written",
             ) from exc
         if busy is not None:
             log.warning(

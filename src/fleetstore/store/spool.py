@@ -218,8 +218,9 @@ class Spool:
             fsync_dir(self.directory)
         except BaseException:
             os.close(fd)
-            with contextlib.suppress(OSError):
-                new.unlink()
+            for made in (new, path):  # renamed or not: no empty journal left unlocked
+                with contextlib.suppress(OSError):
+                    made.unlink()
             raise
         self._fd, self._path, self._size = fd, path, 0
 
