@@ -49,6 +49,22 @@ class BlobRef:
     codec: str = CODEC
 
 
+def blob_shas(value: Any, found: set[str] | None = None) -> set[str]:
+    """The hashes of every blob an operation's arguments refer to (``{"blob": {...}}``
+    anywhere in them)."""
+    found = set() if found is None else found
+    if isinstance(value, dict):
+        ref = value.get("blob")
+        if isinstance(ref, dict) and isinstance(ref.get("sha256"), str):
+            found.add(ref["sha256"])
+        for v in value.values():
+            blob_shas(v, found)
+    elif isinstance(value, list):
+        for v in value:
+            blob_shas(v, found)
+    return found
+
+
 def check_sha(sha256: object) -> str:
     if not isinstance(sha256, str) or not _SHA.fullmatch(sha256):
         raise errors.InvalidInput(f"not a blob hash (64 lower-case hex digits): {sha256!r}")
@@ -383,6 +399,7 @@ __all__ = [
     "BlobRef",
     "BlobStore",
     "DbBlobStore",
+    "blob_shas",
     "check_sha",
     "syncfs",
     "fsync_dir",
