@@ -40,6 +40,7 @@ from fleetstore.engine.combine import Combiner
 from fleetstore.engine.forkguard import ForkGuard
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.proclocks import lock_holders
+from fleetstore.engine.translate import bad_params, commit_error, translate
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -52,78 +53,10 @@ _BEGIN_RETRY_SLEEP = 0.001
 _MAX_IDLE_READERS = 4
 
 
-#: COMMIT failed while syncing: its frames may be whole in the WAL, and a crash before
-#: the next write there brings them back (tests/engine/test_faults.py).
-_UNCERTAIN = frozenset({apsw.SQLITE_IOERR_FSYNC, apsw.SQLITE_IOERR_DIR_FSYNC})
-
-
-def _translate(
-    exc: apsw.Error,
-    path: str,
-    conn: apsw.Connection | None = None,
-    commit: bool = False,
-    outcome: str = "nothing of the transaction was written",
-) -> errors.FleetstoreError:
-    """The fleetstore error for a driver error; the caller raises it ``from exc``.
-    *conn* (the connection that met it) tells a full disk from a failing one; a
-    storage error's message ends with *outcome*."""
-    message = f"{path}: {exc}"
-    if isinstance(exc, apsw.FullError | apsw.IOError):
-        return _storage_error(exc, path, conn, commit, outcome)
-    if isinstance(exc, apsw.ConstraintError):
-        return errors.IntegrityError(message)
-    if isinstance(exc, apsw.ReadOnlyError):
-        return errors.ReadOnlyError(message)
-    if isinstance(exc, apsw.NotADBError | apsw.CorruptError):
-        return errors.CorruptStore(message)
-    if isinstance(exc, apsw.BusyError | apsw.LockedError):
-        return errors.StoreBusy(path, 0.0, 1, stage="statement")
-    if isinstance(exc, apsw.ConnectionClosedError | apsw.CursorClosedError):
-        return errors.StoreClosed(message)
-    return errors.DatabaseError(message)
-
-
-def _storage_error(
-    exc: apsw.Error, path: str, conn: apsw.Connection | None, commit: bool, outcome: str
-) -> errors.StorageError:
-    code = getattr(exc, "extendedresult", 0)
-    if commit and code in _UNCERTAIN:
-        return errors.CommitUncertain(
-            f"{path}: COMMIT failed syncing the WAL ({exc}): the write may or may not be in "
-            "the file; read it before writing again (an idempotent write may be repeated)"
-        )
-    try:
-        err = conn.system_errno if conn is not None else 0
-    except apsw.Error:
-        err = 0
-    text = str(exc) or "disk I/O error"
-    # A statement or COMMIT that fails here leaves nothing of its transaction: the
-    # write path rolls it back, and WAL frames count only once whole.
-    if isinstance(exc, apsw.FullError) or err in errors.FULL_ERRNOS:
-        reason = os.strerror(err) if err in errors.FULL_ERRNOS else "database or disk is full"
-        return errors.StorageFull(f"{path}: {reason}; {outcome}")
-    detail = f" ({os.strerror(err)})" if err else ""
-    name = apsw.mapping_extended_result_codes.get(code, "")
-    return errors.StorageError(f"{path}: {text}{detail} [{name or code}]; {outcome}")
-
-
-def _commit_error(
-    exc: BaseException, path: str, conn: apsw.Connection
-) -> errors.FleetstoreError | None:
-    """The fleetstore error for a driver error COMMIT raised (None: not a driver error)."""
-    return _translate(exc, path, conn, commit=True) if isinstance(exc, apsw.Error) else None
-
-
 def _sql(sql: object) -> str:
     if not isinstance(sql, str) or "\x00" in sql:
         raise errors.InvalidInput(f"sql must be SQL text (without NUL), not {sql!r:.80}")
     return sql
-
-
-def _bad_params(exc: Exception, path: str) -> errors.InvalidInput:
-    """What the driver raises for parameters it cannot bind (a type it does not
-    know, an integer past 64 bits, text that is not UTF-8) is bad input."""
-    return errors.InvalidInput(f"{path}: parameters cannot be bound: {exc}")
 
 
 def _callable(fn: object) -> None:
@@ -166,10 +99,10 @@ class _Tx:
             return cursor.execute(_sql(sql), params).fetchall()
         except apsw.Error as exc:
             self._drop_cursor()
-            raise _translate(exc, self._path, self._conn) from exc
+            raise translate(exc, self._path, self._conn) from exc
         except (TypeError, ValueError, OverflowError) as exc:
             self._drop_cursor()
-            raise _bad_params(exc, self._path) from exc
+            raise bad_params(exc, self._path) from exc
         except BaseException:
             self._drop_cursor()
             raise
@@ -182,10 +115,10 @@ class _Tx:
                 pass
         except apsw.Error as exc:
             self._drop_cursor()
-            raise _translate(exc, self._path, self._conn) from exc
+            raise translate(exc, self._path, self._conn) from exc
         except (TypeError, ValueError, OverflowError) as exc:
             self._drop_cursor()
-            raise _bad_params(exc, self._path) from exc
+            raise bad_params(exc, self._path) from exc
         except BaseException:
             self._drop_cursor()
             raise
@@ -343,7 +276,7 @@ class Database:
                 page_size = _pragma(conn, "page_size")
                 mode = self._journal_mode(conn)
         except apsw.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise translate(exc, self.path) from exc
         self._frame_bytes = page_size + 24
         if mode == "wal" and not fresh:
             return
@@ -367,7 +300,7 @@ class Database:
                 except apsw.BusyError:
                     pass
                 except apsw.Error as exc:
-                    raise _translate(exc, self.path) from exc
+                    raise translate(exc, self.path) from exc
                 if time.monotonic() >= deadline:
                     raise errors.StoreBusy(
                         self.path,
@@ -400,7 +333,7 @@ class Database:
             if conn is not None:
                 with contextlib.suppress(apsw.Error):
                     conn.close(True)
-            raise _translate(exc, self.path, conn, outcome=outcome) from exc
+            raise translate(exc, self.path, conn, outcome=outcome) from exc
         return conn
 
     def _configure(self, conn: apsw.Connection, role: str) -> None:
@@ -527,7 +460,7 @@ class Database:
                 except BaseException as exc:
                     self._metrics.count("write_errors")
                     tx._drop_cursor()
-                    failed = _commit_error(exc, self.path, conn)
+                    failed = commit_error(exc, self.path, conn)
                     self._rollback(conn)
                     if failed is not None:
                         raise failed from exc
@@ -654,7 +587,7 @@ class Database:
                     conn.execute("COMMIT")
                 except apsw.Error as exc:
                     self._metrics.count("write_errors")
-                    failed = _translate(exc, self.path, conn, commit=True)
+                    failed = translate(exc, self.path, conn, commit=True)
                     self._rollback(conn)
                     raise failed from exc
             else:
@@ -740,7 +673,7 @@ class Database:
                             self._rollback(conn)
                             if self._writer is conn:
                                 continue
-                        raise _translate(exc, self.path) from exc
+                        raise translate(exc, self.path) from exc
                     self._metrics.count("begin_busy_retries")
                     if time.monotonic() >= deadline:
                         self._metrics.count("busy_timeouts")
@@ -832,7 +765,7 @@ class Database:
             except apsw.BusyError:
                 return (-1, -1)
             except apsw.Error as exc:
-                raise _translate(exc, self.path, conn, outcome=outcome) from exc
+                raise translate(exc, self.path, conn, outcome=outcome) from exc
             self._metrics.count("checkpoints")
             # TRUNCATE holds SQLite's write lock through a full backfill and an
             # fsync (22-28 ms stalls of the gate holder, measured): only for a WAL
@@ -845,7 +778,7 @@ class Database:
                 except apsw.BusyError:
                     pass
                 except apsw.Error as exc:
-                    raise _translate(exc, self.path, conn, outcome=outcome) from exc
+                    raise translate(exc, self.path, conn, outcome=outcome) from exc
                 finally:
                     conn.setbusytimeout(self.settings.busy_timeout_ms)
             return (log, done)
@@ -893,7 +826,7 @@ class Database:
                 conn.execute("BEGIN")
                 result = fn(tx)
             except apsw.Error as exc:
-                raise _translate(exc, self.path) from exc
+                raise translate(exc, self.path) from exc
             finally:
                 tx._open = False
                 tx._drop_cursor()
