@@ -197,6 +197,21 @@ def insert(db: Database, key: str) -> None:
         tx.execute("INSERT INTO t VALUES (?, randomblob(9000))", (key,))
 
 
+def commit_until_checkpointed(db: Database) -> None:
+    """Commit rows (keys ``more-N``) until a checkpoint runs: the checkpoint thread is
+    alive and asked.  (One commit may not cross the line: the WAL's count of frames
+    can start over at a checkpoint.)"""
+    done, more = db.metrics()["checkpoints"], iter(range(10_000))
+
+    def checkpointed() -> bool:
+        if db.metrics()["checkpoints"] > done:
+            return True
+        insert(db, f"more-{next(more)}")
+        return False
+
+    _wait(checkpointed)
+
+
 def test_a_background_checkpoint_on_a_full_disk_is_counted_and_the_writes_return(
     tmp_path: Path, faults: Faults
 ) -> None:
@@ -209,10 +224,9 @@ def test_a_background_checkpoint_on_a_full_disk_is_counted_and_the_writes_return
         last = db.metrics()["last_error"]
         assert last["what"] == "checkpoint" and last["error"].startswith("StorageFull:")
         faults.clear()
-        done = db.metrics()["checkpoints"]
-        insert(db, "k5")
-        _wait(lambda: db.metrics()["checkpoints"] > done)  # checkpoints go on
-        assert db.read(lambda tx: tx.execute("SELECT count(*) FROM t"))[0][0] == 6
+        commit_until_checkpointed(db)  # checkpoints go on
+        keys = db.read(lambda tx: [r[0] for r in tx.execute("SELECT k FROM t")])
+        assert [k for k in keys if k.startswith("k")] == [f"k{i}" for i in range(5)]
     finally:
         db.close()
 
@@ -237,9 +251,7 @@ def test_the_checkpoint_thread_survives_any_failure(
         _wait(lambda: db.metrics()["checkpoint_errors"] + db.metrics()["post_commit_errors"] >= 1)
         db.before_checkpoint(lambda: None)
         faults.clear()
-        done = db.metrics()["checkpoints"]
-        insert(db, "k1")
-        _wait(lambda: db.metrics()["checkpoints"] > done)
+        commit_until_checkpointed(db)
     finally:
         db.close()
 
@@ -349,13 +361,59 @@ def test_nothing_after_commit_turns_a_committed_write_into_an_error(
         assert "injected" in figures["last_error"]["error"]
         # Nothing is left held or stuck: the next writes, from this process and from
         # another thread, go through, and checkpoints still run.
-        done = figures["checkpoints"]
         other = threading.Thread(target=insert, args=(db, "y"))
         other.start()
         other.join(30)
         insert(db, "z")
-        _wait(lambda: db.metrics()["checkpoints"] > done)
+        commit_until_checkpointed(db)
     finally:
         db.close()
     keys, check = keys_in(tmp_path / "p.db")
-    assert check == "ok" and sorted(keys) == ["warm", "x", "y", "z"]
+    assert check == "ok" and [k for k in keys if not k.startswith("more-")] == [
+        "warm",
+        "x",
+        "y",
+        "z",
+    ]
+
+
+def test_a_batch_whose_results_cannot_be_handed_back_still_lands_each_item_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: the holder commits another writer's item with its own, then fails
+    to write that item's result into its slot.  The holder's write returns; the other
+    is told to apply its item itself (RETRY), finds it there, and lands it once."""
+    from fleetstore.engine.combine import POSTED, Board
+    from tests.agents.combine_agent import SCHEMA, TAG, KeyItem, applier
+
+    path = tmp_path / "g.db"
+    holder = Database.open(path, migrations=SCHEMA)
+    waiter = Database.open(path, migrations=SCHEMA)
+    try:
+        for db, warm in ((holder, "warm-h"), (waiter, "warm-w")):
+            db.serve(TAG, applier)
+            db.submit(KeyItem(warm, 1))  # each owns a slot
+        board = holder._combiner.board()
+        assert isinstance(board, Board)
+        holder._gate.acquire(time.monotonic() + 30)
+        outcome: dict[str, object] = {}
+        other = threading.Thread(target=lambda: outcome.update(w=waiter.submit(KeyItem("w", 2))))
+        other.start()
+        _wait(lambda: any(board.states[i] == POSTED for i in range(len(board.addrs))))
+
+        def broken(self: Board, i: int, data: bytes) -> bool:
+            raise OSError(5, "Input/output error (injected)")
+
+        monkeypatch.setattr(Board, "put_results", broken)
+        monkeypatch.setattr(holder._gate, "try_acquire", lambda: True)  # it holds it already
+        assert holder.submit(KeyItem("h", 1)) == {"key": "h", "inserted": True}
+        monkeypatch.undo()
+        other.join(30)
+        assert outcome["w"] == {"key": "w", "inserted": False}  # found there: applied once
+        assert holder.metrics()["post_commit_errors"] == 1
+        assert holder.metrics()["served"] == 1
+        rows = holder.read(lambda tx: tx.execute("SELECT k FROM t ORDER BY k"))
+        assert [r[0] for r in rows] == ["h", "w", "warm-h", "warm-w"]
+    finally:
+        waiter.close()
+        holder.close()

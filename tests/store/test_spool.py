@@ -608,7 +608,7 @@ def test_failed_append_leaves_no_partial_line_in_the_journal(
     path, sessions = new_store(tmp_path)
     lock, _ = start_lock(spawn, path, float(HOLD))
     writer = agent("efbig", path, sessions)
-    writer.wait_line("failed DatabaseError", timeout=60)  # the write raised: not acknowledged
+    writer.wait_line("failed StorageFull", timeout=60)  # the write raised: not acknowledged
     writer.wait_line("done", timeout=60)
     kill9(writer)
     release(lock)
