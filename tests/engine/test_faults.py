@@ -417,3 +417,12 @@ def test_a_batch_whose_results_cannot_be_handed_back_still_lands_each_item_once(
     finally:
         waiter.close()
         holder.close()
+
+
+@pytest.mark.parametrize("cls", [errors.StorageError, errors.StorageFull, errors.CommitUncertain])
+def test_storage_errors_cross_processes_as_themselves(cls: type[errors.StorageError]) -> None:
+    """Group commit hands an item's error back as data (errors.to_wire / from_wire)."""
+    sent = cls("/srv/app.db: No space left on device; nothing of the transaction was written")
+    back = errors.from_wire(json.loads(json.dumps(errors.to_wire(sent))))
+    assert type(back) is cls and str(back) == str(sent)
+    assert isinstance(back, errors.DatabaseError)
