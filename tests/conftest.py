@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ("tests.fix_procs", "tests.fix_pg", "tests.fix_stores")
+pytest_plugins = ("tests.fix_procs", "tests.fix_pg", "tests.fix_stores", "tests.fix_faults")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -7,6 +7,7 @@ the SQLite driver are kept as ``__cause__``.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -96,6 +97,20 @@ class ReadOnlyError(DatabaseError):
     """A write was attempted inside a read transaction; use ``db.write()``."""
 
 
+class StorageError(DatabaseError):
+    """The disk refused a write (an I/O error); the message says what was not written."""
+
+
+class StorageFull(StorageError):
+    """No space left for a write (the disk, a quota, or the file size limit); the
+    message says what was not written.  It fails again until space is freed."""
+
+
+class CommitUncertain(StorageError):
+    """COMMIT failed while syncing the write-ahead log to disk: the transaction may be
+    in the file or not (a crash now can bring it back).  Read before writing again."""
+
+
 class MigrationError(PermanentError):
     """A migration could not be applied; the store is left at its previous version."""
 
@@ -157,6 +172,17 @@ class LeaseLost(PermanentError):
         super().__init__(message)
 
 
+#: errno values that mean "no room", whatever refused it: the disk, a quota, RLIMIT_FSIZE.
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def storage_error(exc: OSError, what: str) -> StorageError:
+    """The typed error for an ``OSError`` met writing a file: *what* says what was and
+    was not written (the caller raises it ``from exc``)."""
+    cls = StorageFull if exc.errno in FULL_ERRNOS else StorageError
+    return cls(f"{what}: {exc.strerror or exc}")
+
+
 # -- errors handed between processes ---------------------------------------------------------
 # A write applied by another process for this one (group commit: engine/combine.py)
 # comes back as its error's class name, message and arguments, and is raised here as
@@ -194,6 +220,7 @@ def from_wire(data: object) -> FleetstoreError:
 __all__ = [
     "AlreadyExists",
     "BlobCorrupt",
+    "CommitUncertain",
     "ConfigError",
     "CorruptStore",
     "DatabaseError",
@@ -210,6 +237,8 @@ __all__ = [
     "PermanentError",
     "ReadOnlyError",
     "SpoolPending",
+    "StorageError",
+    "StorageFull",
     "StoreBusy",
     "StoreClosed",
     "TransientError",

@@ -541,3 +541,94 @@ def test_blob_rows_without_their_file_are_a_problem(tmp_path: Path) -> None:
     assert found["severity"] == "problem" and files[0].name in found["message"]
     assert report["fleetstore"]["blobs"]["missing_shas"] == [files[0].name]
     assert code == doctor.EXIT_PROBLEMS
+
+
+FAILING_CHECKPOINTS = r"""
+import sys, time
+from tests.fix_faults import install
+import fleetstore
+faults = install()
+store = fleetstore.open(sys.argv[1], checkpoint_bytes=8192, publish_interval=0.05)
+s = store.sessions.create()
+faults.fail("xWrite", "db", error="full", times=0)  # no checkpoint copies a page back
+deadline = time.monotonic() + 60
+while store.metrics()["checkpoint_errors"] == 0 and time.monotonic() < deadline:
+    store.messages.append(s.id, "user", "x" * 5000)
+    time.sleep(0.01)
+time.sleep(0.3)  # published
+print("failing", store.metrics()["checkpoint_errors"], flush=True)
+time.sleep(600)
+"""
+
+
+def test_checkpoints_failing_in_another_process_are_reported(
+    tmp_path: Path, agents: list[Proc]
+) -> None:
+    """A process learns of its own failed checkpoints only in its figures (they are
+    never raised: the commits stand); doctor reads them where it publishes them."""
+    db = tmp_path / "store.db"
+    make_store(db)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        writer = Proc([sys.executable, "-c", FAILING_CHECKPOINTS, str(db)], "failing checkpoints")
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    agents.append(writer)
+    writer.wait_line("failing", timeout=60)
+
+    rc, report = doctor_json(db)
+
+    found = finding(report, "checkpoint-failing")
+    assert f"pid {writer.pid}" in found["message"] and "StorageFull" in found["message"]
+    assert found["severity"] == "warning" and rc >= doctor.EXIT_WARNINGS
+
+
+@pytest.mark.parametrize("free, code", [(1024, "disk-full"), (100 * 2**20, "disk-low")])
+def test_a_full_or_nearly_full_disk_is_reported(tmp_path: Path, free: int, code: str) -> None:
+    db = tmp_path / "store.db"
+    make_store(db)
+    # Doctor in its own process, told the file system has *free* bytes left.
+    run = (
+        "import sys; from fleetstore.admin.doctor import findings; "
+        f"findings.free_bytes = lambda path: {free}; "
+        "from fleetstore.cli.main import main; sys.argv[0] = 'fleetstore'; main()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", run, "doctor", str(db), "--json", "--interval", "0.1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
+    report = json.loads(done.stdout)
+    found = finding(report, code)
+    assert "StorageFull" in found["message"]
+    assert found["severity"] == ("problem" if code == "disk-full" else "warning")
+    assert done.returncode == (
+        doctor.EXIT_PROBLEMS if code == "disk-full" else doctor.EXIT_WARNINGS
+    )
+
+
+def test_a_spool_journal_whose_blob_is_missing_is_reported(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    make_store(db)
+    spool = tmp_path / "store.db.spool"
+    spool.mkdir(mode=0o700)
+    missing = "ab" * 32
+    part = {"enc": "str", "blob": {"sha256": missing, "size": 10, "stored_size": 10}}
+    args = {"id": new_id(), "session_id": new_id(), "role": "tool", "parts": [part]}
+    journal = spool / f"{4_000_000}-{os.urandom(6).hex()}.jsonl"
+    journal.write_bytes(encode_line(Operation("append_message", args, new_id())))
+    journal.chmod(0o600)
+
+    rc, report = doctor_json(db)
+
+    found = finding(report, "spool-blob-missing")
+    assert missing in found["message"] and found["severity"] == "problem"
+    [entry] = report["fleetstore"]["spool"]["journals"]
+    assert entry["missing_blobs"] == [missing]
+    assert rc == doctor.EXIT_PROBLEMS

@@ -608,7 +608,7 @@ def test_failed_append_leaves_no_partial_line_in_the_journal(
     path, sessions = new_store(tmp_path)
     lock, _ = start_lock(spawn, path, float(HOLD))
     writer = agent("efbig", path, sessions)
-    writer.wait_line("failed DatabaseError", timeout=60)  # the write raised: not acknowledged
+    writer.wait_line("failed StorageFull", timeout=60)  # the write raised: not acknowledged
     writer.wait_line("done", timeout=60)
     kill9(writer)
     release(lock)
@@ -751,3 +751,86 @@ def test_recover_without_a_store_exits_2_and_creates_nothing(tmp_path: Path) -> 
     )
     assert done.returncode == 2 and "no store" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_last_line_with_its_newline_is_kept_not_taken_for_a_torn_append(
+    tmp_path: Path,
+) -> None:
+    """A line whose newline was written was written whole, fsynced and acknowledged:
+    if it fails its checksum it is damage, even as the last line (it used to be
+    dropped as a torn append, the journal deleted and recover exit 0)."""
+    path, (s1, _) = new_store(tmp_path)
+    lines = [spool.encode_line(append_op(s1, i)) for i in range(3)]
+    lines[2] = lines[2].replace(b'"role":"user"', b'"role":"usEr"')  # newline kept
+    journal = write_journal(path, lines)
+    rc, report = recover_cli(path)
+    assert rc == 1, report
+    (entry,) = report["journals"]
+    assert (entry["status"], entry["replayed"]) == ("damaged", 2)
+    assert (
+        "line 3 cannot be replayed (journal line does not match its checksum)" in (entry["detail"])
+    )
+    assert journal.exists() and journal.read_bytes() == b"".join(lines)
+    with fleetstore.open(path) as store:
+        assert [m.metadata["i"] for m in store.messages.list(s1)] == [0, 1]
+
+
+def test_an_operation_whose_blob_is_missing_is_not_applied_and_its_journal_is_kept(
+    tmp_path: Path,
+) -> None:
+    """Applied, it left a message that raised BlobCorrupt on every list, and a session
+    that could not be exported; recover said 0."""
+    from fleetstore.domain.codec import encode_parts
+
+    path, (s1, _) = new_store(tmp_path)
+    with fleetstore.open(path) as store:
+        parts = encode_parts(store, [fleetstore.Text("x" * 200_000)])  # writes its blob file
+    (blob,) = [p for p in Path(path + ".blobs").rglob("*") if len(p.name) == 64]
+    blob.unlink()  # lost: a restore without the blob folder, a disk error
+    args = {"id": new_id(), "session_id": s1, "role": "tool", "parts": parts}
+    ops = [append_op(s1, 0), Operation("append_message", args, new_id()), append_op(s1, 2)]
+    journal = write_journal(path, [spool.encode_line(op) for op in ops])
+    for _ in range(2):  # the same each time, nothing applied past it
+        rc, report = recover_cli(path)
+        assert rc == 1, report
+        (entry,) = report["journals"]
+        assert (entry["status"], entry["replayed"]) == ("damaged", 1)
+        assert f"blob {blob.name}" in entry["detail"], entry
+        assert "missing or damaged" in entry["detail"] and "file is kept" in entry["detail"]
+        assert journal.exists()
+    with fleetstore.open(path) as store:
+        # Readable, and exportable: no row refers to the missing blob.
+        assert [m.metadata.get("i") for m in store.messages.list(s1)] == [0]
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"this is not a database\n" * 40, "not a SQLite database"),
+        (b"", "is empty"),
+        (None, "another program"),
+    ],
+    ids=["garbage", "empty", "foreign sqlite"],
+)
+def test_recover_of_a_file_that_is_no_store_exits_1_and_changes_nothing(
+    tmp_path: Path, content: bytes | None, why: str
+) -> None:
+    target = tmp_path / "thing.db"
+    if content is None:  # another program's SQLite file, made in a process of its own
+        make = "import apsw, sys; apsw.Connection(sys.argv[1]).execute('CREATE TABLE notes(t)')"
+        subprocess.run([sys.executable, "-c", make, str(target)], check=True, timeout=60)
+    else:
+        target.write_bytes(content)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for extra in ([], ["--json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "fleetstore", "recover", str(target), *extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(),
+        )
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert why in done.stderr and "not a fleetstore store" in done.stderr
+        assert "nothing was changed" in done.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -18,8 +18,10 @@ Exit codes:
   0  every journal of a dead process was replayed and deleted, or there was none
      (journals of live processes are theirs to replay and are left alone)
   1  an operation was rejected (kept in STORE.spool/rejected.jsonl), a journal is
-     damaged (kept), the replay stopped unfinished (the store stayed locked past
-     the budget, or failed; the journal is kept), or the store could not be opened
+     damaged (kept: a whole line fails its checksum, or an operation's blob file
+     is missing), the replay stopped unfinished (the store stayed locked past the
+     budget, or failed; the journal is kept), PATH is not a fleetstore store (it
+     is left unchanged), or the store could not be opened
   2  bad usage, or there is no store at PATH (nothing is created)""",
 )
 @click.argument("path", required=False, default=None, type=click.Path(path_type=str))
@@ -47,8 +49,10 @@ def recover(path: str | None, write_budget: float | None, as_json: bool) -> None
     PATH is the store's file, a directory holding fleetstore.db, or
     sqlite:///absolute/path; default $FLEETSTORE_URL, else DATA_DIR/fleetstore.db.
     Each journal whose process is gone is replayed in order and deleted; a live
-    process's journal is left alone (busy). A torn last line (a crash mid-append,
-    never acknowledged) is ignored. Operations that can no longer apply are kept,
+    process's journal is left alone (busy). A torn last line (no newline: a crash
+    mid-append, never acknowledged) is ignored; any other bad line, and an
+    operation whose blob file is missing or damaged, stops the replay there and
+    keeps the journal for a person. Operations that can no longer apply are kept,
     with the reason, in STORE.spool/rejected.jsonl. Replaying twice changes nothing.
     """
     import logging

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any
 
 # Buckets grow by 10 % from 1 µs: percentile error stays under 10 %, and
@@ -108,8 +109,9 @@ class WriteMetrics:
         "begin_busy_retries",  # BEGIN IMMEDIATE met an outside holder and was retried
         "gate_contended",  # the gate was not free at the first try
         "checkpoints",  # checkpoints run after commit
-        "checkpoint_errors",  # checkpoints put off: what they would make durable could not be
+        "checkpoint_errors",  # checkpoints that failed (the WAL keeps the frames)
         "wal_restarts",  # commits that found the WAL started over (a checkpoint caught up)
+        "post_commit_errors",  # work after a COMMIT that failed (the commit stands)
         "discarded_connections",  # connections thrown away after a failed rollback
         # PostgreSQL: a write transaction started over (always 0 on SQLite)
         "serialization_retries",  # SQLSTATE 40001
@@ -129,6 +131,8 @@ class WriteMetrics:
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self.lock_wait = Histogram()
         self.lock_hold = Histogram()
+        #: The last failure of work beside the writes (a checkpoint, a gate hand-over).
+        self.last_error: dict[str, Any] | None = None
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -138,6 +142,16 @@ class WriteMetrics:
         with self._lock:
             if value > self.counters[name]:
                 self.counters[name] = value
+
+    def note_error(self, counter: str, what: str, exc: BaseException) -> None:
+        """Count a failure under *counter* and keep it as ``last_error``."""
+        with self._lock:
+            self.counters[counter] += 1
+            self.last_error = {
+                "at": time.time(),
+                "what": what,
+                "error": f"{type(exc).__name__}: {exc}"[:2000],
+            }
 
     def record_write(self, wait: float, hold: float) -> None:
         with self._lock:
@@ -154,6 +168,7 @@ class WriteMetrics:
         with self._lock:
             return {
                 **self.counters,
+                "last_error": dict(self.last_error) if self.last_error else None,
                 "lock_wait": self.lock_wait.snapshot(),
                 "lock_hold": self.lock_hold.snapshot(),
             }

@@ -49,6 +49,22 @@ class BlobRef:
     codec: str = CODEC
 
 
+def blob_shas(value: Any, found: set[str] | None = None) -> set[str]:
+    """The hashes of every blob an operation's arguments refer to (``{"blob": {...}}``
+    anywhere in them)."""
+    found = set() if found is None else found
+    if isinstance(value, dict):
+        ref = value.get("blob")
+        if isinstance(ref, dict) and isinstance(ref.get("sha256"), str):
+            found.add(ref["sha256"])
+        for v in value.values():
+            blob_shas(v, found)
+    elif isinstance(value, list):
+        for v in value:
+            blob_shas(v, found)
+    return found
+
+
 def check_sha(sha256: object) -> str:
     if not isinstance(sha256, str) or not _SHA.fullmatch(sha256):
         raise errors.InvalidInput(f"not a blob hash (64 lower-case hex digits): {sha256!r}")
@@ -99,29 +115,50 @@ class BlobStore:
         packed = zstandard.ZstdCompressor(
             level=COMPRESSION_LEVEL, write_content_size=True
         ).compress(data)
+        existed = target.exists()  # damaged: replaced below
+        try:
+            self._write(target, packed)
+        except OSError as exc:
+            if existed:
+                left = "the damaged file there may be left as it was"
+            elif target.exists():
+                left = "its file is in place but may not survive a power loss"
+            else:
+                left = "no file of it was left"
+            raise errors.storage_error(
+                exc,
+                f"blob {sha} ({len(data):,} bytes) could not be stored in {self.directory} "
+                f"({left}); nothing that refers to it was written",
+            ) from exc
+        return BlobRef(sha, len(data), len(packed))
+
+    def _write(self, target: Path, packed: bytes) -> None:
+        """*packed* at *target*: a temporary file, written whole (fsynced if durable),
+        renamed into place.  On an ``OSError`` the temporary file is gone; *target* is
+        either absent or whole (a rename done before a directory fsync failed)."""
         if not target.parent.is_dir():
             # mkdir(parents=True) would create the top directory with the umask's mode.
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             target.parent.mkdir(mode=0o700, exist_ok=True)
-        tmp = target.parent / f".{sha}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        tmp = target.parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            view = memoryview(packed)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self.durable:
-                os.fsync(fd)
+            try:
+                view = memoryview(packed)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self.durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            # Two processes storing the same payload both rename: either file is right.
+            os.replace(tmp, target)
         except BaseException:
-            os.close(fd)
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        os.close(fd)
-        # Two processes storing the same payload both rename: either file is right.
-        os.replace(tmp, target)
         if self.durable:
             fsync_dir(target.parent)
-        return BlobRef(sha, len(data), len(packed))
 
     def sync(self) -> None:
         """Make every blob file written so far durable, whoever wrote it: one
@@ -362,6 +399,7 @@ __all__ = [
     "BlobRef",
     "BlobStore",
     "DbBlobStore",
+    "blob_shas",
     "check_sha",
     "syncfs",
     "fsync_dir",

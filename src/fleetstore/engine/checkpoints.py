@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
-import logging
+import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import apsw
 
 from fleetstore import errors
-
-log = logging.getLogger("fleetstore")
+from fleetstore.core.metrics import WriteMetrics
+from fleetstore.core.settings import Settings
+from fleetstore.core.validate import check_bool
+from fleetstore.engine.forkguard import GUARD as _guard
+from fleetstore.engine.gate import GateTimeout, WriterGate
+from fleetstore.engine.translate import translate
 
 
 class _Checkpointing(Protocol):
     def checkpoint(self, *, truncate: bool = False, wait: bool = True) -> tuple[int, int]: ...
+
+    def _background_error(self, what: str, exc: BaseException) -> None: ...
 
 
 class Checkpointer:
@@ -43,7 +49,12 @@ class Checkpointer:
                 self._cond.notify()
                 return
             self._running = True
-        threading.Thread(target=self._loop, name="fleetstore-checkpoint", daemon=True).start()
+        try:
+            threading.Thread(target=self._loop, name="fleetstore-checkpoint", daemon=True).start()
+        except BaseException:
+            with self._cond:  # or no later request would start one again
+                self._running = False
+            raise
 
     def _loop(self) -> None:
         while True:
@@ -61,7 +72,11 @@ class Checkpointer:
             try:
                 db.checkpoint(wait=False)
             except errors.FleetstoreError:
-                pass  # a closed or failing store: the next commit past the line asks again
+                pass  # counted by checkpoint(); the next commit past the line asks again
+            except Exception as exc:
+                # Not ours to raise (the commits stand), and the thread must live on:
+                # one that died here left _running set, and no checkpoint ran again.
+                db._background_error("checkpoint", exc)
             del db
 
     def stop(self) -> None:
@@ -97,22 +112,170 @@ class CatchUp:
     def asked(self) -> bool:
         return self._asked.is_set()
 
-    def run(self, conn: apsw.Connection, before: Callable[[], None] | None, path: str) -> bool:
-        """(A writer, gate held, just committed.)  Copy the WAL's last frames; False if
-        it failed.  Nothing here may turn the commit into an error (issue 18: a failed
-        checkpoint after COMMIT once reached the caller); the next checkpoint retries."""
+    def run(self, conn: apsw.Connection, before: Callable[[], None] | None) -> Exception | None:
+        """(A writer, gate held, just committed.)  Copy the WAL's last frames; the
+        error if that failed.  Nothing here may turn the commit into an error (issue
+        18: a failed checkpoint after COMMIT once reached the caller); the next
+        checkpoint retries."""
         self._asked.clear()
         try:
             if before is not None:
                 before()  # what the frames refer to, durable first (blob files)
             conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
         except apsw.BusyError:
-            return True  # another process's checkpoint is running: it copies them
+            return None  # another process's checkpoint is running: it copies them
         except (OSError, apsw.Error) as exc:
-            log.warning("%s: checkpoint after a commit failed (the commit stands): %s", path, exc)
-            return False
+            return exc
         self._done.set()
-        return True
+        return None
 
 
-__all__ = ["CatchUp", "Checkpointer"]
+#: How long a checkpoint waits for this process's next writer to copy the WAL's last
+#: frames, and then for the gate to copy them itself.
+_CATCH_UP_ASK = 0.05
+_CATCH_UP_WAIT = 0.5
+
+
+class Checkpoints:
+    """``Database``'s checkpoints (engine/sqlite.py): run by a ``Checkpointer`` thread,
+    caught up by its writers (``CatchUp``).  A mixin: the attributes are Database's."""
+
+    path: str
+    settings: Settings
+    _metrics: WriteMetrics
+    _gate: WriterGate
+    _writer: apsw.Connection | None
+    _checkpointer: apsw.Connection | None
+    _checkpoint_lock: threading.Lock
+    _checkpoint_due: bool
+    _checkpoints: Checkpointer
+    _catch_up: CatchUp
+    _wal_frames: int
+    _before_checkpoint: Callable[[], None] | None
+
+    if TYPE_CHECKING:  # Database's own; nothing here at run time
+
+        def _check_process(self) -> None: ...
+        def _connect(self, role: str, outcome: str = "") -> apsw.Connection: ...
+        def _hand_on(self, gate: WriterGate) -> None: ...
+        def _background_error(self, what: str, exc: BaseException) -> None: ...
+
+    def _maybe_checkpoint(self) -> None:
+        if self._checkpoint_due:
+            self._checkpoint_due = False
+            self._checkpoints.request()
+
+    def checkpoint(self, *, truncate: bool = False, wait: bool = True) -> tuple[int, int]:
+        """Passive checkpoint, outside the gate; then, if the WAL is past
+        ``truncate_bytes`` (or *truncate*: whatever its size) and no reader holds
+        frames back, one non-waiting try to truncate it.  Returns (frames in the
+        WAL, frames checkpointed).  A checkpoint of this process already running (the
+        background one) is waited for first; with *wait* False, (-1, -1) instead."""
+        check_bool(truncate, "truncate")
+        check_bool(wait, "wait")
+        self._check_process()
+        if not self._checkpoint_lock.acquire(blocking=wait):
+            return (-1, -1)
+        try:
+            return self._checkpoint(truncate)
+        except errors.StoreClosed:
+            raise
+        except errors.FleetstoreError as exc:
+            # The WAL keeps the frames (every committed write stands); the next
+            # checkpoint tries again.  Counted and shown: metrics(), doctor.
+            self._metrics.note_error("checkpoint_errors", "checkpoint", exc)
+            raise
+        finally:
+            self._checkpoint_lock.release()
+
+    def _checkpoint(self, truncate: bool) -> tuple[int, int]:
+        outcome = "the checkpoint did not finish; committed writes stay in the WAL"
+        if self._checkpointer is None:
+            with _guard.inside():
+                self._checkpointer = self._connect("checkpointer", outcome)
+        conn = self._checkpointer
+        if self._before_checkpoint is not None:
+            try:
+                self._before_checkpoint()
+            except OSError as exc:
+                raise errors.storage_error(
+                    exc,
+                    f"{self.path}: checkpoint put off: what it would make durable refers "
+                    "to files that could not be synced",
+                ) from exc
+        with _guard.inside():
+            try:
+                log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+                # Writers went on while it copied (it copies the frames there were
+                # when it began): SQLite starts the WAL over only once every frame
+                # is copied, so a fleet (or one agent, with the checkpoint in a
+                # thread) that never pauses grew it without bound (226 MiB after
+                # 3,000 lone turns).  Copy what they added, then the last few
+                # frames with the gate held.
+                for _ in range(2):
+                    if not 0 <= done < self._frames_now():
+                        break
+                    log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+                if 0 <= done < self._frames_now():
+                    log, done = self._checkpoint_gated(conn, (log, done))
+            except apsw.BusyError:
+                return (-1, -1)
+            except apsw.Error as exc:
+                raise translate(exc, self.path, conn, outcome=outcome) from exc
+            self._metrics.count("checkpoints")
+            # TRUNCATE holds SQLite's write lock through a full backfill and an
+            # fsync (22-28 ms stalls of the gate holder, measured): only for a WAL
+            # file grown large, e.g. while a reader pinned it, and fully copied.
+            limit = 1 if truncate else self.settings.truncate_bytes
+            if done == log and self._wal_file_bytes() >= limit:
+                conn.setbusytimeout(0)
+                try:
+                    log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                except apsw.BusyError:
+                    pass
+                except apsw.Error as exc:
+                    raise translate(exc, self.path, conn, outcome=outcome) from exc
+                finally:
+                    conn.setbusytimeout(self.settings.busy_timeout_ms)
+            return (log, done)
+
+    def _checkpoint_gated(self, conn: apsw.Connection, before: tuple[int, int]) -> tuple[int, int]:
+        """The WAL's last frames copied with the writer gate held (no fleetstore writer
+        adds frames meanwhile), so that the next writer starts the WAL over: by this
+        process's next writer before it releases the gate (the gate passes to a thread
+        of the same process only when its writers pause), else, if none comes soon,
+        here.  Given up if the gate is not free within a moment."""
+        if self._catch_up.ask(_CATCH_UP_ASK):
+            return (0, 0)
+        gate = self._gate
+        try:
+            gate.acquire(time.monotonic() + _CATCH_UP_WAIT)
+        except GateTimeout:
+            return before
+        try:
+            result: tuple[int, int] = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            return result
+        finally:
+            self._hand_on(gate)
+
+    def _frames_now(self) -> int:
+        shared = self._gate.wal_frames()
+        return self._wal_frames if shared is None else shared
+
+    def _catch_up_if_asked(self) -> None:
+        """Gate held, just committed: copy the WAL's last frames if a checkpoint asked.
+        Never raises (the commit stands)."""
+        writer, catch_up = self._writer, self._catch_up
+        if catch_up.asked() and writer is not None:
+            failed = catch_up.run(writer, self._before_checkpoint)
+            if failed is not None:
+                self._background_error("checkpoint", failed)
+
+    def _wal_file_bytes(self) -> int:
+        try:
+            return os.stat(self.path + "-wal").st_size
+        except OSError:
+            return 0
+
+
+__all__ = ["CatchUp", "Checkpointer", "Checkpoints"]

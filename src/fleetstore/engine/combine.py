@@ -358,6 +358,10 @@ class Host(Protocol):
 
     def _handed_over(self) -> None: ...
 
+    def _background_error(self, what: str, exc: BaseException) -> None:
+        """Log and count a failure that changes no write's outcome."""
+        ...
+
 
 def _bound(applier: Applier, payload: bytes) -> Callable[[Tx], object]:
     return lambda tx: applier(tx, payload)
@@ -436,6 +440,16 @@ class Combiner:
             batch, self._queue = self._queue, []
         try:
             self._run(batch, started)
+        except Exception as exc:
+            if all(r.done for r in batch):
+                # Every outcome was known (committed, or failed alone) when this came:
+                # handing results back, waking, releasing.  It changes none of them.
+                self._db._background_error("group commit hand-back", exc)
+            else:
+                for r in batch:
+                    if not r.done:
+                        r.fail(exc)
+                raise
         except BaseException as exc:
             for r in batch:
                 if not r.done:
@@ -727,7 +741,12 @@ class Combiner:
         assert board is not None or not taken
         for (i, _items), out in zip(taken, results, strict=True):
             assert board is not None
-            if board.put_results(i, encode_results(out)):
+            try:
+                handed = board.put_results(i, encode_results(out))
+            except Exception as exc:  # committed all the same: its owner applies it again
+                db._background_error("group commit hand-back", exc)
+                handed = False
+            if handed:
                 board.barrier()
                 board.states[i] = DONE
             else:

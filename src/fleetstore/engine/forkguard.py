@@ -75,4 +75,7 @@ class ForkGuard:
         self._forking = 0
 
 
-__all__ = ["ForkGuard"]
+#: The one guard of every database of this process (a fork must wait for all of them).
+GUARD = ForkGuard()
+
+__all__ = ["GUARD", "ForkGuard"]

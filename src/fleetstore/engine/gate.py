@@ -258,10 +258,14 @@ class WriterGate:
         return previous
 
     def release(self) -> None:
-        if self._cross_process and self._fd >= 0:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            self._ring()
-        self._release_mutex()
+        try:
+            if self._cross_process and self._fd >= 0:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                self._ring()
+        finally:
+            # Whatever failed above, this process's other threads must not wait on
+            # a mutex nobody holds any more.
+            self._release_mutex()
 
     def _release_mutex(self) -> None:
         # Called with the mutex held: a close() that came while a writer owned

@@ -16,7 +16,7 @@ import apsw
 
 from fleetstore import errors
 from fleetstore.engine.proclocks import lock_holders
-from fleetstore.engine.sqlite import _translate
+from fleetstore.engine.translate import translate
 
 # A lock freed by its holder is taken within about a millisecond.
 _BUSY_NAP = 0.001
@@ -35,7 +35,7 @@ def outside_write_lock(
     except apsw.CantOpenError as exc:
         raise FileNotFoundError(f"{path}: cannot open: {exc}") from exc
     except apsw.Error as exc:
-        raise _translate(exc, path) from exc
+        raise translate(exc, path) from exc
     try:
         started = time.monotonic()
         deadline = started + wait
@@ -57,7 +57,7 @@ def outside_write_lock(
                 path, time.monotonic() - started, attempts, lock_holders(path), stage="sqlite"
             ) from None
         except apsw.Error as exc:
-            raise _translate(exc, path) from exc
+            raise translate(exc, path) from exc
         try:
             yield
         finally:

@@ -16,7 +16,7 @@ from typing import Any
 import apsw
 
 from fleetstore import errors
-from fleetstore.engine.sqlite import _translate
+from fleetstore.engine.translate import translate
 
 
 class PlainConnection:
@@ -49,7 +49,7 @@ class PlainConnection:
                         if not tx.execute("SELECT 1 FROM sqlite_master WHERE type='table'"):
                             tx.execute(schema)
         except apsw.Error as exc:
-            raise _translate(exc, path) from exc
+            raise translate(exc, path) from exc
 
     @contextlib.contextmanager
     def transaction(self, mode: str = "DEFERRED") -> Iterator[PlainConnection]:
@@ -60,7 +60,7 @@ class PlainConnection:
         try:
             self._conn.execute(f"BEGIN {mode}")
         except apsw.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise translate(exc, self.path) from exc
         try:
             yield self
             self._conn.execute("COMMIT")
@@ -69,7 +69,7 @@ class PlainConnection:
                 if not self._conn.get_autocommit():
                     self._conn.execute("ROLLBACK")
             if isinstance(exc, apsw.Error):
-                raise _translate(exc, self.path) from exc
+                raise translate(exc, self.path) from exc
             raise
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -77,7 +77,7 @@ class PlainConnection:
         try:
             return [tuple(r) for r in self._conn.execute(sql, params)]
         except apsw.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise translate(exc, self.path) from exc
 
     def integrity(self) -> list[str]:
         return [str(r[0]) for r in self.execute("PRAGMA integrity_check")]

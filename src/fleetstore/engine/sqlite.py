@@ -12,6 +12,7 @@ The write path (DESIGN.md, "The write path (SQLite)")::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -34,15 +35,18 @@ from fleetstore.engine.base import (
     check_not_newer,
     ordered_migrations,
 )
-from fleetstore.engine.checkpoints import CatchUp, Checkpointer
+from fleetstore.engine.checkpoints import CatchUp, Checkpointer, Checkpoints
 from fleetstore.engine.combine import Combiner
-from fleetstore.engine.forkguard import ForkGuard
+from fleetstore.engine.forkguard import GUARD
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.proclocks import lock_holders
+from fleetstore.engine.translate import bad_params, commit_error, translate
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
 Params = Sequence[Any] | dict[str, Any]
+
+log = logging.getLogger("fleetstore")
 
 _MIGRATIONS_TABLE = "fleetstore_migrations"
 _BEGIN_RETRY_SLEEP = 0.001
@@ -50,39 +54,13 @@ _BEGIN_RETRY_SLEEP = 0.001
 #: holds its locks for microseconds (a flat 1 ms nap cost a lone agent 90 ms per
 #: 6,000 writes); an outside holder (``fleetstore lock``) is napped for at 1 ms.
 _BEGIN_FIRST_RETRIES = (0.0, 0.00005, 0.0001, 0.0002, 0.0005)
-#: How long a checkpoint waits for this process's next writer to copy the WAL's last
-#: frames, and then for the gate to copy them itself.
-_CATCH_UP_ASK = 0.05
-_CATCH_UP_WAIT = 0.5
 _MAX_IDLE_READERS = 4
-
-
-def _translate(exc: apsw.Error, path: str) -> errors.FleetstoreError:
-    """The fleetstore error for a driver error; the caller raises it ``from exc``."""
-    message = f"{path}: {exc}"
-    if isinstance(exc, apsw.ConstraintError):
-        return errors.IntegrityError(message)
-    if isinstance(exc, apsw.ReadOnlyError):
-        return errors.ReadOnlyError(message)
-    if isinstance(exc, apsw.NotADBError | apsw.CorruptError):
-        return errors.CorruptStore(message)
-    if isinstance(exc, apsw.BusyError | apsw.LockedError):
-        return errors.StoreBusy(path, 0.0, 1, stage="statement")
-    if isinstance(exc, apsw.ConnectionClosedError | apsw.CursorClosedError):
-        return errors.StoreClosed(message)
-    return errors.DatabaseError(message)
 
 
 def _sql(sql: object) -> str:
     if not isinstance(sql, str) or "\x00" in sql:
         raise errors.InvalidInput(f"sql must be SQL text (without NUL), not {sql!r:.80}")
     return sql
-
-
-def _bad_params(exc: Exception, path: str) -> errors.InvalidInput:
-    """What the driver raises for parameters it cannot bind (a type it does not
-    know, an integer past 64 bits, text that is not UTF-8) is bad input."""
-    return errors.InvalidInput(f"{path}: parameters cannot be bound: {exc}")
 
 
 def _callable(fn: object) -> None:
@@ -108,8 +86,8 @@ class _Tx:
         #: This host's clock when the transaction began (the engines agree on the name;
         #: PostgreSQL gives the database's clock).
         self.now = time.time()
-        #: Never set here: SQLite's COMMIT either returns or raises, never leaves the
-        #: outcome unknown (see engine/postgres.py).
+        #: Never set here: a SQLite COMMIT whose outcome is unknown (its WAL sync
+        #: failed) raises CommitUncertain instead (see Database.submit).
         self.uncertain = False
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
@@ -125,10 +103,10 @@ class _Tx:
             return cursor.execute(_sql(sql), params).fetchall()
         except apsw.Error as exc:
             self._drop_cursor()
-            raise _translate(exc, self._path) from exc
+            raise translate(exc, self._path, self._conn) from exc
         except (TypeError, ValueError, OverflowError) as exc:
             self._drop_cursor()
-            raise _bad_params(exc, self._path) from exc
+            raise bad_params(exc, self._path) from exc
         except BaseException:
             self._drop_cursor()
             raise
@@ -141,10 +119,10 @@ class _Tx:
                 pass
         except apsw.Error as exc:
             self._drop_cursor()
-            raise _translate(exc, self._path) from exc
+            raise translate(exc, self._path, self._conn) from exc
         except (TypeError, ValueError, OverflowError) as exc:
             self._drop_cursor()
-            raise _bad_params(exc, self._path) from exc
+            raise bad_params(exc, self._path) from exc
         except BaseException:
             self._drop_cursor()
             raise
@@ -180,7 +158,7 @@ class ReadTx(_Tx):
     __slots__ = ()
 
 
-_guard = ForkGuard()
+_guard = GUARD
 _live: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
@@ -198,7 +176,7 @@ os.register_at_fork(
 )
 
 
-class Database:
+class Database(Checkpoints):
     """A SQLite file that many processes can write at once without "database is locked".
 
     >>> import tempfile, os
@@ -305,7 +283,7 @@ class Database:
                 page_size = _pragma(conn, "page_size")
                 mode = self._journal_mode(conn)
         except apsw.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise translate(exc, self.path) from exc
         self._frame_bytes = page_size + 24
         if mode == "wal" and not fresh:
             return
@@ -329,7 +307,7 @@ class Database:
                 except apsw.BusyError:
                     pass
                 except apsw.Error as exc:
-                    raise _translate(exc, self.path) from exc
+                    raise translate(exc, self.path) from exc
                 if time.monotonic() >= deadline:
                     raise errors.StoreBusy(
                         self.path,
@@ -348,7 +326,10 @@ class Database:
         sql = "PRAGMA journal_mode" + (f"={new}" if new else "")
         return str(conn.execute(sql).fetchall()[0][0]).lower()
 
-    def _connect(self, role: str) -> apsw.Connection:
+    def _connect(
+        self, role: str, outcome: str = "the connection was not opened; nothing was written"
+    ) -> apsw.Connection:
+        conn: apsw.Connection | None = None
         try:
             with _guard.inside():
                 conn = apsw.Connection(
@@ -356,7 +337,10 @@ class Database:
                 )
                 self._configure(conn, role)
         except apsw.Error as exc:
-            raise _translate(exc, self.path) from exc
+            if conn is not None:
+                with contextlib.suppress(apsw.Error):
+                    conn.close(True)
+            raise translate(exc, self.path, conn, outcome=outcome) from exc
         return conn
 
     def _configure(self, conn: apsw.Connection, role: str) -> None:
@@ -378,10 +362,19 @@ class Database:
             conn.set_wal_hook(self._on_wal_commit)
 
     def _on_wal_commit(self, _conn: apsw.Connection, _name: str, frames: int) -> int:
-        # Runs inside COMMIT, gate held.  The gate file carries the WAL size the
-        # previous committer saw, so exactly one process (the one whose commit
-        # crosses a multiple of checkpoint_bytes) checkpoints, where a count per
-        # process made a fleet of 64 checkpoint 64 times as often (benchmarks).
+        # Runs inside COMMIT, once the commit is in the WAL: an error returned (or
+        # raised) here would make COMMIT raise for a committed transaction.
+        try:
+            self._count_wal_frames(frames)
+        except Exception as exc:
+            self._background_error("WAL size count", exc)
+        return apsw.SQLITE_OK
+
+    def _count_wal_frames(self, frames: int) -> None:
+        # Gate held.  The gate file carries the WAL size the previous committer saw,
+        # so exactly one process (the one whose commit crosses a multiple of
+        # checkpoint_bytes) checkpoints, where a count per process made a fleet of
+        # 64 checkpoint 64 times as often (benchmarks).
         shared = self._gate.swap_wal_frames(frames)
         before = self._wal_frames if shared is None else shared
         if frames < before:  # the WAL was started over since
@@ -391,7 +384,6 @@ class Database:
         step = max(self.settings.checkpoint_bytes // self._frame_bytes, 1)
         if frames // step > before // step:
             self._checkpoint_due = True
-        return apsw.SQLITE_OK
 
     def _check_process(self) -> None:
         # (A forked child was already dealt with by the at-fork hook.)
@@ -476,9 +468,10 @@ class Database:
                 except BaseException as exc:
                     self._metrics.count("write_errors")
                     tx._drop_cursor()
+                    failed = commit_error(exc, self.path, conn)
                     self._rollback(conn)
-                    if isinstance(exc, apsw.Error):
-                        raise _translate(exc, self.path) from exc
+                    if failed is not None:
+                        raise failed from exc
                     raise
                 finally:
                     tx._open = False
@@ -488,12 +481,45 @@ class Database:
                 _guard.exit()
         finally:
             self._write_owner = 0
-            combiner = self._combiner
-            combiner.hand_off()
-            gate.release()
-            combiner.woken()
-        self._metrics.record_write(acquired - started, committed - acquired)
-        self._maybe_checkpoint()
+            self._hand_on(gate)
+        self._after_commit(acquired - started, committed - acquired)
+
+    def _hand_on(self, gate: WriterGate) -> None:
+        """Release the gate after a transaction, committed or not, waking the next
+        writer.  Never raises: an error here must not turn a commit into a failure
+        (nor hide the error a failed block raises); it is logged and counted."""
+        combiner = self._combiner
+        for step, fn in (
+            ("gate hand-off", combiner.hand_off),
+            ("gate release", gate.release),
+            ("gate wake-up", combiner.woken),
+        ):
+            try:
+                fn()
+            except Exception as exc:
+                self._background_error(step, exc)
+
+    def _after_commit(self, wait: float, hold: float) -> None:
+        """What follows a commit: figures, and a checkpoint if due.  Never raises (the
+        commit stands whatever happens here: tests/engine/test_faults.py)."""
+        try:
+            self._metrics.record_write(wait, hold)
+            self._maybe_checkpoint()
+        except Exception as exc:
+            self._background_error("after commit", exc)
+
+    def _background_error(self, what: str, exc: BaseException) -> None:
+        """A failure of work that follows a commit (or runs beside the writers): the
+        commit stands; logged, counted, and shown in ``metrics()`` and by doctor."""
+        counter = "checkpoint_errors" if what == "checkpoint" else "post_commit_errors"
+        self._metrics.note_error(counter, what, exc)
+        log.error(
+            "%s: %s failed (committed writes stand): %s: %s",
+            self.path,
+            what,
+            type(exc).__name__,
+            exc,
+        )
 
     def before_checkpoint(self, fn: Callable[[], None]) -> None:
         """Call *fn* before every checkpoint of this database (a checkpoint makes
@@ -524,7 +550,9 @@ class Database:
         ``serve`` was called, those of other processes waiting for the gate (each in
         its own savepoint: one that raises fails alone).  Returns what ``item.run``
         (or the applier, through ``item.result``) returned; raises what it raised, or
-        ``StoreBusy`` past the write budget with nothing written."""
+        ``StoreBusy`` past the write budget with nothing written.  An item whose COMMIT
+        failed syncing (``CommitUncertain``) is applied once more if it may run again
+        (``payload()`` is not None); else, or if that fails too, it raises."""
         self._check_process()
         if not all(callable(getattr(item, name, None)) for name in ("run", "payload", "result")):
             raise errors.InvalidInput(
@@ -535,7 +563,16 @@ class Database:
             raise errors.DatabaseError(
                 f"{self.path}: db.submit() inside a db.write() block of the same thread"
             )
-        return self._combiner.submit(item, time.monotonic())
+        try:
+            return self._combiner.submit(item, time.monotonic())
+        except errors.CommitUncertain:
+            if item.payload() is None:
+                raise  # not safe to apply twice: the caller decides
+            # An item that may run again (it may in another process) is applied once
+            # more: found in the file if its COMMIT got there, else written now.  If
+            # that COMMIT succeeds, the outcome is known; its frames replace the others.
+            self._metrics.count("ambiguous_commits")
+            return self._combiner.submit(item, time.monotonic())
 
     def _open_write(self, started: float, deadline: float) -> WriteTx:
         """The gate held: BEGIN IMMEDIATE on the writer connection within *deadline*
@@ -559,8 +596,9 @@ class Database:
                     conn.execute("COMMIT")
                 except apsw.Error as exc:
                     self._metrics.count("write_errors")
+                    failed = translate(exc, self.path, conn, commit=True)
                     self._rollback(conn)
-                    raise _translate(exc, self.path) from exc
+                    raise failed from exc
             else:
                 self._metrics.count("write_errors")
                 self._rollback(conn)
@@ -574,13 +612,16 @@ class Database:
         return writer is not None and bool(writer.in_transaction)
 
     def _committed(self, started: float, acquired: float, items: int, served: int) -> None:
+        """Group commit's figures after a COMMIT; never raises (see ``_after_commit``)."""
         self._catch_up_if_asked()
-        self._metrics.record_write(acquired - started, time.monotonic() - acquired)
-        self._metrics.count("batched_items", items)
-        if served:
-            self._metrics.count("served", served)
-        self._metrics.peak("batch_max", items)
-        self._maybe_checkpoint()
+        try:
+            self._metrics.count("batched_items", items)
+            if served:
+                self._metrics.count("served", served)
+            self._metrics.peak("batch_max", items)
+        except Exception as exc:
+            self._background_error("after commit", exc)
+        self._after_commit(acquired - started, time.monotonic() - acquired)
 
     def _handed_over(self) -> None:
         self._metrics.count("handed_over")
@@ -642,7 +683,7 @@ class Database:
                             self._rollback(conn)
                             if self._writer is conn:
                                 continue
-                        raise _translate(exc, self.path) from exc
+                        raise translate(exc, self.path) from exc
                     self._metrics.count("begin_busy_retries")
                     if time.monotonic() >= deadline:
                         self._metrics.count("busy_timeouts")
@@ -686,114 +727,6 @@ class Database:
             pass
         self._discard(conn)
 
-    # -- checkpoints -----------------------------------------------------------------------
-
-    def _maybe_checkpoint(self) -> None:
-        if self._checkpoint_due:
-            self._checkpoint_due = False
-            self._checkpoints.request()
-
-    def checkpoint(self, *, truncate: bool = False, wait: bool = True) -> tuple[int, int]:
-        """Passive checkpoint, outside the gate; then, if the WAL is past
-        ``truncate_bytes`` (or *truncate*: whatever its size) and no reader holds
-        frames back, one non-waiting try to truncate it.  Returns (frames in the
-        WAL, frames checkpointed).  A checkpoint of this process already running (the
-        background one) is waited for first; with *wait* False, (-1, -1) instead."""
-        check_bool(truncate, "truncate")
-        check_bool(wait, "wait")
-        self._check_process()
-        if not self._checkpoint_lock.acquire(blocking=wait):
-            return (-1, -1)
-        try:
-            if self._checkpointer is None:
-                with _guard.inside():
-                    self._checkpointer = self._connect("checkpointer")
-            conn = self._checkpointer
-            if self._before_checkpoint is not None:
-                try:
-                    self._before_checkpoint()
-                except OSError as exc:
-                    # The WAL keeps the frames; the next checkpoint tries again.
-                    self._metrics.count("checkpoint_errors")
-                    raise errors.DatabaseError(
-                        f"{self.path}: checkpoint put off: what it would make durable "
-                        f"refers to files that could not be synced: {exc}"
-                    ) from exc
-            with _guard.inside():
-                try:
-                    log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-                    # Writers went on while it copied (it copies the frames there were
-                    # when it began): SQLite starts the WAL over only once every frame
-                    # is copied, so a fleet (or one agent, with the checkpoint in a
-                    # thread) that never pauses grew it without bound (226 MiB after
-                    # 3,000 lone turns).  Copy what they added, then the last few
-                    # frames with the gate held.
-                    for _ in range(2):
-                        if not 0 <= done < self._frames_now():
-                            break
-                        log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-                    if 0 <= done < self._frames_now():
-                        log, done = self._checkpoint_gated(conn, (log, done))
-                except apsw.BusyError:
-                    return (-1, -1)
-                except apsw.Error as exc:
-                    raise _translate(exc, self.path) from exc
-                self._metrics.count("checkpoints")
-                # TRUNCATE holds SQLite's write lock through a full backfill and an
-                # fsync (22-28 ms stalls of the gate holder, measured): only for a WAL
-                # file grown large, e.g. while a reader pinned it, and fully copied.
-                limit = 1 if truncate else self.settings.truncate_bytes
-                if done == log and self._wal_file_bytes() >= limit:
-                    conn.setbusytimeout(0)
-                    try:
-                        log, done = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-                    except apsw.BusyError:
-                        pass
-                    finally:
-                        conn.setbusytimeout(self.settings.busy_timeout_ms)
-                return (log, done)
-        finally:
-            self._checkpoint_lock.release()
-
-    def _checkpoint_gated(self, conn: apsw.Connection, before: tuple[int, int]) -> tuple[int, int]:
-        """The WAL's last frames copied with the writer gate held (no fleetstore writer
-        adds frames meanwhile), so that the next writer starts the WAL over: by this
-        process's next writer before it releases the gate (the gate passes to a thread
-        of the same process only when its writers pause), else, if none comes soon,
-        here.  Given up if the gate is not free within a moment."""
-        if self._catch_up.ask(_CATCH_UP_ASK):
-            return (0, 0)
-        gate, combiner = self._gate, self._combiner
-        try:
-            gate.acquire(time.monotonic() + _CATCH_UP_WAIT)
-        except GateTimeout:
-            return before
-        try:
-            result: tuple[int, int] = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-            return result
-        finally:
-            combiner.hand_off()
-            gate.release()
-            combiner.woken()
-
-    def _frames_now(self) -> int:
-        shared = self._gate.wal_frames()
-        return self._wal_frames if shared is None else shared
-
-    def _catch_up_if_asked(self) -> None:
-        """Gate held, just committed: copy the WAL's last frames if a checkpoint asked."""
-        writer, catch_up = self._writer, self._catch_up
-        if catch_up.asked() and writer is not None:
-            ok = catch_up.run(writer, self._before_checkpoint, self.path)
-            if not ok:
-                self._metrics.count("checkpoint_errors")
-
-    def _wal_file_bytes(self) -> int:
-        try:
-            return os.stat(self.path + "-wal").st_size
-        except OSError:
-            return 0
-
     # -- reading ---------------------------------------------------------------------------
 
     def _same_file(self) -> bool:
@@ -831,7 +764,7 @@ class Database:
                 conn.execute("BEGIN")
                 result = fn(tx)
             except apsw.Error as exc:
-                raise _translate(exc, self.path) from exc
+                raise translate(exc, self.path) from exc
             finally:
                 tx._open = False
                 tx._drop_cursor()

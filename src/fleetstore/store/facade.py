@@ -38,13 +38,15 @@ from fleetstore.core.validate import (
     check_timeout,
 )
 from fleetstore.domain import registry
-from fleetstore.domain.blobs import BlobStore, DbBlobStore
+from fleetstore.domain.blobs import BlobStore, DbBlobStore, blob_shas
 from fleetstore.domain.history import Messages, Sessions
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import Effects
 from fleetstore.domain.ports import Flushable
 from fleetstore.domain.state import State
 from fleetstore.engine.base import Tx
+from fleetstore.engine.foreign import read_foreign
+from fleetstore.engine.inspect import InspectFailed, read_header
 from fleetstore.store.backend import Backend
 from fleetstore.store.procstats import Publisher
 from fleetstore.store.server import open_server
@@ -187,7 +189,7 @@ class Store:
         *independent* (claims, heartbeats, sweeps): neither depends on this
         process's spooled writes nor they on it: applied now even while the
         spool holds writes, never spooled.  If the journal cannot be written
-        either (disk full), ``DatabaseError``: nothing was written."""
+        either, ``StorageFull`` (disk full) or ``StorageError``: nothing was written."""
         check_operation(op)
         for name, flag in (
             ("spool", spool),
@@ -231,9 +233,11 @@ class Store:
         try:
             self.spool.append(op)
         except OSError as exc:
-            raise errors.DatabaseError(
-                f"{self.path}: {op.name} could not be written now (the store is busy) nor "
-                f"spooled ({exc}); nothing was written"
+            why = "the store is busy" if busy is not None else "earlier writes are spooled"
+            raise errors.storage_error(
+                exc,
+                f"{self.path}: {op.name} could not be written now ({why}) nor spooled in "
+                f"{self.spool_dir}; nothing was written",
             ) from exc
         if busy is not None:
             log.warning(
@@ -537,7 +541,7 @@ class Store:
             if stopped:
                 results.append(Recovered(str(path), 0, "unfinished", f"not tried: {stopped}"))
                 continue
-            result = recover_journal(path, self.apply)
+            result = recover_journal(path, self.apply, self._check_blobs)
             if result.status == "unfinished":
                 stopped = f"the replay of {path.name} stopped"
             if result.rejected:
@@ -555,6 +559,14 @@ class Store:
                     )
             results.append(result)
         return results
+
+    def _check_blobs(self, op: Operation) -> None:
+        """``BlobCorrupt`` if a blob *op* refers to is missing or damaged."""
+        for sha in sorted(blob_shas(op.args)):
+            if not self.blobs.verify(sha):
+                raise errors.BlobCorrupt(
+                    f"blob {sha} ({self.blobs.describe(sha)}) is missing or damaged"
+                )
 
     # -- observing and closing -------------------------------------------------------------
 
@@ -695,6 +707,35 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     return store
 
 
+def check_store_file(path: Path) -> None:
+    """``CorruptStore`` unless *path* is a fleetstore store's file, read without
+    changing it (recover must not make a store of whatever file it is pointed at)."""
+    try:
+        header = read_header(str(path))
+    except InspectFailed:
+        raise errors.CorruptStore(
+            f"{path} is not a SQLite database, so not a fleetstore store; nothing was changed"
+        ) from None
+    except OSError as exc:
+        raise errors.NotFound(f"no store at {path}: {exc.strerror}") from exc
+    if header is None:
+        raise errors.CorruptStore(f"{path} is empty, not a fleetstore store; nothing was changed")
+    try:
+        tables = read_foreign(
+            path,
+            lambda db: {
+                r[0] for r in db.query("SELECT name FROM sqlite_schema WHERE type='table'")
+            },
+        )
+    except errors.FleetstoreError:
+        return  # cannot tell now (busy, a WAL without its index...): the open decides
+    if "fleetstore_migrations" not in tables:
+        raise errors.CorruptStore(
+            f"{path} is a SQLite database of another program, not a fleetstore store; "
+            "nothing was changed"
+        )
+
+
 def recover_journals(
     url_or_path: str | os.PathLike[str] | None = None, **settings: Any
 ) -> tuple[Path, list[Recovered]]:
@@ -710,6 +751,8 @@ def recover_journals(
         path = target / CATALOG if kind == "sharded" else target
         if not path.is_file():
             raise errors.NotFound(f"no store at {target}")
+    if not isinstance(target, str):
+        check_store_file(path)
     spool_dir = Path(str(path) + ".spool")
     if not journals(spool_dir) and kind != "sharded":
         remove_stale_new_files(spool_dir)

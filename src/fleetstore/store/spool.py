@@ -10,11 +10,12 @@ before its spool drained): ``fleetstore recover`` (and every
 Operations are idempotent, so replaying one that was already applied (a crash
 between applying and forgetting it) changes nothing.
 
-A torn last line (a crash during the append, i.e. before the call returned)
-is ignored; a damaged line with more lines after it, or a whole line that is
-not an operation this version knows, stops the replay there and keeps the
-file.  An operation that can never apply goes, with the reason, to
-``rejected.jsonl`` in the same folder.
+A torn last line (no newline: a crash during the append, i.e. before the call
+returned) is ignored; any line with its newline that fails its checksum or is
+not an operation this version knows is damage: the replay stops there and keeps
+the file.  So does an operation whose blob file is missing or damaged.  An
+operation that can never apply goes, with the reason, to ``rejected.jsonl`` in
+the same folder.
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ class JournalRead:
     ops: list[Operation]
     #: Bytes after the last good line: 0, or a torn last append, or damage.
     trailing: int
-    #: The replay must stop at the first bad line: it is followed by more lines,
-    #: or it is whole (its checksum matches) yet not an operation this version
-    #: can apply.  Otherwise a bad last line is a torn append, never acknowledged.
+    #: The replay must stop at the first bad line: it ends with its newline (so it
+    #: was written whole, and acknowledged) yet fails its checksum or is not an
+    #: operation this version can apply.  Only a last line without its newline is
+    #: a torn append, never acknowledged, and ignored.
     damaged: bool
     #: Why the first bad line is bad.
     reason: str = ""
@@ -103,7 +105,9 @@ def read_journal(path: Path) -> JournalRead:
         try:
             body = _checked_body(data[pos : end + 1])
         except errors.InvalidInput as exc:
-            return JournalRead(ops, len(data) - pos, end + 1 < len(data), str(exc))
+            # Its newline was written, so the whole append was, and it was fsynced
+            # and acknowledged: damage, even as the last line, never a torn append.
+            return JournalRead(ops, len(data) - pos, True, str(exc))
         try:
             ops.append(_operation(body))
         except errors.InvalidInput as exc:
@@ -218,8 +222,9 @@ class Spool:
             fsync_dir(self.directory)
         except BaseException:
             os.close(fd)
-            with contextlib.suppress(OSError):
-                new.unlink()
+            for made in (new, path):  # renamed or not: no empty journal left unlocked
+                with contextlib.suppress(OSError):
+                    made.unlink()
             raise
         self._fd, self._path, self._size = fd, path, 0
 
@@ -402,10 +407,18 @@ def rejected_records(directory: str | os.PathLike[str]) -> int:
         return 0
 
 
-def recover_journal(path: Path, apply: Callable[[Operation], object]) -> Recovered:
+def recover_journal(
+    path: Path,
+    apply: Callable[[Operation], object],
+    check: Callable[[Operation], None] | None = None,
+) -> Recovered:
     """Replay the journal at *path* if its process is gone, then delete it.
     An operation that fails for good goes to ``rejected.jsonl``; a store still
-    locked past the budget (or failing) stops the replay and keeps the file."""
+    locked past the budget (or failing) stops the replay and keeps the file.
+    *check* runs before each operation is applied: one it refuses with
+    ``BlobCorrupt`` (a blob file it refers to is missing or damaged) stops the
+    replay there, as damage, and keeps the file: applied, it would leave rows
+    that no read or export gets past."""
     name = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -426,6 +439,20 @@ def recover_journal(path: Path, apply: Callable[[Operation], object]) -> Recover
         done = 0
         rejections: list[Rejection] = []
         for op in read.ops:
+            if check is not None:
+                try:
+                    check(op)
+                except errors.BlobCorrupt as exc:
+                    return Recovered(
+                        name,
+                        done,
+                        "damaged",
+                        f"operation {done + 1} of {len(read.ops)} ({op.name}, op {op.op_id}) "
+                        f"cannot be replayed: {exc}; the {done} operation(s) before it were "
+                        "replayed; the file is kept (put the blob file back, then recover again)",
+                        len(rejections),
+                        tuple(rejections),
+                    )
             try:
                 apply(op)
             except Exception as exc:

@@ -21,6 +21,17 @@ FREELIST_SHARE = 0.25
 FREELIST_MIN_BYTES = 1024 * 1024
 AUTO_VACUUM_BIG_BYTES = 256 * 1024 * 1024
 BACKLOG_AGE_SECONDS = 300.0
+DISK_FULL_BYTES = 16 * 1024 * 1024
+DISK_LOW_BYTES = 512 * 1024 * 1024
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes an unprivileged writer may still use on *path*'s file system (None: unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _who(proc: dict[str, Any]) -> str:
@@ -53,6 +64,8 @@ def file_findings(
     _read_findings(report, database, processes)
     _integrity_findings(report, database, bool(found.contents.get("changed")))
     _space_findings(report, database, before["database"].size)
+    if not shard:
+        _disk_findings(report, wal_size)
     _wal_findings(report, header, before["database"].size, wal_size, found.shm_index)
     for proc in processes:
         _process_findings(report, proc, header)
@@ -245,6 +258,35 @@ def _space_findings(report: Report, database: dict[str, Any], db_size: int) -> N
         )
 
 
+def _disk_findings(report: Report, wal_size: int) -> None:
+    """Free space where the store's files grow: a full disk fails commits (nothing of
+    them is written), checkpoints (the WAL keeps the commits, and grows), blob files
+    and spool journals (the writes that need them raise ``StorageFull``)."""
+    directory = os.path.dirname(report.path)
+    free = free_bytes(directory)
+    if free is None:
+        return
+    if free < DISK_FULL_BYTES:
+        report.add(
+            Severity.PROBLEM,
+            "disk-full",
+            f"{directory} has {mb(free)} free: writes, checkpoints, blob files and spool "
+            "journals fail with StorageFull (nothing of a failed write is stored, the WAL "
+            "keeps every committed write until a checkpoint gets through)",
+            "free space on that file system (or grow it); the next commit's checkpoint "
+            "then copies the WAL back",
+        )
+    elif free < max(DISK_LOW_BYTES, wal_size):
+        report.add(
+            Severity.WARNING,
+            "disk-low",
+            f"{directory} has {mb(free)} free"
+            + (f", less than the WAL holds ({mb(wal_size)})" if free < wal_size else "")
+            + ": writes start failing with StorageFull when it runs out",
+            "free space on that file system",
+        )
+
+
 def _wal_findings(
     report: Report,
     header: inspect.Header | None,
@@ -371,12 +413,43 @@ def _store_findings(report: Report, store: dict[str, Any]) -> None:
             "restore <db>.blobs/ from a backup, or re-import the sessions that hold them; "
             "use synchronous=FULL where a power cut must not do this",
         )
+    _background_findings(report, store.get("processes") or [])
     outbox = store.get("outbox")
     if outbox:
         _outbox_findings(report, outbox)
     spool = store.get("spool")
     if spool:
         _spool_findings(report, spool)
+
+
+def _background_findings(report: Report, processes: list[dict[str, Any]]) -> None:
+    """What processes that have the store open publish (``<db>.procs/``): checkpoints
+    that failed, and work after a commit that failed.  A process learns of these only
+    in its own figures, so doctor, another process, reads them there."""
+    for proc in processes:
+        figures = (proc.get("figures") or {}).get("metrics") or {}
+        failed, after = figures.get("checkpoint_errors", 0), figures.get("post_commit_errors", 0)
+        if not failed and not after:
+            continue
+        last = figures.get("last_error") or {}
+        said = f"; the last: {last.get('what')}: {last.get('error')}" if last else ""
+        who = _who(proc) + ("" if proc.get("alive") else ", since gone")
+        if failed:
+            report.add(
+                Severity.WARNING,
+                "checkpoint-failing",
+                f"{who}: {failed} checkpoint(s) failed{said}; every committed write stays "
+                "in the WAL, which grows until a checkpoint gets through",
+                "look at the disk: free space (see disk-full/disk-low), the kernel log for "
+                "I/O errors; checkpoints retry by themselves",
+            )
+        if after:
+            report.add(
+                Severity.WARNING,
+                "post-commit-errors",
+                f"{who}: {after} step(s) after a commit failed (the commits stand){said}",
+                "read that process's log (logger 'fleetstore'); report it if it persists",
+            )
 
 
 def _schema_findings(report: Report, store: dict[str, Any]) -> None:
@@ -459,6 +532,19 @@ def _spool_findings(report: Report, spool: dict[str, Any]) -> None:
             "spool-damaged",
             f"damaged spool journal(s): {', '.join(damaged)}; recover stops at the damage",
             f"fleetstore recover {report.path}, then look at the kept file",
+        )
+    lacking = [j for j in spool["journals"] if j.get("missing_blobs")]
+    if lacking:
+        shas = sorted({sha for j in lacking for sha in j["missing_blobs"]})
+        add(
+            Severity.PROBLEM,
+            "spool-blob-missing",
+            f"spool journal(s) {', '.join(j['journal'] for j in lacking)} refer to "
+            f"{len(shas)} blob file(s) that are missing ({', '.join(shas[:3])}"
+            + (" ..." if len(shas) > 3 else "")
+            + "): recover stops before the operation that needs one",
+            "put the blob files back under STORE.blobs/ (from a backup), then "
+            f"fleetstore recover {report.path}",
         )
     if spool["rejected"]:
         add(

@@ -17,6 +17,7 @@ from typing import Any
 from fleetstore import errors, sql
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import resolve_target
+from fleetstore.domain.blobs import blob_shas
 from fleetstore.engine import foreign, inspect
 from fleetstore.engine.inspect import FileFacts, Lock
 from fleetstore.store.procstats import read_published
@@ -350,6 +351,15 @@ def read_spool(spool_dir: str, locks: list[Lock]) -> dict[str, Any]:
             size = full.stat().st_size
         except OSError:
             continue
+        blobs = Path(spool_dir).with_suffix(".blobs")
+        missing = sorted(
+            {
+                sha
+                for op in read.ops
+                for sha in blob_shas(op.args)
+                if not (blobs / sha[:2] / sha).is_file()
+            }
+        )
         holder = holders.get(name)
         journals.append(
             {
@@ -358,6 +368,7 @@ def read_spool(spool_dir: str, locks: list[Lock]) -> dict[str, Any]:
                 "operations": ops,
                 "bytes": size,
                 "damaged": damaged,
+                "missing_blobs": missing,
                 "held_by": holder,
                 "live": holder is not None,
             }

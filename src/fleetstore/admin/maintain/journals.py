@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from fleetstore.domain.blobs import blob_shas
 from fleetstore.store.spool import journals, read_journal
 
 
@@ -34,18 +34,6 @@ def _uuid7_time(op_id: str) -> float | None:
     return (value.int >> 80) / 1000.0
 
 
-def _blob_shas(value: Any, found: set[str]) -> None:
-    if isinstance(value, dict):
-        ref = value.get("blob")
-        if isinstance(ref, dict) and isinstance(ref.get("sha256"), str):
-            found.add(ref["sha256"])
-        for v in value.values():
-            _blob_shas(v, found)
-    elif isinstance(value, list):
-        for v in value:
-            _blob_shas(v, found)
-
-
 def read_journals(spool_dir: Path) -> Journals:
     result = Journals()
     for path in journals(spool_dir):
@@ -60,7 +48,7 @@ def read_journals(spool_dir: Path) -> Journals:
         if read.damaged:
             result.doubt = f"{path.name} is damaged ({read.reason}): what follows is unknown"
         for op in read.ops:
-            _blob_shas(op.args, result.blobs)
+            blob_shas(op.args, result.blobs)
             created = _uuid7_time(op.op_id)
             if created is None:
                 result.doubt = result.doubt or f"{path.name}: operation id {op.op_id} has no time"
