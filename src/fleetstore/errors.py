@@ -104,6 +104,12 @@ class CorruptStore(PermanentError):
     """The database file is damaged or is not a SQLite database."""
 
 
+class NotAStore(PermanentError):
+    """The file is not a fleetstore store (another program's SQLite file, an empty
+    file, not a database at all): a command that works on an existing store wrote
+    nothing to it."""
+
+
 class InvalidInput(PermanentError, ValueError):
     """An argument cannot be stored as given (wrong type, unknown part kind,
     non-JSON metadata...); nothing was written."""
@@ -205,6 +211,7 @@ __all__ = [
     "LeaseLost",
     "LockHolder",
     "MigrationError",
+    "NotAStore",
     "NotFound",
     "PayloadTooLarge",
     "PermanentError",
