@@ -38,7 +38,7 @@ from fleetstore.core.validate import (
     check_timeout,
 )
 from fleetstore.domain import registry
-from fleetstore.domain.blobs import BlobStore, DbBlobStore
+from fleetstore.domain.blobs import BlobStore, DbBlobStore, referenced_shas
 from fleetstore.domain.history import Messages, Sessions
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import Effects
@@ -164,6 +164,8 @@ class Store:
         # here too does not depend on the order the hooks run in.)
         self.spool._after_fork()
         self.backend.after_fork()
+        if isinstance(self.blobs, BlobStore):
+            self.blobs.after_fork()
         self._init_process()
 
     # -- writing ---------------------------------------------------------------------------
@@ -195,6 +197,22 @@ class Store:
             ("independent", independent),
         ):
             check_bool(flag, name)
+        blobs = self.blobs
+        if not (isinstance(blobs, BlobStore) and blobs.keeping):
+            return self._submit(op, spool, must_land, independent)
+        # The blob files this write stored before it waited: see BlobStore.settle.
+        shas = referenced_shas(op.args)
+        try:
+            result = self._submit(op, spool, must_land, independent)
+        except BaseException:
+            blobs.settle(shas, written=False)
+            raise
+        blobs.settle(shas, written=True)
+        return result
+
+    def _submit(
+        self, op: Operation, spool: bool, must_land: bool, independent: bool
+    ) -> dict[str, Any] | None:
         self._check_open()
         if self._publisher is None:
             self._start_publisher()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
+from fleetstore.domain.blobs import BlobStore, referenced_shas
 from fleetstore.domain.imports import (
     INSERTED,
     MISSING_PARENT,
@@ -152,12 +153,16 @@ def import_file(
             line = item.line
             if isinstance(item, BlobItem):
                 fresh = not store.blobs.exists(item.sha256)
-                store.blobs.put_stored(item.sha256, item.data.read(), item.size)
+                store.blobs.put_stored(item.sha256, item.data.read(), item.size, keep=True)
                 blobs += 1
                 new_blobs += fresh
                 blob_bytes += item.size
             else:
                 action = store.apply(item.op)["action"]
+                if isinstance(store.blobs, BlobStore) and store.blobs.keeping:
+                    # Its blob files are made young again, or written again if a
+                    # collector with a short grace took them (BlobStore.settle).
+                    store.blobs.settle(referenced_shas(item.op.args), written=True)
                 name = item.op.name
                 if name == "import_parts":
                     if action == UPDATED and last[1] in (UNCHANGED, NEWER):
