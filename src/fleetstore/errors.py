@@ -127,6 +127,12 @@ class NotAStore(PermanentError):
     nothing to it."""
 
 
+class UnsafeSidecar(PermanentError):
+    """A file or directory beside the store (its blob directory, spool journals, gate,
+    -wal, -shm...) is a symbolic link, belongs to another user or can be written by
+    others: someone may have planted it.  Nothing was opened or replayed."""
+
+
 class InvalidInput(PermanentError, ValueError):
     """An argument cannot be stored as given (wrong type, unknown part kind,
     non-JSON metadata...); nothing was written."""
@@ -237,6 +243,7 @@ __all__ = [
     "StoreBusy",
     "StoreClosed",
     "TransientError",
+    "UnsafeSidecar",
     "VersionConflict",
 ]
 

@@ -49,6 +49,7 @@ from fleetstore.store.backend import Backend
 from fleetstore.store.procstats import Publisher
 from fleetstore.store.server import open_server
 from fleetstore.store.sharded import Router, open_sharded
+from fleetstore.store.sidecars import check_sidecars
 from fleetstore.store.single import open_file
 from fleetstore.store.spool import (
     REJECTED,
@@ -664,6 +665,8 @@ def check_callable(fn: object) -> None:
 
 def _open_store(path: Path | str, config: Settings, kind: str = "") -> Store:
     backend: Backend
+    if isinstance(path, Path):
+        check_sidecars(path / CATALOG if kind == "sharded" else path)
     if kind == "sharded":
         assert isinstance(path, Path)
         backend = open_sharded(path, config, sql.queries("sqlite"))
