@@ -8,12 +8,16 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import fleetstore
 from fleetstore import ToolResult
+from fleetstore.transfer.export import export_store
+from fleetstore.transfer.importing import import_file
+from tests.fix_stores import OpenStore
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -132,3 +136,114 @@ def test_merge_of_a_file_that_is_not_a_store_leaves_nothing(tmp_path: Path) -> N
     assert b"not" in done.stderr and str(junk).encode() in done.stderr, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert junk.read_bytes() == b"just some text, not a database\n" * 10
+
+
+# --- an import racing a writer ------------------------------------------------------------------
+
+RIVAL = r"""
+import sys, fleetstore
+from fleetstore.core.ids import new_id
+from fleetstore.domain import registry
+from fleetstore.domain.operations import Operation
+# Without the gate: it holds SQLite's write lock as a program of another kind would,
+# and the import, which takes the gate, waits for it.
+store = fleetstore.open(sys.argv[1], gate=False, write_budget=60)
+with store.db.write() as tx:
+    print("locked", flush=True)
+    sys.stdin.readline()
+    op = Operation("create_session", {"id": sys.argv[2], "title": "theirs"}, new_id())
+    registry.apply(tx, store.queries, op, tx.now)
+print("created", flush=True)
+store.close()
+"""
+
+
+def test_an_import_that_meets_a_conflict_written_since_its_check_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Between the import's check and its writes another process creates one of the
+    file's sessions with other contents: the import is rejected whole (it used to stop
+    with exit 1 after writing every session before that one)."""
+    from fleetstore.engine.proclocks import lock_holders
+
+    src = tmp_path / "src.db"
+    with fleetstore.open(src) as store:
+        ids = [store.sessions.create(title=f"s{i}").id for i in range(3000)]
+    exported = tmp_path / "e.zst"
+    assert cli("export", "--store", str(src), "-o", str(exported)).returncode == 0
+    dest = tmp_path / "dest.db"
+    with fleetstore.open(dest):
+        pass
+    rival = subprocess.Popen(
+        [sys.executable, "-c", RIVAL, str(dest), ids[-1]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
+    importer = None
+    try:
+        assert rival.stdin is not None and rival.stdout is not None
+        assert rival.stdout.readline().strip() == "locked"
+        importer = subprocess.Popen(
+            [sys.executable, "-m", "fleetstore", "import", str(exported), "--store", str(dest)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(FLEETSTORE_WRITE_BUDGET="60"),
+        )
+        # The check is done once the importer holds the gate, waiting for SQLite's lock.
+        deadline = time.monotonic() + 60
+        while not any(h.pid == importer.pid and h.lock == "gate" for h in lock_holders(str(dest))):
+            assert importer.poll() is None, importer.communicate()
+            assert time.monotonic() < deadline, "the importer never reached its writes"
+            time.sleep(0.02)
+        rival.stdin.write("go\n")
+        rival.stdin.flush()
+        assert rival.stdout.readline().strip() == "created"
+        _out, err = importer.communicate(timeout=120)
+    finally:
+        for p in (rival, importer):
+            if p is not None and p.poll() is None:
+                p.kill()
+            if p is not None:
+                p.communicate()
+    assert importer.returncode == 1, err
+    assert ids[-1] in err and "nothing was imported" in err, err
+    with fleetstore.open(dest) as store:
+        listed = store.sessions.list(limit=10_000)
+    assert [(s.id, s.title) for s in listed] == [(ids[-1], "theirs")]
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_a_conflict_written_after_the_check_rolls_the_whole_import_back(
+    open_store: OpenStore, tmp_path: Path, engine: str
+) -> None:
+    """The same on each engine whose import is one transaction: another store object
+    (another connection) creates one of the file's sessions right after the check."""
+    src = tmp_path / "src.db"
+    ids = small_store(src, sessions=20)
+    exported = tmp_path / "e.zst"
+    with fleetstore.open(src) as store:
+        export_store(store, exported)
+    dest = open_store("dest.db", blob_threshold=1024)
+    rival = open_store("dest.db")
+    created: list[str] = []
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage != "check" and not created:
+            rival.sessions.create(id=ids[5], title="theirs")
+            created.append(ids[5])
+
+    with pytest.raises(fleetstore.AlreadyExists, match="nothing was imported"):
+        import_file(dest, exported, progress=progress)
+    assert created
+    assert [(s.id, s.title) for s in dest.sessions.list()] == [(ids[5], "theirs")]
+    assert dest.messages.list(ids[5]) == []
+    # With the rival's session gone, the same file imports whole.
+    dest.sessions.delete(ids[5])
+    summary = import_file(dest, exported)
+    assert summary.sessions == 20
+    assert sorted(s.id for s in dest.sessions.list()) == sorted(ids)
+    assert dest.messages.list(ids[0])[0].parts[0].output.startswith("token=")

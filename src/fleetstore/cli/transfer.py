@@ -98,8 +98,9 @@ Exit codes:
      the file was rejected (malformed, damaged, truncated, hostile, a newer format;
      with --from openai-agents-sqlite: not an SDK session database, a row that is not
      a JSON object, a session the store holds with other items) or contradicts the
-     store: nothing was imported; or the import stopped midway (the store stayed
-     locked past the write budget): importing again is safe
+     store, also when another process wrote a contradicting record since the check:
+     nothing was imported; or the store stayed locked past the write budget: nothing
+     was imported (a sharded store: what was, stays); importing again is safe
   2  bad usage, or FILE does not exist""",
 )
 @click.argument(
@@ -187,8 +188,9 @@ def import_command(file: str, store: str | None, source: str, foreign_ok: bool) 
     except fleetstore.StoreBusy as exc:
         bars.close()
         click.echo(
-            f"fleetstore import: {exc}; the import stopped midway (what was imported stays; "
-            "importing the file again is safe)",
+            f"fleetstore import: {exc}; the import did not finish (into one file or "
+            "PostgreSQL nothing was imported; into a sharded store what was imported "
+            "stays); importing the file again is safe",
             err=True,
         )
         sys.exit(1)

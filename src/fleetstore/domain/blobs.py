@@ -166,7 +166,8 @@ class BlobStore:
             for k in stale:
                 del self._kept[k]
 
-    def _collector_running(self) -> bool:
+    def collector_running(self) -> bool:
+        """Whether a blob collection holds the COLLECTING lock now."""
         try:
             fd = os.open(self.directory / COLLECTING, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -209,7 +210,7 @@ class BlobStore:
                 continue
             target = self.path(sha)
             if collecting is None:
-                collecting = self._collector_running()
+                collecting = self.collector_running()
             try:
                 if collecting:
                     os.utime(target)
