@@ -31,6 +31,20 @@ class PermanentError(FleetstoreError):
     """The operation failed and will fail again if retried unchanged."""
 
 
+#: What a process's state (``/proc/PID/stat``, field 3) means for a lock it holds: a
+#: stopped holder never releases it until it is continued.
+_STATES = {
+    "T": "stopped: SIGSTOP or SIGTSTP, state T; `kill -CONT PID` resumes it",
+    "t": "stopped by a debugger, state t",
+    "D": "in uninterruptible sleep, state D: waiting on I/O",
+}
+
+
+def describe_state(state: str) -> str:
+    """What process state *state* says about a lock holder ("" if nothing of note)."""
+    return _STATES.get(state, "")
+
+
 @dataclass(frozen=True, slots=True)
 class LockHolder:
     """A process that /proc/locks shows holding one of the store's locks."""
@@ -38,10 +52,13 @@ class LockHolder:
     pid: int
     lock: str  # "gate" (fleetstore's writer gate) or "sqlite-write" (SQLite's write lock)
     command: str = ""
+    #: Its state letter in /proc/PID/stat ("S", "R", "T"...; "" if not known).
+    state: str = ""
 
     def __str__(self) -> str:
         who = f"pid {self.pid}" + (f" ({self.command})" if self.command else "")
-        return f"{who} holds the {self.lock} lock"
+        note = describe_state(self.state)
+        return f"{who} holds the {self.lock} lock" + (f" ({note})" if note else "")
 
 
 class StoreBusy(TransientError):
@@ -117,6 +134,18 @@ class MigrationError(PermanentError):
 
 class CorruptStore(PermanentError):
     """The database file is damaged or is not a SQLite database."""
+
+
+class NotAStore(PermanentError):
+    """The file is not a fleetstore store (another program's SQLite file, an empty
+    file, not a database at all): a command that works on an existing store wrote
+    nothing to it."""
+
+
+class UnsafeSidecar(PermanentError):
+    """A file or directory beside the store (its blob directory, spool journals, gate,
+    -wal, -shm...) is a symbolic link, belongs to another user or can be written by
+    others: someone may have planted it.  Nothing was opened or replayed."""
 
 
 class InvalidInput(PermanentError, ValueError):
@@ -232,6 +261,7 @@ __all__ = [
     "LeaseLost",
     "LockHolder",
     "MigrationError",
+    "NotAStore",
     "NotFound",
     "PayloadTooLarge",
     "PermanentError",
@@ -242,6 +272,7 @@ __all__ = [
     "StoreBusy",
     "StoreClosed",
     "TransientError",
+    "UnsafeSidecar",
     "VersionConflict",
 ]
 

@@ -28,6 +28,8 @@ from typing import Any, TextIO
 from fleetstore.core.metrics import Histogram
 from fleetstore.core.targets import CATALOG, SHARDS, sharded_root
 from fleetstore.core.units import size as _size
+from fleetstore.engine.proclocks import lock_holders
+from fleetstore.errors import LockHolder
 from fleetstore.store.procstats import Published, read_published
 
 
@@ -40,6 +42,9 @@ class Sample:
     outbox_error: str | None = None
     #: A sharded store's shard files (``shard_files``), else None.
     shards: dict[str, Any] | None = None
+    #: Who holds the writer gate or SQLite's write lock now (a sharded store: the
+    #: catalog's), with their process state.
+    holders: tuple[LockHolder, ...] = ()
 
 
 @dataclass(slots=True)
@@ -83,6 +88,7 @@ class Frame:
     stale: int = 0
     #: A sharded store: shard files on disk, their WAL, shards open (None: one file).
     shards: dict[str, Any] | None = None
+    holders: tuple[LockHolder, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,6 +107,16 @@ class Frame:
             "batch_max": self.batch_max,
             "lock_wait_p99": self.wait_p99,
             "stale_files": self.stale,
+            "lock_holders": [
+                {
+                    "pid": h.pid,
+                    "lock": h.lock,
+                    "command": h.command,
+                    "state": h.state,
+                    "stopped": h.state in ("T", "t"),
+                }
+                for h in self.holders
+            ],
             "processes": [
                 {
                     "pid": r.pid,
@@ -192,7 +208,10 @@ def sample(path: str, outbox: Any = None) -> Sample:
             error = f"{type(exc).__name__}: {exc}"
     db, directory = layout(path)
     shards = shard_files(directory) if directory is not None else None
-    return Sample(time.time(), tuple(read_published(db)), _file_sizes(db), counts, error, shards)
+    holders = tuple(lock_holders(db))
+    return Sample(
+        time.time(), tuple(read_published(db)), _file_sizes(db), counts, error, shards, holders
+    )
 
 
 def _delta_hist(new: Published, old: Published | None, name: str) -> Histogram:
@@ -219,6 +238,7 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
     interval = new.at - old.at if old is not None else None
     previous = {p.pid: p for p in old.procs} if old is not None else {}
     result = Frame(path, new.at, interval, new.files, new.outbox, new.outbox_error)
+    result.holders = new.holders
     merged = Histogram()
     total_rate = total_items = 0.0
     shards_open = 0
@@ -315,6 +335,8 @@ def render(f: Frame, width: int | None = None, height: int | None = None) -> lis
             f"WAL {_size(f.shards['wal_bytes'])})   open {f.shards['open']:,}   largest WAL "
             + (f"{_size(largest['bytes'])} ({largest['key']})" if largest else "-"),
         )
+    for holder in f.holders:
+        lines.append(f"lock       {holder}")
     if f.outbox is not None:
         states = ("pending", "running", "succeeded", "dead", "cancelled", "expired")
         lines.append("outbox     " + "   ".join(f"{s} {f.outbox.get(s, 0):,}" for s in states))

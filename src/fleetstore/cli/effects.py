@@ -11,9 +11,11 @@ from typing import Any, TypeVar
 import click
 
 import fleetstore
+from fleetstore.cli.util import check_target as _check_target
 from fleetstore.cli.util import effect_json as _effect_json
 from fleetstore.cli.util import env as _env
 from fleetstore.cli.util import open_existing as _open_existing
+from fleetstore.cli.util import reading_store as _reading
 from fleetstore.cli.util import store_option as _store_option
 from fleetstore.errors import FleetstoreError
 
@@ -95,7 +97,7 @@ def effects_list(
 ) -> None:
     """Effects by thread and sequence (JSON: one object per line), with a count
     per state on stderr."""
-    with _open_existing("effects list", store) as opened:
+    with _reading("effects list", store) as opened:
         try:
             found = opened.effects.list(thread_key=thread_key, state=state, kind=kind, limit=limit)
             counts = opened.effects.counts()
@@ -124,7 +126,7 @@ def effects_list(
 @_store_option
 def effects_show(effect_id: str, as_json: bool, store: str | None) -> None:
     """One effect with its payload, result and every failed attempt."""
-    with _open_existing("effects show", store) as opened:
+    with _reading("effects show", store) as opened:
         effect = _get_effect(opened, "show", effect_id)
     if as_json:
         click.echo(json.dumps(_effect_json(effect), ensure_ascii=False, indent=2))
@@ -254,11 +256,13 @@ def effects_enqueue(
     store: str | None,
 ) -> None:
     """Add an effect of KIND at the end of THREAD_KEY; PAYLOAD is JSON. Prints its id.
-    The store is created if missing."""
+    The store is created if missing (a file that is not a fleetstore store is
+    refused, unchanged)."""
     try:
         value = json.loads(payload)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from None
+    _check_target("effects enqueue", store)
     try:
         with fleetstore.open(store) as opened:
             effect_id = opened.effects.enqueue(

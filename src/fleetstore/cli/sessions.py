@@ -18,6 +18,7 @@ from fleetstore.admin.maintain.retention import delete_tree, message_counts
 from fleetstore.admin.maintain.writer import Writer
 from fleetstore.admin.stats import session_exists, session_facts
 from fleetstore.cli.util import ProgressBars, env
+from fleetstore.cli.util import reading_store as _reading
 from fleetstore.cli.util import size as _size
 from fleetstore.cli.util import store_option as _store_option
 from fleetstore.cli.util import using_store as _opened
@@ -120,7 +121,7 @@ def sessions_list(
         "roots": roots,
         "limit": limit,
     }
-    with _opened("sessions list", store) as opened:
+    with _reading("sessions list", store) as opened:
         q = opened.queries
         rows = opened.read(lambda tx: tx.execute(q["mnt_sessions_list"], params))
         if opened.router is not None:
@@ -158,7 +159,7 @@ def sessions_list(
 def sessions_show(session_id: str, as_json: bool, store: str | None) -> None:
     """One session: its row, messages per role and status, usage, subagents, state and
     bytes (inline, and blobs as stored and original)."""
-    with _opened("sessions show", store) as opened:
+    with _reading("sessions show", store) as opened:
         try:
             facts = session_facts(opened, session_id)
         except errors.NotFound as exc:

@@ -9,9 +9,9 @@ import click
 
 from fleetstore.admin.stats import store_stats
 from fleetstore.cli.util import env
+from fleetstore.cli.util import reading_store as _opened
 from fleetstore.cli.util import size as _size
 from fleetstore.cli.util import store_option as _store_option
-from fleetstore.cli.util import using_store as _opened
 
 
 @click.command(

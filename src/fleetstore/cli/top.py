@@ -6,7 +6,6 @@ import sys
 
 import click
 
-import fleetstore
 from fleetstore.cli.util import env as _env
 from fleetstore.cli.util import existing_store as _existing_store
 from fleetstore.errors import FleetstoreError
@@ -55,10 +54,11 @@ def top(path: str | None, interval: float, count: int | None, as_json: bool) -> 
     processes have open and the largest shard WAL.
     """
     from fleetstore.admin import top as top_view
+    from fleetstore.store.readonly import open_read_only
 
     db = _existing_store("top", path, server=False)
     try:
-        opened = fleetstore.open(db, publish_interval=0)
+        opened = open_read_only(db)
     except (FleetstoreError, OSError) as exc:
         click.echo(f"fleetstore top: {exc}", err=True)
         sys.exit(1)

@@ -9,6 +9,7 @@ import click
 
 import fleetstore
 from fleetstore.cli.util import ProgressBars as _ProgressBars
+from fleetstore.cli.util import check_target as _check_target
 from fleetstore.cli.util import existing_store as _existing_store
 from fleetstore.cli.util import size as _size
 from fleetstore.cli.util import store_option as _store_option
@@ -50,7 +51,7 @@ def export_command(sessions: tuple[str, ...], output: str, store: str | None) ->
         raise click.UsageError("refusing to write compressed data to a terminal; use -o FILE")
     bars = _ProgressBars()
     try:
-        with fleetstore.open(path) as opened:
+        with _open_to_read(path) as opened:
             if output == "-":
                 summary = export_store(opened, sys.stdout.buffer, sessions or None, progress=bars)
                 sys.stdout.buffer.flush()
@@ -69,6 +70,16 @@ def export_command(sessions: tuple[str, ...], output: str, store: str | None) ->
     )
 
 
+def _open_to_read(path: str) -> fleetstore.Store:
+    """A SQLite store strictly read-only (nothing written to any of its files), a
+    PostgreSQL store as usual."""
+    from fleetstore.store.readonly import open_read_only
+
+    if path.startswith(("postgresql://", "postgres://")):
+        return fleetstore.open(path)
+    return open_read_only(path)
+
+
 #: ``fleetstore import --from X``: the module of fleetstore.integrations whose
 #: run_cli imports X.
 _FOREIGN_IMPORTERS = {
@@ -83,11 +94,13 @@ _FOREIGN_IMPORTERS = {
     epilog="""\b
 Exit codes:
   0  the file was imported (importing it again changes nothing)
-  1  the file was rejected (malformed, damaged, truncated, hostile, a newer format;
+  1  --store is not a fleetstore store (unchanged; see --add-to-foreign-db), or
+     the file was rejected (malformed, damaged, truncated, hostile, a newer format;
      with --from openai-agents-sqlite: not an SDK session database, a row that is not
      a JSON object, a session the store holds with other items) or contradicts the
-     store: nothing was imported; or the import stopped midway (the store stayed
-     locked past the write budget): importing again is safe
+     store, also when another process wrote a contradicting record since the check:
+     nothing was imported; or the store stayed locked past the write budget: nothing
+     was imported (a sharded store: what was, stays); importing again is safe
   2  bad usage, or FILE does not exist""",
 )
 @click.argument(
@@ -107,16 +120,35 @@ Exit codes:
     "OpenAI Agents SDK SQLiteSession database (tables agent_sessions, agent_messages), "
     "or a LangGraph SqliteSaver checkpoint file (tables checkpoints, writes).",
 )
-def import_command(file: str, store: str | None, source: str) -> None:
-    """Import a file written by `fleetstore export` into a store (created if missing).
+@click.option(
+    "--add-to-foreign-db",
+    "foreign_ok",
+    is_flag=True,
+    envvar="FLEETSTORE_IMPORT_ADD_TO_FOREIGN_DB",
+    show_envvar=True,
+    help="--store names another program's SQLite database: add fleetstore's tables to "
+    "it (switching it to WAL mode). Without this flag such a file is refused, unchanged.",
+)
+def import_command(file: str, store: str | None, source: str, foreign_ok: bool) -> None:
+    """Import a file written by `fleetstore export` into a store (created if missing;
+    a --store that is another program's SQLite file is refused unless
+    --add-to-foreign-db).
 
     The whole file is checked first: every record, every blob's hash and size,
     the trailer's counts and checksum, and that nothing in it contradicts the
     store. A file that fails any check is rejected whole and nothing is written.
     Objects already in the store and equal are left alone, so importing twice
     changes nothing; objects the store holds at an earlier stage (a lower version,
-    a message still streaming) are brought forward. FILE '-' reads standard input.
+    a message still streaming) are brought forward. FILE '-' reads standard input;
+    standard input or a pipe (`<(cat f)`) is first copied to a private (0600)
+    temporary file beside the store, removed afterwards.
     """
+    _check_target(
+        "import",
+        store,
+        foreign_ok=foreign_ok,
+        hint=" (--add-to-foreign-db adds fleetstore's tables to it)",
+    )
     if source in _FOREIGN_IMPORTERS:
         import importlib
 
@@ -130,26 +162,35 @@ def import_command(file: str, store: str | None, source: str) -> None:
         sys.exit(code)
     import os
     import shutil
+    import stat
     import tempfile
 
     from fleetstore.transfer.importing import import_file
 
+    # The file is read twice (checked whole, then written): standard input, a pipe
+    # (`import <(cat f)`) or any file that cannot seek is copied first, privately.
+    stream = file == "-" or not stat.S_ISREG(os.stat(file).st_mode)
     bars = _ProgressBars()
     tmp: str | None = None
     try:
         with fleetstore.open(store) as opened:
-            if file == "-":
+            if stream:
                 fd, tmp = tempfile.mkstemp(prefix=".fleetstore-import-", dir=opened.path.parent)
                 with os.fdopen(fd, "wb") as fh:
-                    shutil.copyfileobj(sys.stdin.buffer, fh)
+                    if file == "-":
+                        shutil.copyfileobj(sys.stdin.buffer, fh)
+                    else:
+                        with open(file, "rb") as src:
+                            shutil.copyfileobj(src, fh)
             summary = import_file(opened, tmp or file, progress=bars)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     except fleetstore.StoreBusy as exc:
         bars.close()
         click.echo(
-            f"fleetstore import: {exc}; the import stopped midway (what was imported stays; "
-            "importing the file again is safe)",
+            f"fleetstore import: {exc}; the import did not finish (into one file or "
+            "PostgreSQL nothing was imported; into a sharded store what was imported "
+            "stays); importing the file again is safe",
             err=True,
         )
         sys.exit(1)
@@ -176,7 +217,8 @@ Exit codes:
   0  every session of every SRC is in DST exactly as exported, and every blob verifies
   1  verification failed (DST differs from what was exported, a SRC changed during
      the merge, a blob does not verify: each problem is printed), or an export was
-     rejected, or a SRC contradicts DST (nothing of that SRC was imported)
+     rejected, or a SRC contradicts DST (nothing of that SRC was imported), or a
+     SRC or DST is a file that is not a fleetstore store (nothing is written)
   2  bad usage: fewer than two stores, a SRC that does not exist, a SRC that is DST""",
 )
 @click.argument("stores", nargs=-1, required=True, metavar="SRC... DST")
@@ -202,6 +244,7 @@ def merge_command(stores: tuple[str, ...]) -> None:
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     paths = [_existing_store("merge", s) for s in sources]
+    _check_target("merge", dest)
     for p in paths:
         if os.path.realpath(p) == str(dest_path):
             raise click.UsageError(f"{p} is both a SRC and the DST")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -51,6 +52,7 @@ def existing_store(command: str, store: str | None, *, server: bool = True) -> s
                 err=True,
             )
             sys.exit(2)
+        _check_store(command, directory / CATALOG)
         return f"{SHARDED_SCHEME}://{directory}"
     if isinstance(target, str):
         if not server:
@@ -65,7 +67,40 @@ def existing_store(command: str, store: str | None, *, server: bool = True) -> s
     if not path.is_file():
         click.echo(f"fleetstore {command}: no store at {path} (nothing was created)", err=True)
         sys.exit(2)
+    _check_store(command, path)
     return str(path)
+
+
+def check_target(
+    command: str, store: str | None, *, foreign_ok: bool = False, hint: str = ""
+) -> None:
+    """For a command that creates the store if missing: exit 1, nothing written, if
+    *store* names an existing SQLite file (or a sharded store's catalog) that is not a
+    fleetstore store, unless *foreign_ok*; an empty file may become a store."""
+    from fleetstore.core.targets import CATALOG, parse_target
+    from fleetstore.errors import ConfigError
+
+    try:
+        kind, target = parse_target(store)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    if isinstance(target, str) or foreign_ok:
+        return
+    path = target / CATALOG if kind == "sharded" else target
+    if path.is_file() and path.stat().st_size > 0:
+        _check_store(command, path, hint)
+
+
+def _check_store(command: str, path: Path, hint: str = "") -> None:
+    """Exit 1, the file unchanged, unless *path* is a fleetstore store: a command
+    that works on an existing store never converts another program's file."""
+    from fleetstore.store.readonly import check_store_file
+
+    try:
+        check_store_file(path)
+    except (FleetstoreError, OSError) as exc:
+        click.echo(f"fleetstore {command}: {exc}{hint}", err=True)
+        sys.exit(1)
 
 
 def open_existing(command: str, store: str | None) -> fleetstore.Store:
@@ -77,6 +112,31 @@ def open_existing(command: str, store: str | None) -> fleetstore.Store:
     except (FleetstoreError, OSError) as exc:
         click.echo(f"fleetstore {command}: {exc}", err=True)
         sys.exit(1)
+
+
+@contextmanager
+def reading_store(command: str, store: str | None) -> Iterator[fleetstore.Store]:
+    """``using_store`` for a command that only reads: a SQLite store (a file or a
+    sharded directory) is opened strictly read-only, so no file is written, created
+    or converted (store/readonly.py); a PostgreSQL store is opened as usual."""
+    from fleetstore.store.readonly import open_read_only
+
+    path = existing_store(command, store)
+    try:
+        if path.startswith(("postgresql://", "postgres://")):
+            opened = fleetstore.open(path)
+        else:
+            opened = open_read_only(path)
+    except (FleetstoreError, OSError) as exc:
+        click.echo(f"fleetstore {command}: {exc}", err=True)
+        sys.exit(1)
+    try:
+        yield opened
+    except (FleetstoreError, OSError) as exc:
+        click.echo(f"fleetstore {command}: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        opened.close(timeout=0)
 
 
 @contextmanager
@@ -147,10 +207,12 @@ class ProgressBars:
 __all__ = [
     "STORE_HELP",
     "ProgressBars",
+    "check_target",
     "effect_json",
     "env",
     "existing_store",
     "open_existing",
+    "reading_store",
     "size",
     "store_option",
     "using_store",

@@ -57,6 +57,11 @@ def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path 
             )
         if not rest.startswith("/"):
             raise errors.ConfigError(f"{text!r}: write {scheme}:///absolute/path (three slashes)")
+        if not rest.strip("/"):
+            # "sqlite:///" used to name the root directory: a store at /fleetstore.db.
+            raise errors.ConfigError(
+                f"{text!r}: an empty store path; write {scheme}:///absolute/path"
+            )
         if scheme == SHARDED_SCHEME:
             directory = Path(rest)
             if directory.exists() and not directory.is_dir():

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import re
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,11 @@ COMPRESSION_LEVEL = 1
 #: one is left as it is (importing a file twice changes nothing, not even mtimes).
 #: Blob garbage collection's grace must exceed the write budget plus this.
 TOUCH_AFTER = 60.0
+#: The bytes of a stored blob are held for the write that refers to it at most this
+#: long (seconds); a write still waiting past it is not protected from the collector.
+KEEP_FOR = 3600.0
+#: A collector holds a shared flock on this file of the blob directory while it runs.
+COLLECTING = ".collecting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,22 +54,6 @@ class BlobRef:
     size: int
     stored_size: int
     codec: str = CODEC
-
-
-def blob_shas(value: Any, found: set[str] | None = None) -> set[str]:
-    """The hashes of every blob an operation's arguments refer to (``{"blob": {...}}``
-    anywhere in them)."""
-    found = set() if found is None else found
-    if isinstance(value, dict):
-        ref = value.get("blob")
-        if isinstance(ref, dict) and isinstance(ref.get("sha256"), str):
-            found.add(ref["sha256"])
-        for v in value.values():
-            blob_shas(v, found)
-    elif isinstance(value, list):
-        for v in value:
-            blob_shas(v, found)
-    return found
 
 
 def check_sha(sha256: object) -> str:
@@ -84,15 +75,19 @@ class BlobStore:
         #: database runs before every checkpoint: under NORMAL no commit is durable
         #: before a checkpoint either (docs/design.md, "Blobs: durable at the barrier").
         self.durable = durable
+        #: sha -> [stored bytes, writes not yet settled, last put (monotonic)].
+        self._kept: dict[str, list[Any]] = {}
+        self._kept_lock = threading.Lock()
 
     def path(self, sha256: str) -> Path:
         sha = check_sha(sha256)
         return self.directory / sha[:2] / sha
 
-    def put(self, data: bytes) -> BlobRef:
+    def put(self, data: bytes, *, keep: bool = True) -> BlobRef:
         """Store *data* (durably at once, if ``durable``) and return its reference.  A payload
         already stored is not written again if its file verifies; a damaged file
-        is replaced, so writing the same payload repairs it."""
+        is replaced, so writing the same payload repairs it.  *keep*: hold the stored
+        bytes until ``settle`` is told the write referring to them is done."""
         if len(data) > self.max_bytes:
             raise errors.PayloadTooLarge(
                 f"payload of {len(data):,} bytes is over max_payload_bytes ({self.max_bytes:,})"
@@ -111,6 +106,8 @@ class BlobStore:
                 # (fleetstore/ops/maintain.py).  Gone meanwhile (collected): written anew.
                 if time.time() - target.stat().st_mtime >= TOUCH_AFTER:
                     os.utime(target)
+                if keep:
+                    self._keep(sha, packed)
                 return BlobRef(sha, len(data), len(packed))
         packed = zstandard.ZstdCompressor(
             level=COMPRESSION_LEVEL, write_content_size=True
@@ -130,6 +127,8 @@ class BlobStore:
                 f"blob {sha} ({len(data):,} bytes) could not be stored in {self.directory} "
                 f"({left}); nothing that refers to it was written",
             ) from exc
+        if keep:
+            self._keep(sha, packed)
         return BlobRef(sha, len(data), len(packed))
 
     def _write(self, target: Path, packed: bytes) -> None:
@@ -159,6 +158,90 @@ class BlobStore:
             raise
         if self.durable:
             fsync_dir(target.parent)
+
+    # -- a write's blob files, from before its transaction to after it -------------------
+    # Garbage collection (admin/maintain/blobs.py) deletes a file no row or journal refers
+    # to once it is older than its grace.  A write that waited longer than that between
+    # storing its file and committing (or spooling) would be acknowledged with its file
+    # gone.  So the stored bytes are kept until the write is done; then, while a
+    # collector runs (it holds a shared flock on COLLECTING throughout), each file is
+    # touched: a collector that read the rows before the commit sees the touch when it
+    # looks at the mtime again after renaming the file aside.  A file gone is written
+    # again.  No collector running: none that started before the commit is left, so a
+    # file still there stays (and is not touched: importing twice changes nothing).
+
+    def _keep(self, sha: str, packed: bytes) -> None:
+        now = time.monotonic()
+        with self._kept_lock:
+            entry = self._kept.get(sha)
+            if entry is None:
+                self._kept[sha] = [packed, 1, now]
+            else:
+                entry[1] += 1
+                entry[2] = now
+            # Bytes stored for a write that never came (its call failed in between).
+            stale = [k for k, e in self._kept.items() if now - e[2] > KEEP_FOR]
+            for k in stale:
+                del self._kept[k]
+
+    def collector_running(self) -> bool:
+        """Whether a blob collection holds the COLLECTING lock now."""
+        try:
+            fd = os.open(self.directory / COLLECTING, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False  # none ever ran, or one is about to: it reads our rows then
+        except OSError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's writes are not the child's to settle."""
+        self._kept = {}
+        self._kept_lock = threading.Lock()
+
+    @property
+    def keeping(self) -> bool:
+        """Whether bytes are held for writes not yet settled."""
+        return bool(self._kept)
+
+    def settle(self, shas: Iterable[str], *, written: bool) -> None:
+        """The write that refers to *shas* is done: committed or spooled (*written*), or
+        failed.  Each file this process stored for it is made young again, or written
+        again if a collector took it (``BlobCorrupt`` if it cannot be)."""
+        collecting: bool | None = None
+        for sha in shas:
+            with self._kept_lock:
+                entry = self._kept.get(sha)
+                if entry is None:
+                    continue
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del self._kept[sha]
+                packed: bytes = entry[0]
+            if not written:
+                continue
+            target = self.path(sha)
+            if collecting is None:
+                collecting = self.collector_running()
+            try:
+                if collecting:
+                    os.utime(target)
+                elif not target.is_file():
+                    raise FileNotFoundError(target)
+            except FileNotFoundError:
+                try:
+                    self._write(target, packed)
+                except OSError as exc:
+                    raise errors.BlobCorrupt(
+                        f"blob {sha}: collected while its write waited, and not written "
+                        f"again: {exc}"
+                    ) from exc
 
     def sync(self) -> None:
         """Make every blob file written so far durable, whoever wrote it: one
@@ -191,10 +274,10 @@ class BlobStore:
         except OSError as exc:
             raise errors.BlobCorrupt(f"blob {sha256}: {exc.strerror}") from exc
 
-    def put_stored(self, sha256: str, packed: bytes, size: int) -> BlobRef:
+    def put_stored(self, sha256: str, packed: bytes, size: int, *, keep: bool = False) -> BlobRef:
         """Store compressed bytes received from elsewhere, after checking that
-        they decompress to *size* bytes with hash *sha256*."""
-        return self.put(_received(sha256, packed, size, self.max_bytes))
+        they decompress to *size* bytes with hash *sha256* (*keep*: as for ``put``)."""
+        return self.put(_received(sha256, packed, size, self.max_bytes), keep=keep)
 
     def verify(self, sha256: str) -> bool:
         try:
@@ -291,7 +374,8 @@ class DbBlobStore:
             raise errors.BlobCorrupt(f"blob {sha256}: its chunks do not match its hash")
         return data
 
-    def put_stored(self, sha256: str, packed: bytes, size: int) -> BlobRef:
+    def put_stored(self, sha256: str, packed: bytes, size: int, *, keep: bool = False) -> BlobRef:
+        # (*keep* is for files: rows are written in their own committed transaction.)
         _received(sha256, packed, size, self.max_bytes)
         stored = self._stored_size(sha256)
         if not stored or not self.verify(sha256):
@@ -326,6 +410,23 @@ class DbBlobStore:
             if len(rows) < page:
                 return
             after = str(rows[-1][0])
+
+
+def referenced_shas(value: object) -> list[str]:
+    """The blob hashes an operation's arguments refer to (``{"blob": {"sha256": ...}}``
+    anywhere in them)."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            blob = item.get("blob")
+            if isinstance(blob, Mapping) and isinstance(blob.get("sha256"), str):
+                found.append(blob["sha256"])
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return found
 
 
 def _received(sha256: str, packed: bytes, size: int, max_bytes: int) -> bytes:
@@ -395,12 +496,13 @@ def fsync_dir(path: Path) -> None:
 
 __all__ = [
     "CODEC",
+    "COLLECTING",
     "COMPRESSION_LEVEL",
     "BlobRef",
     "BlobStore",
     "DbBlobStore",
-    "blob_shas",
     "check_sha",
+    "referenced_shas",
     "syncfs",
     "fsync_dir",
 ]

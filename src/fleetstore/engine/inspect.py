@@ -41,7 +41,7 @@ from typing import Any
 import apsw
 
 from fleetstore import errors
-from fleetstore.engine.proclocks import _command, parse_proc_locks
+from fleetstore.engine.proclocks import _command, parse_proc_locks, process_state
 
 Row = tuple[Any, ...]
 
@@ -599,6 +599,7 @@ def _library_version(path: str, _ino: int, _mtime_ns: int) -> tuple[bool, str | 
 
 
 __all__ = [
+    "process_state",
     "FileFacts",
     "Header",
     "InspectFailed",

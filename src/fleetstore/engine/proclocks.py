@@ -35,6 +35,19 @@ def _command(pid: int) -> str:
     return " ".join(p.decode(errors="replace") for p in parts if p)[:120]
 
 
+def process_state(pid: int) -> str:
+    """The state letter of process *pid* (``/proc/PID/stat`` field 3: R, S, D, T...);
+    "" if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    # The command name (field 2) is in parentheses and may contain any character.
+    rest = stat[stat.rfind(b")") + 2 :]
+    return rest[:1].decode("ascii", "replace")
+
+
 def parse_proc_locks(text: str) -> Iterable[tuple[str, str, int, tuple[int, int, int], str, str]]:
     """Yield (kind, mode, pid, (major, minor, inode), start, end) for each lock line."""
     for line in text.splitlines():
@@ -80,7 +93,9 @@ def lock_holders(db_path: str, gate_path: str | None = None) -> list[LockHolder]
             lock = "sqlite-write"
         if lock and (pid, lock) not in seen:
             seen.add((pid, lock))
-            found.append(LockHolder(pid=pid, lock=lock, command=_command(pid)))
+            found.append(
+                LockHolder(pid=pid, lock=lock, command=_command(pid), state=process_state(pid))
+            )
     return found
 
 
@@ -93,4 +108,4 @@ def _covers(start: str, end: str, offset: int) -> bool:
     return lo <= offset <= hi
 
 
-__all__ = ["lock_holders", "parse_proc_locks"]
+__all__ = ["lock_holders", "parse_proc_locks", "process_state"]

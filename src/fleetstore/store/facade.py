@@ -38,7 +38,7 @@ from fleetstore.core.validate import (
     check_timeout,
 )
 from fleetstore.domain import registry
-from fleetstore.domain.blobs import BlobStore, DbBlobStore, blob_shas
+from fleetstore.domain.blobs import BlobStore, DbBlobStore, referenced_shas
 from fleetstore.domain.history import Messages, Sessions
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import Effects
@@ -51,6 +51,7 @@ from fleetstore.store.backend import Backend
 from fleetstore.store.procstats import Publisher
 from fleetstore.store.server import open_server
 from fleetstore.store.sharded import Router, open_sharded
+from fleetstore.store.sidecars import check_sidecars
 from fleetstore.store.single import open_file
 from fleetstore.store.spool import (
     REJECTED,
@@ -166,6 +167,8 @@ class Store:
         # here too does not depend on the order the hooks run in.)
         self.spool._after_fork()
         self.backend.after_fork()
+        if isinstance(self.blobs, BlobStore):
+            self.blobs.after_fork()
         self._init_process()
 
     # -- writing ---------------------------------------------------------------------------
@@ -197,6 +200,22 @@ class Store:
             ("independent", independent),
         ):
             check_bool(flag, name)
+        blobs = self.blobs
+        if not (isinstance(blobs, BlobStore) and blobs.keeping):
+            return self._submit(op, spool, must_land, independent)
+        # The blob files this write stored before it waited: see BlobStore.settle.
+        shas = referenced_shas(op.args)
+        try:
+            result = self._submit(op, spool, must_land, independent)
+        except BaseException:
+            blobs.settle(shas, written=False)
+            raise
+        blobs.settle(shas, written=True)
+        return result
+
+    def _submit(
+        self, op: Operation, spool: bool, must_land: bool, independent: bool
+    ) -> dict[str, Any] | None:
         self._check_open()
         if self._publisher is None:
             self._start_publisher()
@@ -562,7 +581,7 @@ class Store:
 
     def _check_blobs(self, op: Operation) -> None:
         """``BlobCorrupt`` if a blob *op* refers to is missing or damaged."""
-        for sha in sorted(blob_shas(op.args)):
+        for sha in sorted(set(referenced_shas(op.args))):
             if not self.blobs.verify(sha):
                 raise errors.BlobCorrupt(
                     f"blob {sha} ({self.blobs.describe(sha)}) is missing or damaged"
@@ -658,6 +677,8 @@ def check_callable(fn: object) -> None:
 
 def _open_store(path: Path | str, config: Settings, kind: str = "") -> Store:
     backend: Backend
+    if isinstance(path, Path):
+        check_sidecars(path / CATALOG if kind == "sharded" else path)
     if kind == "sharded":
         assert isinstance(path, Path)
         backend = open_sharded(path, config, sql.queries("sqlite"))

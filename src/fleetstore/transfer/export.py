@@ -19,6 +19,7 @@ import zstandard
 from fleetstore import errors
 from fleetstore.core.ids import new_id
 from fleetstore.core.version import __version__
+from fleetstore.domain.blobs import fsync_dir
 from fleetstore.domain.imports import SESSION_FIELDS
 from fleetstore.domain.operations import Operation
 from fleetstore.models import USAGE_FIELDS
@@ -286,13 +287,16 @@ def export_store(
         target = Path(out)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
-            with open(tmp, "wb") as fh:
+            # Sessions carry secrets: created 0600 (whatever the umask), never widened.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
                 summary = _export(
                     store, fh, order, session_ids is None, str(target), progress, __version__
                 )
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
+            fsync_dir(target.absolute().parent)
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink()

@@ -1,10 +1,12 @@
 """``fleetstore import``: an export file brought into a store.
 
-Importing reads the file twice.  The first pass checks everything and writes
-nothing: the file itself, record by record (``transfer/reader.py``), and that no
-record contradicts what the store already holds.  Only then the second pass writes
-the blobs (files, before any transaction) and applies the operations through
-``Store.apply``, one short transaction each.
+Importing reads the file more than once.  The first pass checks everything and
+writes nothing: the file itself, record by record (``transfer/reader.py``), and that
+no record contradicts what the store already holds.  Only then the blobs are written
+(files, before any transaction) and the operations applied: on one file or a server
+database all in one write transaction, so that a record another process contradicted
+since the check (it created one of the file's sessions meanwhile) rolls them all back;
+on a sharded store, which no transaction spans, one short transaction each.
 
 The import operations carry whole rows (every column, the parts, the streamed
 chunks, the usage), so a store round-trips exactly, and each is idempotent by
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
+from fleetstore.domain import registry
+from fleetstore.domain.blobs import BlobStore, referenced_shas
 from fleetstore.domain.imports import (
     INSERTED,
     MISSING_PARENT,
@@ -113,6 +117,161 @@ def _check_in(store: Store, reader: Reader, batch: list[OpItem], session_id: str
     store.read(run, session_id=session_id)
 
 
+class _Tally:
+    def __init__(self) -> None:
+        self.counts = {INSERTED: 0, UPDATED: 0, UNCHANGED: 0, NEWER: 0}
+        self.kinds = {"import_session": 0, "import_message": 0, "import_state": 0}
+        self.blobs = self.new_blobs = self.blob_bytes = 0
+        self.last: list[Any] = [None, None]  # the last message's id and outcome
+
+    def blob(self, store: Store, item: BlobItem, *, keep: bool = True) -> None:
+        fresh = not store.blobs.exists(item.sha256)
+        store.blobs.put_stored(item.sha256, item.data.read(), item.size, keep=keep)
+        self.blobs += 1
+        self.new_blobs += fresh
+        self.blob_bytes += item.size
+
+    def op(self, item: OpItem, action: str) -> None:
+        name = item.op.name
+        if name == "import_parts":
+            if action == UPDATED and self.last[1] in (UNCHANGED, NEWER):
+                self.counts[self.last[1]] -= 1
+                self.counts[UPDATED] += 1
+                self.last[1] = UPDATED
+        else:
+            self.kinds[name] += 1
+            self.counts[action] += 1
+            if name == "import_message":
+                self.last = [item.parsed.id, action]
+
+
+def _write_whole(
+    store: Store,
+    file: Path,
+    check: Reader,
+    limits: tuple[int, int, int],
+    tally: _Tally,
+    progress: Progress | None,
+) -> None:
+    """One file or a server database: the blob files first, then every operation in
+    one write transaction, so that the operations are written whole or not at all.  A
+    record that contradicts the store now (another process wrote one of the file's
+    objects since the check) rolls every one of them back: nothing partial."""
+    blobs = Reader(file, *limits)
+    try:
+        for item in blobs.items():
+            if isinstance(item, BlobItem):
+                tally.blob(store, item, keep=False)  # a file's worth: not held in memory
+            if progress is not None:
+                progress("blobs", blobs.position, blobs.file_size)
+    except errors.InvalidArchive as exc:
+        raise errors.InvalidArchive(
+            f"{exc} (the file changed while it was imported; nothing was imported)"
+        ) from None
+    if blobs.sha256 != check.sha256:
+        raise errors.InvalidArchive(f"{file}: the file changed while it was imported")
+    shas: list[str] = []
+
+    def write(tx: Tx) -> _Tally:
+        # PostgreSQL may run this again (a serialization failure): counted afresh.
+        done = _Tally()
+        shas.clear()
+        ops = Reader(file, *limits)
+        line = 0
+        try:
+            for item in ops.items():
+                line = item.line
+                if isinstance(item, OpItem):
+                    done.op(item, run_import_op(tx, store.queries, item))
+                    shas.extend(referenced_shas(item.op.args))
+                if progress is not None:
+                    progress("import", ops.position, ops.file_size)
+        except errors.InvalidArchive as exc:
+            raise errors.InvalidArchive(
+                f"{exc} (the file changed while it was imported; nothing was imported)"
+            ) from None
+        except (errors.AlreadyExists, errors.NotFound, errors.InvalidInput) as exc:
+            raise type(exc)(
+                f"{file}: line {line}: {exc} (written since the check, by another process?); "
+                "nothing was imported"
+            ) from exc
+        if ops.sha256 != check.sha256:
+            raise errors.InvalidArchive(f"{file}: the file changed while it was imported")
+        return done
+
+    done = store.db.run_write(write)
+    if isinstance(store.blobs, BlobStore):
+        _keep_blobs(store.blobs, file, limits, set(shas))
+    tally.counts, tally.kinds, tally.last = done.counts, done.kinds, done.last
+
+
+def _keep_blobs(blobs: BlobStore, file: Path, limits: tuple[int, int, int], shas: set[str]) -> None:
+    """After the commit: the blob files the operations refer to made young while a
+    collector runs, and any a collector took since they were written written again
+    from the file (``BlobStore.settle`` does the same for one write)."""
+    collecting = blobs.collector_running()
+    missing = set()
+    for sha in shas:
+        try:
+            if collecting:
+                os.utime(blobs.path(sha))
+            elif not blobs.path(sha).is_file():
+                missing.add(sha)
+        except FileNotFoundError:
+            missing.add(sha)
+    if not missing:
+        return
+    for item in Reader(file, *limits).items():
+        if isinstance(item, BlobItem) and item.sha256 in missing:
+            blobs.put_stored(item.sha256, item.data.read(), item.size)
+
+
+def run_import_op(tx: Tx, queries: Any, item: OpItem) -> str:
+    """Apply one import operation in *tx* (as ``Store.apply`` would); its outcome."""
+    return str(registry.apply(tx, queries, item.op, tx.now)["action"])
+
+
+def _write_op_by_op(
+    store: Store,
+    file: Path,
+    check: Reader,
+    limits: tuple[int, int, int],
+    tally: _Tally,
+    progress: Progress | None,
+) -> None:
+    """A sharded store: each operation in its own transaction of its own file (one
+    transaction cannot span the files).  A conflict written by another process since
+    the check stops the import there: what was written before it stays."""
+    write = Reader(file, *limits)
+    line = 0
+    try:
+        for item in write.items():
+            line = item.line
+            if isinstance(item, BlobItem):
+                tally.blob(store, item)
+            else:
+                tally.op(item, store.apply(item.op)["action"])
+                if isinstance(store.blobs, BlobStore) and store.blobs.keeping:
+                    # Its blob files are made young again, or written again if a
+                    # collector with a short grace took them (BlobStore.settle).
+                    store.blobs.settle(referenced_shas(item.op.args), written=True)
+            if progress is not None:
+                progress("import", write.position, write.file_size)
+    except errors.InvalidArchive as exc:
+        raise errors.InvalidArchive(
+            f"{exc} (the file changed while it was imported: records before it were imported)"
+        ) from None
+    except errors.StoreBusy:
+        raise
+    except (errors.AlreadyExists, errors.NotFound, errors.InvalidInput) as exc:
+        raise type(exc)(
+            f"{file}: line {line}: {exc}; the import stopped there (the records before it "
+            "were imported; importing the file again is safe)"
+        ) from exc
+    if write.sha256 != check.sha256:
+        raise errors.InvalidArchive(f"{file}: the file changed while it was imported")
+
+
 def import_file(
     store: Store,
     path: str | os.PathLike[str],
@@ -123,7 +282,9 @@ def import_file(
 ) -> ImportSummary:
     """Import an export file into *store*: checked whole first (``InvalidArchive``,
     or ``AlreadyExists`` for a conflict with the store, and nothing is written),
-    then blobs and operations written.  Importing a file twice changes nothing."""
+    then blobs and operations written (one file or PostgreSQL: in one transaction,
+    rolled back whole on a conflict written meanwhile).  Importing a file twice
+    changes nothing."""
     file = Path(path)
     limit = store.settings.max_payload_bytes
     check = Reader(file, limit, max_line, max_total)
@@ -141,57 +302,20 @@ def import_file(
     except errors.InvalidArchive as exc:
         raise errors.InvalidArchive(f"{exc}; nothing was imported") from None
 
-    counts = {INSERTED: 0, UPDATED: 0, UNCHANGED: 0, NEWER: 0}
-    kinds = {"import_session": 0, "import_message": 0, "import_state": 0}
-    blobs = new_blobs = blob_bytes = 0
-    last: list[Any] = [None, None]  # the last message's id and outcome
-    write = Reader(file, limit, max_line, max_total)
-    line = 0
-    try:
-        for item in write.items():
-            line = item.line
-            if isinstance(item, BlobItem):
-                fresh = not store.blobs.exists(item.sha256)
-                store.blobs.put_stored(item.sha256, item.data.read(), item.size)
-                blobs += 1
-                new_blobs += fresh
-                blob_bytes += item.size
-            else:
-                action = store.apply(item.op)["action"]
-                name = item.op.name
-                if name == "import_parts":
-                    if action == UPDATED and last[1] in (UNCHANGED, NEWER):
-                        counts[last[1]] -= 1
-                        counts[UPDATED] += 1
-                        last[1] = UPDATED
-                else:
-                    kinds[name] += 1
-                    counts[action] += 1
-                    if name == "import_message":
-                        last = [item.parsed.id, action]
-            if progress is not None:
-                progress("import", write.position, write.file_size)
-    except errors.InvalidArchive as exc:
-        raise errors.InvalidArchive(
-            f"{exc} (the file changed while it was imported: records before it were imported)"
-        ) from None
-    except errors.StoreBusy:
-        raise
-    except (errors.AlreadyExists, errors.NotFound, errors.InvalidInput) as exc:
-        raise type(exc)(
-            f"{file}: line {line}: {exc}; the import stopped there (the records before it "
-            "were imported; importing the file again is safe)"
-        ) from exc
-    if write.sha256 != check.sha256:
-        raise errors.InvalidArchive(f"{file}: the file changed while it was imported")
+    tally = _Tally()
+    if store.router is None:
+        _write_whole(store, file, check, (limit, max_line, max_total), tally, progress)
+    else:
+        _write_op_by_op(store, file, check, (limit, max_line, max_total), tally, progress)
+    counts, kinds = tally.counts, tally.kinds
     return ImportSummary(
         path=str(file),
         sessions=kinds["import_session"],
         messages=kinds["import_message"],
         states=kinds["import_state"],
-        blobs=blobs,
-        blob_bytes=blob_bytes,
-        new_blobs=new_blobs,
+        blobs=tally.blobs,
+        blob_bytes=tally.blob_bytes,
+        new_blobs=tally.new_blobs,
         inserted=counts[INSERTED],
         updated=counts[UPDATED],
         unchanged=counts[UNCHANGED],

@@ -15,6 +15,7 @@ from fleetstore import errors
 from fleetstore.core.targets import resolve_target
 from fleetstore.store.facade import Store
 from fleetstore.store.facade import open as open_store
+from fleetstore.store.readonly import check_store_file
 from fleetstore.transfer.digest import session_digest, session_order
 from fleetstore.transfer.export import ExportSummary, export_store
 from fleetstore.transfer.format import Progress
@@ -113,6 +114,11 @@ def merge(
             raise errors.InvalidInput(f"{path} is both a source and the destination")
         if not isinstance(src, Store) and not path.exists():
             raise errors.NotFound(f"no store at {path} to merge from")
+        if not isinstance(src, Store):
+            # NotAStore before anything is opened or created.
+            check_store_file(path, unless_open_here=True)
+    if not isinstance(dest, Store) and dest_path.is_file() and dest_path.stat().st_size:
+        check_store_file(dest_path, unless_open_here=True)
     with contextlib.ExitStack() as stack:
         dst = dest if isinstance(dest, Store) else stack.enter_context(open_store(dest))
         results: list[SourceResult] = []

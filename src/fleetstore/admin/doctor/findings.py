@@ -14,6 +14,7 @@ from fleetstore.admin.doctor.probe import Probe
 from fleetstore.admin.doctor.report import SHARDS_NAMED, Report, Severity, mb, shards_named
 from fleetstore.engine import inspect
 from fleetstore.engine.inspect import FileFacts
+from fleetstore.errors import describe_state
 
 # Thresholds, documented in docs/doctor.md.
 WAL_LARGE_BYTES = 64 * 1024 * 1024  # = Settings.truncate_bytes
@@ -35,7 +36,12 @@ def free_bytes(path: str) -> int | None:
 
 
 def _who(proc: dict[str, Any]) -> str:
-    return f"pid {proc['pid']}" + (f" ({proc['command']})" if proc["command"] else "")
+    note = describe_state(proc.get("state", ""))
+    return (
+        f"pid {proc['pid']}"
+        + (f" ({proc['command']})" if proc["command"] else "")
+        + (f" ({note})" if note else "")
+    )
 
 
 def _holding(proc: dict[str, Any], name: str, *, mode: str | None = None) -> list[dict[str, Any]]:

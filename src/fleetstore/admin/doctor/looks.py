@@ -108,6 +108,7 @@ def _processes(
                 "pid": pid,
                 "command": inspect.command_line(pid),
                 "alive": inspect.process_alive(pid),
+                "state": inspect.process_state(pid),
                 "open": sorted({f.role for f in files}),
                 "deleted_open": sorted({f.role for f in files if f.deleted}),
                 "locks": locks,

@@ -17,7 +17,7 @@ from typing import Any
 from fleetstore import errors, sql
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import resolve_target
-from fleetstore.domain.blobs import blob_shas
+from fleetstore.domain.blobs import referenced_shas
 from fleetstore.engine import foreign, inspect
 from fleetstore.engine.inspect import FileFacts, Lock
 from fleetstore.store.procstats import read_published
@@ -356,7 +356,7 @@ def read_spool(spool_dir: str, locks: list[Lock]) -> dict[str, Any]:
             {
                 sha
                 for op in read.ops
-                for sha in blob_shas(op.args)
+                for sha in set(referenced_shas(op.args))
                 if not (blobs / sha[:2] / sha).is_file()
             }
         )

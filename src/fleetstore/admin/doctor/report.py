@@ -8,6 +8,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetstore.errors import describe_state
+
 #: Version of the ``--json`` object; raised when a field changes meaning or goes away.
 REPORT_VERSION = 1
 
@@ -152,7 +154,10 @@ def format_report(report: Report) -> str:
     if not data["processes"]:
         lines.append("  none has the database open (or /proc shows none)")
     for proc in data["processes"]:
-        lines.append(f"  pid {proc['pid']}: {proc['command'] or '?'}")
+        note = describe_state(proc.get("state", ""))
+        lines.append(
+            f"  pid {proc['pid']}: {proc['command'] or '?'}" + (f" ({note})" if note else "")
+        )
         if proc["open"]:
             lines.append(f"    open: {', '.join(proc['open'])}")
         for lk in proc["locks"]:

@@ -29,11 +29,17 @@ later left an mtime at or after ``S - grace`` (it touched a file older than
 TOUCH_AFTER).  The assumptions: every writer's budget plus TOUCH_AFTER is below
 the grace (``--blob-grace`` raises it), and the clock does not jump back by more
 than the margin.  tests/admin/test_maintain.py: test_blob_gc_*.
+
+A writer that waited longer than the grace is not robbed either: after its commit or
+spooling it touches each file it stored, or writes it again if it is gone
+(``BlobStore.settle``), and step 3's second look at the mtime sees the touch.
+tests/admin/test_blob_gc_grace.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 import re
@@ -49,7 +55,7 @@ from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch, Writer
 from fleetstore.core.settings import Settings
 from fleetstore.core.units import size as _size
-from fleetstore.domain.blobs import TOUCH_AFTER
+from fleetstore.domain.blobs import COLLECTING, TOUCH_AFTER
 from fleetstore.domain.maintenance import referenced
 from fleetstore.engine.base import Tx
 from fleetstore.engine.sqlite import Database
@@ -75,6 +81,29 @@ def collect_blobs(
     it (deleted in that file's transaction, re-checked there), and a file only when
     no file has a row for it any more, every file read after ``started`` (the
     argument of the module docstring holds for each file's rows alike)."""
+    with contextlib.ExitStack() as stack:
+        if not dry_run:
+            stack.enter_context(_collecting(store.blobs.directory))
+        _collect(store, step, grace, dry_run, progress)
+
+
+@contextlib.contextmanager
+def _collecting(directory: Path) -> Iterator[None]:
+    """A shared flock on the blob directory's COLLECTING file, taken before the
+    collection notes its start: a writer that settles meanwhile touches its files
+    (``BlobStore.settle``)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(directory / COLLECTING, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _collect(
+    store: Any, step: Step, grace: float, dry_run: bool, progress: Progress | None
+) -> None:
     started = time.time()
     found = read_journals(store.spool_dir)
     step.detail.update(grace=grace, journals=found.count, protected=len(found.blobs))

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetstore.domain.blobs import blob_shas
+from fleetstore.domain.blobs import referenced_shas
 from fleetstore.store.spool import journals, read_journal
 
 
@@ -48,7 +48,7 @@ def read_journals(spool_dir: Path) -> Journals:
         if read.damaged:
             result.doubt = f"{path.name} is damaged ({read.reason}): what follows is unknown"
         for op in read.ops:
-            blob_shas(op.args, result.blobs)
+            result.blobs.update(referenced_shas(op.args))
             created = _uuid7_time(op.op_id)
             if created is None:
                 result.doubt = result.doubt or f"{path.name}: operation id {op.op_id} has no time"
