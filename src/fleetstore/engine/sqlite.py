@@ -377,7 +377,7 @@ class Database(Checkpoints):
         # 64 checkpoint 64 times as often (benchmarks).
         shared = self._gate.swap_wal_frames(frames)
         before = self._wal_frames if shared is None else shared
-        if frames < before:  # the WAL was started over since
+        if frames <= before:  # the WAL was started over since (a commit adds frames)
             before = 0
             self._metrics.count("wal_restarts")
         self._wal_frames = frames
