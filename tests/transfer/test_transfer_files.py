@@ -89,6 +89,40 @@ def test_maintain_archive_is_0600_under_umask_000(tmp_path: Path) -> None:
     assert mode(archive) == 0o600
 
 
+def test_a_database_moved_across_file_systems_is_0600_from_its_first_byte(
+    tmp_path: Path,
+) -> None:
+    """maintain's archive moves a database it built to its place; across file systems
+    (here /dev/shm, a tmpfs) that is a copy, which followed the umask until its chmod."""
+    from fleetstore.transfer import archive as archive_module
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a file system of its own")
+    src = tmp_path / "built.db"
+    src.write_bytes(b"x" * 100_000)
+    dst = shm / f"fleetstore-test-{os.getpid()}.db"
+    seen: list[int] = []
+    real_replace = os.replace
+
+    def watching(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> None:
+        seen.append(os.stat(a).st_mode & 0o777)  # the copy, before it takes the name
+        real_replace(a, b)
+
+    old = os.umask(0)
+    try:
+        archive_module.os.replace = watching  # type: ignore[assignment]
+        archive_module._move(src, dst)
+    finally:
+        archive_module.os.replace = real_replace  # type: ignore[assignment]
+        os.umask(old)
+    try:
+        assert seen == [0o600] and mode(dst) == 0o600
+        assert dst.read_bytes() == b"x" * 100_000 and not src.exists()
+    finally:
+        dst.unlink()
+
+
 # --- import from a pipe -------------------------------------------------------------------------
 
 

@@ -203,10 +203,18 @@ def _move(src: Path, dst: Path) -> None:
         if exc.errno != errno.EXDEV:
             raise
         tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-        shutil.copyfile(src, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
+        # Created 0600, never readable by others for a moment (sessions carry secrets).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            with open(src, "rb") as source, os.fdopen(fd, "wb", closefd=False) as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
         os.replace(tmp, dst)
         for suffix in _SUFFIXES:
             with contextlib.suppress(FileNotFoundError):
