@@ -103,18 +103,20 @@ def test_a_database_moved_across_file_systems_is_0600_from_its_first_byte(
     src.write_bytes(b"x" * 100_000)
     dst = shm / f"fleetstore-test-{os.getpid()}.db"
     seen: list[int] = []
-    real_replace = os.replace
+    real_fsync = os.fsync
 
-    def watching(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> None:
-        seen.append(os.stat(a).st_mode & 0o777)  # the copy, before it takes the name
-        real_replace(a, b)
+    def watching(fd: int) -> None:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):  # the copy, written, not yet renamed
+            seen.append(st.st_mode & 0o777)
+        real_fsync(fd)
 
     old = os.umask(0)
     try:
-        archive_module.os.replace = watching  # type: ignore[assignment]
+        archive_module.os.fsync = watching  # type: ignore[assignment]
         archive_module._move(src, dst)
     finally:
-        archive_module.os.replace = real_replace  # type: ignore[assignment]
+        archive_module.os.fsync = real_fsync  # type: ignore[assignment]
         os.umask(old)
     try:
         assert seen == [0o600] and mode(dst) == 0o600
