@@ -152,7 +152,7 @@ def test_external_lock_parse() -> None:
 
 
 def test_sequence_check_sees_lost_duplicated_and_reordered_writes() -> None:
-    from fleetstore.admin.stress.agent import _Check, _check_sequence
+    from fleetstore.admin.stress.verify import _Check, _check_sequence
 
     check = _Check()
     expected = [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
@@ -210,7 +210,7 @@ def test_langgraph_peer_checkpoints_turns_and_its_verifier_sees_loss(tmp_path: P
         "output_bytes": 300, "large_rate": 0.0, "large_bytes": 0, "settings": {},
         "synchronous": None, "drop_every": 0,
     }  # fmt: skip
-    module = [sys.executable, "-m", "fleetstore.admin.stress.agent"]
+    module = [sys.executable, "-m", "fleetstore.admin.stress.child"]
     env = clean_env(tmp_path)
     prep = subprocess.run(
         [*module, "--verify", json.dumps({**cfg, "prepare": True})],
