@@ -250,3 +250,41 @@ def test_langgraph_peer_checkpoints_turns_and_its_verifier_sees_loss(tmp_path: P
     assert broken["lost"] == 2  # the forged turn's user message and reply
     assert broken["corrupt"] == 2  # the forged turn and the wrong hash
     assert broken["samples"]["corrupt"][0][1] == lines[0]["n"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--url", "http://nope/x"], "unsupported store URL scheme 'http'"),
+        (["--url", "sqlite://relative.db"], "three slashes"),
+    ],
+)
+def test_bad_store_url_or_dir_exits_2_before_any_process_starts(
+    args: list[str], says: str, tmp_path: Path
+) -> None:
+    """Issue 18, item 11: these exited 1 with a child's traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetstore", "stress", "--duration", "1", "--agents", "1", *args],
+        capture_output=True, text=True, timeout=60, env=clean_env(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert says in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "data").exists()  # nothing was started or created
+
+
+@pytest.mark.slow
+def test_kill_rate_is_kept_on_a_clock_whatever_the_restarts_take(tmp_path: Path) -> None:
+    """Issue 18, item 12: each kill waited for the replacement to be ready, so
+    ``--kill-rate 2`` killed at about a third of that.  Kills are scheduled on a
+    clock: their count is close to rate x duration (a count, not a timing)."""
+    rate, duration = 2.0, 8.0
+    code, report, stderr = stress(
+        tmp_path, "--agents", "3", "--duration", f"{duration:g}", "--workers", "1",
+        "--kill-rate", f"{rate:g}", "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    (fs,) = report["targets"]
+    assert code == 0, (report["problems"], fs["crashed"], stderr)
+    expected = rate * duration
+    assert 0.6 * expected <= len(fs["kills"]) <= 1.5 * expected, fs["kills"]
+    assert fs["kill_rate_achieved"] == round(len(fs["kills"]) / duration, 3)
+    assert fs["lost"] == fs["duplicated"] == fs["failed"] == 0

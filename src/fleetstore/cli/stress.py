@@ -32,7 +32,8 @@ Exit codes:
        an effect stuck, a process crashed, integrity_check failed (any file of a
        sharded store), a sharded store's catalog disagreed with its shards, or the
        run could not be carried out
-  2    bad usage (an option out of range, unparsable --external-lock)
+  2    bad usage, before any process starts (an option out of range, a --url
+       that is not a store URL or path, unparsable --external-lock)
   130  interrupted (Ctrl-C or SIGTERM); every child process is killed first""",
 )
 @click.option(
@@ -153,8 +154,8 @@ Exit codes:
     show_default=True,
     envvar="FLEETSTORE_STRESS_KILL_RATE",
     show_envvar=True,
-    help="SIGKILLs per second, at random times, of a random agent or worker, each "
-    "restarted at once.",
+    help="SIGKILLs per second (a Poisson process on its own clock), of a random agent "
+    "or worker, each restarted at once; the rate achieved is reported.",
 )
 @click.option(
     "--maintain",

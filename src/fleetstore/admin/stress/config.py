@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fleetstore
+from fleetstore import errors
+from fleetstore.core.targets import parse_target
 
 PEERS = ("opencode", "zcode", "agents-sdk", "langgraph")
 PEER_NOTES = {
@@ -92,6 +94,11 @@ class StressConfig:
             raise ValueError("--kill-rate must be a number >= 0")
         if self.workers < 0 or self.drop_every < 0:
             raise ValueError("--workers and --drop-every must be >= 0")
+        if self.url is not None:
+            try:
+                parse_target(self.url)
+            except errors.ConfigError as exc:
+                raise ValueError(f"--url: {exc}") from None
         for lock in self.external_locks:
             if lock.at >= self.duration:
                 raise ValueError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import selectors
 import signal
 import subprocess
@@ -150,7 +151,7 @@ def sigterm_interrupts() -> Iterator[None]:
 MODULE = "fleetstore.admin.stress.child"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Child:
     role: str  # "agent" or "worker"
     index: int
@@ -172,6 +173,7 @@ class Fleet:
         self.maintenance: list[dict[str, Any]] = []
         self._maint: list[tuple[subprocess.Popen[str], float]] = []
         self.kills: list[dict[str, Any]] = []
+        self._starting: dict[Child, float] = {}  # restarted, not ready yet: deadline
         self.start = 0.0
         self.end = 0.0
         self._offsets: dict[int, int] = {}
@@ -267,8 +269,10 @@ class Fleet:
         except BrokenPipeError:
             pass  # it died; reported as crashed when results are collected
 
-    def kill_one(self, rng: random.Random, progress: Progress) -> None:
-        """SIGKILL a random agent or worker and start its replacement."""
+    def kill_one(self, rng: random.Random) -> None:
+        """SIGKILL a random agent or worker and start its replacement, without
+        waiting for it: the next kill is due on the clock, not after the restart
+        (``poll_restarts`` starts the replacement once it is ready)."""
         live = [c for c in self.children if c.proc.poll() is None]
         if not live:
             return
@@ -279,15 +283,32 @@ class Fleet:
         self.kills.append(
             {"t": round(time.monotonic() - self.start, 3), "role": c.role, "index": c.index}
         )
+        if c in self._starting:
+            del self._starting[c]
         fresh = self._popen(c.role, c.index, True)
         fresh.killed = c.killed + 1
         self.children[self.children.index(c)] = fresh
-        try:
-            self.wait_ready([fresh], 60.0, progress)
-        except StressError as exc:
-            progress.note(f"fleetstore stress: restart failed: {exc}")
-            return
-        self._send_start(fresh)
+        self._starting[fresh] = time.monotonic() + 60.0
+
+    def poll_restarts(self, progress: Progress) -> None:
+        """Send ``start`` to the replacements that said ``ready``."""
+        for c, deadline in list(self._starting.items()):
+            assert c.proc.stdout is not None
+            ready, _, _ = select.select([c.proc.stdout], [], [], 0)
+            if ready:
+                data = os.read(c.proc.stdout.fileno(), 64)
+                del self._starting[c]
+                if b"ready" in data:
+                    self._send_start(c)
+                else:
+                    c.proc.wait()
+                    progress.note(
+                        f"fleetstore stress: restart failed: {c.role} {c.index} exited with "
+                        f"code {c.proc.returncode} before it was ready: {tail(c.errfile)}"
+                    )
+            elif time.monotonic() > deadline:
+                del self._starting[c]
+                progress.note(f"fleetstore stress: restart failed: {c.role} {c.index} not ready")
 
     def launch_lock(self, run: LockRun) -> None:
         wait = max(1.0, self.end - time.monotonic())

@@ -14,7 +14,8 @@ def format_report(report: dict[str, Any]) -> str:
     if r["external_locks"]:
         faults.append("outside lock " + ", ".join(r["external_locks"]))
     if r["kill_rate"]:
-        faults.append(f"SIGKILL {r['kill_rate']:g}/s")
+        achieved = "/".join(f"{t['kill_rate_achieved']:g}" for t in targets)
+        faults.append(f"SIGKILL {r['kill_rate']:g}/s (achieved {achieved}/s)")
     if r["maintain"]:
         faults.append("maintenance")
     if r["drop_every"]:
