@@ -180,9 +180,39 @@ Exit codes:
     default=False,
     envvar="FLEETSTORE_STRESS_COMPARE",
     show_envvar=True,
-    help="Run the same workload, same seed, after fleetstore against opencode's and "
-    "zcode's SQLite patterns and the OpenAI Agents SDK's SQLiteSession (when installed), "
-    "each in its own directory; one table.",
+    help="Run the same workload, same seed, after fleetstore against t3code's, opencode's "
+    "and zcode's SQLite patterns, the OpenAI Agents SDK's SQLiteSession and LangGraph's "
+    "SqliteSaver (when installed), each in its own directory; one table.",
+)
+@click.option(
+    "--targets",
+    "target_names",
+    metavar="NAME,...",
+    default=None,
+    envvar="FLEETSTORE_STRESS_TARGETS",
+    show_envvar=True,
+    help="The peers to run after fleetstore (which always runs first), comma-separated: "
+    "t3code, opencode, zcode, agents-sdk, langgraph. Default with --compare: every "
+    "installed one.",
+)
+@click.option(
+    "--long-replies",
+    is_flag=True,
+    default=False,
+    envvar="FLEETSTORE_STRESS_LONG_REPLIES",
+    show_envvar=True,
+    help="The growth scenario: every reply streamed in 200-400 deltas and every tool "
+    "output in 20-60 chunks as it grows (a few ms apart).",
+)
+@click.option(
+    "--hang-worker",
+    is_flag=True,
+    default=False,
+    envvar="FLEETSTORE_STRESS_HANG_WORKER",
+    show_envvar=True,
+    help="Self-test of the outbox: one effect worker hangs on its first effect "
+    "(fleetstore: worker 0 stops with SIGSTOP; t3code: agent 0's server's effect "
+    "execution never returns).",
 )
 @click.option(
     "--drop-every",
@@ -229,6 +259,9 @@ def stress_command(
     maintain: bool,
     workers: int,
     compare: bool,
+    target_names: str | None,
+    long_replies: bool,
+    hang_worker: bool,
     drop_every: int,
     as_json: bool,
     report_file: str | None,
@@ -262,6 +295,13 @@ def stress_command(
         workers=workers,
         compare=compare,
         drop_every=drop_every,
+        targets=(
+            None
+            if target_names is None
+            else tuple(n.strip() for n in target_names.split(",") if n.strip())
+        ),
+        long_replies=long_replies,
+        hang_worker=hang_worker,
     )
     try:
         config.validate()

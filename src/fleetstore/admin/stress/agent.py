@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fleetstore.admin.stress.growth import Streamed, effect_time
 from fleetstore.core.ids import derived_id
 
 TARGETS = ("fleetstore", "opencode", "zcode", "agents-sdk", "langgraph")
@@ -167,18 +168,22 @@ class _Fleetstore(_Target):
         with clock():
             stream = store.messages.stream(self.sid, "assistant", model="stress", id=aid)
             reply = stream.__enter__()
+        streamed = Streamed(self.cfg, self.agent, t)
         try:
-            for d in t.deltas[:-1]:
+            for d in streamed.deltas[:-1]:
+                streamed.pause()
                 with clock():
                     reply.text(d)
             with clock():
                 call = reply.tool_call("bash", {"cmd": f"run {t.n}"})
             if t.tool_think:
                 time.sleep(t.tool_think)
+            for _ in streamed.chunks(output)[1:]:
+                streamed.pause()  # --long-replies: the output grows; kept until it is whole
             with clock():
                 call.result(output)
             with clock():
-                reply.text(t.deltas[-1])
+                reply.text(streamed.deltas[-1])
                 reply.usage(
                     input_tokens=t.usage["input_tokens"], output_tokens=t.usage["output_tokens"]
                 )
@@ -339,7 +344,13 @@ def _write_figures(
 def worker_main(cfg: dict[str, Any]) -> int:
     import fleetstore
 
+    hang = [bool(cfg.get("hang_worker")) and cfg.get("worker") == 0]
+
     def notify(effect: fleetstore.Effect) -> dict[str, Any]:
+        if hang[0]:
+            hang[0] = False
+            os.kill(os.getpid(), signal.SIGSTOP)  # --hang-worker: the whole worker hangs
+        time.sleep(effect_time(cfg, effect.thread_key, int(effect.payload["turn"])))
         return {"turn": effect.payload["turn"]}
 
     with fleetstore.open(cfg["url"], **cfg["settings"]) as store:

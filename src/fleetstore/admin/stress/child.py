@@ -1,6 +1,7 @@
 """The entry point of every child process of ``fleetstore stress``:
-``python -m fleetstore.admin.stress.child --agent|--worker|--verify CONFIG_JSON``
-(one agent, one outbox worker, or the set-up or read-back of one target)."""
+``python -m fleetstore.admin.stress.child --agent|--worker|--verify|--bytes CONFIG_JSON``
+(one agent, one outbox worker, the set-up or read-back of one target, or the bytes
+it keeps)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from fleetstore.admin.stress.agent import _Fleetstore, _Target, agent_main, work
 def make_target(cfg: dict[str, Any], agent: int) -> _Target:
     if cfg["target"] == "fleetstore":
         return _Fleetstore(cfg, agent)
+    if cfg["target"] == "t3code":
+        from fleetstore.admin.stress.t3code import T3code
+
+        return T3code(cfg, agent)
     from fleetstore.admin.stress.peers import TARGETS
 
     return TARGETS[cfg["target"]](cfg, agent)
@@ -25,6 +30,10 @@ def prepare(cfg: dict[str, Any]) -> None:
         import fleetstore
 
         fleetstore.open(cfg["url"], **cfg["settings"]).close()
+    elif cfg["target"] == "t3code":
+        from fleetstore.admin.stress.t3code import prepare as prepare_t3code
+
+        prepare_t3code(cfg)
     else:
         from fleetstore.admin.stress.peers import prepare as prepare_peer
 
@@ -32,9 +41,10 @@ def prepare(cfg: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("--agent", "--worker", "--verify"):
+    if len(argv) != 2 or argv[0] not in ("--agent", "--worker", "--verify", "--bytes"):
         print(
-            "usage: python -m fleetstore.admin.stress.child --agent|--worker|--verify CONFIG_JSON",
+            "usage: python -m fleetstore.admin.stress.child "
+            "--agent|--worker|--verify|--bytes CONFIG_JSON",
             file=sys.stderr,
         )
         return 2
@@ -43,6 +53,11 @@ def main(argv: list[str]) -> int:
         return agent_main(cfg, make_target)
     if argv[0] == "--worker":
         return worker_main(cfg)
+    if argv[0] == "--bytes":
+        from fleetstore.admin.stress.sizes import measure
+
+        print(json.dumps(measure(cfg)))
+        return 0
     if cfg.get("prepare"):
         prepare(cfg)
         print(json.dumps({"prepared": True}))

@@ -13,14 +13,25 @@ import fleetstore
 from fleetstore import errors
 from fleetstore.core.targets import parse_target
 
-PEERS = ("opencode", "zcode", "agents-sdk", "langgraph")
+PEERS = ("t3code", "opencode", "zcode", "agents-sdk", "langgraph")
+TARGET_NAMES = ("fleetstore", *PEERS)
 PEER_NOTES = {
     "fleetstore": "fleetstore: writer gate, blobs, spool, outbox",
+    "t3code": "t3code's pattern: one connection per server behind one permit, busy_timeout "
+    "5000, deferred BEGIN, events with projections, outbox with lease-owner fencing",
     "opencode": "opencode's pattern: shared WAL, busy_timeout 5000, part rewritten per update",
     "zcode": "zcode's pattern: busy timeout 10 s, deferred transactions",
     "agents-sdk": "OpenAI Agents SDK SQLiteSession (stdlib sqlite3)",
     "langgraph": "LangGraph SqliteSaver under a 3-node graph (stdlib sqlite3)",
 }
+# What each column replays: the commit of the sources a pattern was modelled from,
+# or the library's installed version (filled in by peer_versions()).
+PATTERN_VERSIONS = {
+    "t3code": "pingdotgg/t3code@0b60c02a (EffectWorker.ts), 037c0385 (EffectOutbox.ts)",
+    "opencode": "pattern, no commit pinned (event rows as in opencode 1.17-1.18 reports)",
+    "zcode": "pattern, no commit pinned",
+}
+_DISTRIBUTIONS = {"agents-sdk": "openai-agents", "langgraph": "langgraph-checkpoint-sqlite"}
 # A library peer runs when these modules can be imported (looked up, never imported
 # here: they would load the stdlib sqlite3 into this process).
 _PEER_MODULES = {
@@ -77,6 +88,9 @@ class StressConfig:
     workers: int = 2
     compare: bool = False
     drop_every: int = 0
+    targets: tuple[str, ...] | None = None
+    long_replies: bool = False
+    hang_worker: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first option that cannot be used."""
@@ -94,6 +108,19 @@ class StressConfig:
             raise ValueError("--kill-rate must be a number >= 0")
         if self.workers < 0 or self.drop_every < 0:
             raise ValueError("--workers and --drop-every must be >= 0")
+        if self.targets is not None:
+            unknown = [t for t in self.targets if t not in TARGET_NAMES]
+            if unknown or not self.targets:
+                raise ValueError(
+                    f"--targets: unknown target {', '.join(map(repr, unknown)) or '(none)'}; "
+                    f"the targets are {', '.join(TARGET_NAMES)}"
+                )
+            missing = [t for t in self.targets if t in PEERS and t not in peers_available()]
+            if missing:
+                raise ValueError(
+                    f"--targets: {', '.join(missing)} not installed here (installed: "
+                    f"{', '.join(['fleetstore', *peers_available()])})"
+                )
         if self.url is not None:
             try:
                 parse_target(self.url)
@@ -128,3 +155,26 @@ def _installed(module: str) -> bool:
 def peers_available() -> list[str]:
     """The peers --compare runs: the SQLite patterns always, libraries when installed."""
     return [p for p in PEERS if all(_installed(m) for m in _PEER_MODULES.get(p, ()))]
+
+
+def peers_to_run(config: StressConfig) -> list[str]:
+    """``--targets`` (fleetstore always runs first), else every installed peer with
+    ``--compare``, else none."""
+    if config.targets is not None:
+        return [p for p in PEERS if p in config.targets]
+    return peers_available() if config.compare else []
+
+
+def version_of(target: str) -> str:
+    """fleetstore's version, a library peer's installed version, or the commit a
+    pattern was modelled from."""
+    from importlib import metadata
+
+    if target == "fleetstore":
+        return fleetstore.__version__
+    if target in _DISTRIBUTIONS:
+        try:
+            return f"{_DISTRIBUTIONS[target]} {metadata.version(_DISTRIBUTIONS[target])}"
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    return PATTERN_VERSIONS.get(target, "")

@@ -44,6 +44,8 @@ from fleetstore.admin.stress.config import (
     StressError,
     default_dir,
     peers_available,
+    peers_to_run,
+    version_of,
 )
 from fleetstore.admin.stress.procs import (
     MODULE,
@@ -105,7 +107,7 @@ def run(config: StressConfig, progress_stream: TextIO | None = None) -> dict[str
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**31)
     run_dir = Path(config.directory).expanduser().resolve() if config.directory else default_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
-    targets = ["fleetstore", *(peers_available() if config.compare else ())]
+    targets = ["fleetstore", *peers_to_run(config)]
     progress.note(f"fleetstore stress: results under {run_dir}")
     results = []
     not_run: list[dict[str, str]] = []
@@ -141,6 +143,8 @@ def run(config: StressConfig, progress_stream: TextIO | None = None) -> dict[str
         "kill_rate": config.kill_rate,
         "maintain": config.maintain,
         "drop_every": config.drop_every,
+        "long_replies": config.long_replies,
+        "hang_worker": config.hang_worker,
         "external_locks": [str(lock) for lock in config.external_locks],
         "targets": results,
         "not_run": not_run,
@@ -172,6 +176,8 @@ def _run_target(
         "settings": explicit,
         "synchronous": config.synchronous,
         "drop_every": config.drop_every if target == "fleetstore" else 0,
+        "long_replies": config.long_replies,
+        "hang_worker": config.hang_worker,
     }
     env = child_env()
     progress.note(f"fleetstore stress: {target}: {redact(url)}")
@@ -185,6 +191,7 @@ def _run_target(
         startup = time.monotonic() - began
         fleet.go()
         _drive(fleet, rng, progress)
+        hung = fleet.kill_stopped()  # --hang-worker's frozen worker: SIGKILL, not a crash
         workers = [c.proc for c in fleet.children if c.role == "worker"]
         stop_processes(workers, grace=15.0)
         stop_processes([r.proc for r in fleet.locks if r.proc is not None], grace=5.0)
@@ -200,14 +207,30 @@ def _run_target(
                 "error": tail(c.errfile),
             }
             for c in fleet.children
-            if c.proc.returncode not in (0, -signal.SIGTERM)
+            if c.proc.returncode not in (0, -signal.SIGTERM) and c not in hung
         ]
         progress.note(f"fleetstore stress: {target}: reading back what was acknowledged")
         journals = [str(fleet.journal(i)) for i in range(config.agents)]
-        verified = _run_child(
-            ["--verify", json.dumps({**cfg, "journals": journals})], env, f"{target}: verify"
-        )
-        return _summarize(config, fleet, startup, crashed, verified)
+        # The run's start on the wall clock, which the stores' timestamps use.
+        start_wall = time.time() - (time.monotonic() - fleet.start)
+        check = {**cfg, "journals": journals, "start_wall": start_wall, "dir": str(tdir)}
+        verified = _run_child(["--verify", json.dumps(check)], env, f"{target}: verify")
+        # Its own process (apsw only): the library peers' verifiers load the stdlib sqlite3.
+        sizes = _run_child(["--bytes", json.dumps(check)], env, f"{target}: bytes")
+        summary = _summarize(config, fleet, startup, crashed, verified)
+        summary["bytes"] = _bytes_per_turn(sizes, summary["acknowledged"])
+        summary["hung"] = [{"role": c.role, "index": c.index} for c in hung]
+        return summary
+
+
+def _bytes_per_turn(sizes: dict[str, Any], acknowledged: int) -> dict[str, Any]:
+    if not sizes.get("files"):
+        return sizes  # PostgreSQL: not measured here
+    kept = sizes["after_checkpoint"]["total"]
+    sizes["per_turn"] = round(kept / acknowledged) if acknowledged else None
+    payload = sizes.get("payload_compressed", 0)
+    sizes["vs_compressed_payload"] = round(kept / payload, 2) if payload else None
+    return sizes
 
 
 def _drive(fleet: Fleet, rng: random.Random, progress: Progress) -> None:
@@ -235,6 +258,7 @@ def _drive(fleet: Fleet, rng: random.Random, progress: Progress) -> None:
             fleet.kill_one(rng)
             next_kill += rng.expovariate(config.kill_rate)
         fleet.poll_restarts(progress)
+        fleet.sample_wal()
         if now >= maintain_at:
             fleet.launch_maintain()
             maintain_at = math.inf
@@ -309,10 +333,12 @@ def _summarize(
         ("duplicated", "acknowledged writes are stored more than once"),
         ("out_of_order", "acknowledged writes are out of order"),
         ("corrupt", "tool outputs or messages do not read back intact"),
-        ("stuck_effects", "effects are stuck running past their lease"),
     ):
         if verified.get(key):
             problems.append(f"{verified[key]} {what}")
+    stuck = (verified.get("outbox") or {}).get("stuck", verified.get("stuck_effects", 0))
+    if stuck:
+        problems.append(f"{stuck} effects are stuck running past their lease")
     if crashed:
         problems.append(f"{len(crashed)} processes crashed")
     integrity = verified.get("integrity", "ok")
@@ -348,6 +374,8 @@ def _summarize(
         "corrupt": verified.get("corrupt", 0),
         "stuck_effects": verified.get("stuck_effects", 0),
         "effects": verified.get("effects", {}),
+        "outbox": verified.get("outbox"),
+        "wal_peak": fleet.wal_peak,
         "integrity": integrity,
         "layout": verified.get("layout"),
         "files_checked": verified.get("files", 0),
@@ -366,6 +394,7 @@ def _summarize(
         "crashed": crashed,
         "kills": fleet.kills,
         "kill_rate_achieved": round(len(fleet.kills) / config.duration, 3),
+        "version": version_of(target),
         "maintenance": fleet.maintenance,
         "external_locks": [r.as_dict() for r in fleet.locks],
         "samples": {**verified.get("samples", {}), "failures": failure_samples[:10]},

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
 from fleetstore.admin.stress.agent import Clock, Turn, _Target, ids, sha
+from fleetstore.admin.stress.growth import Streamed
 
 OPENCODE_SCHEMA = """
 CREATE TABLE session(id TEXT PRIMARY KEY, time_created INTEGER NOT NULL,
@@ -68,7 +69,9 @@ class _Opencode(_Target):
         with clock(), self.db.transaction(self.mode) as tx:
             now = _ms()
             tx.execute(_PART_UPSERT, (pid, mid, self.sid, now, now, json.dumps(part)))
-            event = {"type": "message.part.updated", "partID": pid, "delta": delta}
+            # The event carries the whole part, as opencode's message.part.updated does
+            # (its users' databases are mostly these rows: issues #33356, #47223).
+            event = {"type": "message.part.updated", "part": part, "delta": delta}
             tx.execute(_EVENT, (self.sid, "message.part.updated", now, json.dumps(event)))
 
     def _message(self, clock: Clock, mid: str, info: dict[str, Any]) -> None:
@@ -86,8 +89,10 @@ class _Opencode(_Target):
         self._message(clock, uid, {"role": "user", "turn": t.n})
         self._part(clock, uid, uid + "/0", {"type": "text", "text": t.user}, t.user)
         self._message(clock, aid, {"role": "assistant", "turn": t.n})
+        streamed = Streamed(self.cfg, self.agent, t)
         text = ""
-        for d in t.deltas[:-1]:
+        for d in streamed.deltas[:-1]:
+            streamed.pause()
             text += d
             self._part(clock, aid, aid + "/0", {"type": "text", "text": text}, d)
         tool: dict[str, Any] = {"type": "tool", "tool": "bash", "state": {"status": "running"}}
@@ -95,9 +100,17 @@ class _Opencode(_Target):
         if t.tool_think:
             time.sleep(t.tool_think)
         output = t.output(self.cfg, self.agent)
+        chunks = streamed.chunks(output)
+        so_far = ""
+        for chunk in chunks[:-1]:  # --long-replies: the running tool's output as it grows
+            so_far += chunk
+            tool["state"] = {"status": "running", "output": so_far}
+            self._part(clock, aid, aid + "/1", tool, chunk)
+            streamed.pause()
         tool["state"] = {"status": "completed", "output": output, "sha": sha(output)}
         self._part(clock, aid, aid + "/1", tool, "")
-        self._part(clock, aid, aid + "/2", {"type": "text", "text": t.deltas[-1]}, t.deltas[-1])
+        last = streamed.deltas[-1]
+        self._part(clock, aid, aid + "/2", {"type": "text", "text": last}, last)
         self._message(clock, aid, {"role": "assistant", "turn": t.n, "tokens": t.usage})
         with clock(), self.db.transaction(self.mode) as tx:
             data = json.dumps({"checkpoint": {"turn": t.n, "output": sha(output)}})
@@ -161,7 +174,7 @@ class _AgentsSDK(_Target):
             time.sleep(t.tool_think)
         output = t.output(self.cfg, self.agent)
         self._add(clock, {"type": "function_call_output", "call_id": aid + "/c", "output": output})
-        text = "".join(t.deltas)
+        text = Streamed(self.cfg, self.agent, t).text()
         self._add(clock, {"id": aid, "role": "assistant", "content": text, "usage": t.usage})
         return sha(output)
 
@@ -224,7 +237,7 @@ class _LangGraph(_Target):
         def model(state: _GraphState) -> dict[str, Any]:
             t, _, aid = ids_now()
             call = {"id": aid + "/c", "name": "bash", "args": {"cmd": f"run {t.n}"}}
-            text = "".join(t.deltas[:-1])
+            text = "".join(Streamed(cfg, agent, t).deltas[:-1])
             return {"messages": [{"id": aid + "/1", "role": "assistant", "content": text,
                                   "tool_calls": [call]}]}  # fmt: skip
 
@@ -238,7 +251,8 @@ class _LangGraph(_Target):
 
         def reply(state: _GraphState) -> dict[str, Any]:
             t, _, aid = ids_now()
-            msg = {"id": aid, "role": "assistant", "content": t.deltas[-1], "usage": t.usage}
+            last = Streamed(cfg, agent, t).deltas[-1]
+            msg = {"id": aid, "role": "assistant", "content": last, "usage": t.usage}
             return {"messages": [msg]}
 
         g = StateGraph(_GraphState)

@@ -174,6 +174,8 @@ class Fleet:
         self._maint: list[tuple[subprocess.Popen[str], float]] = []
         self.kills: list[dict[str, Any]] = []
         self._starting: dict[Child, float] = {}  # restarted, not ready yet: deadline
+        self.wal_peak = 0  # the largest the WAL file(s) got during the run, in bytes
+        self._wal_next = 0.0
         self.start = 0.0
         self.end = 0.0
         self._offsets: dict[int, int] = {}
@@ -289,6 +291,40 @@ class Fleet:
         fresh.killed = c.killed + 1
         self.children[self.children.index(c)] = fresh
         self._starting[fresh] = time.monotonic() + 60.0
+
+    def sample_wal(self) -> None:
+        """Every second: the size of the target's WAL files (a WAL is removed when
+        its last connection closes, so after the run there is little to see)."""
+        now = time.monotonic()
+        if now < self._wal_next:
+            return
+        self._wal_next = now + 1.0
+        url = self.cfg["url"]
+        if "://" in url and not url.startswith(("sqlite://", "sqlite+sharded://")):
+            return  # PostgreSQL
+        base = Path(url.split("://", 1)[-1])
+        paths = [*base.glob("*.db-wal"), *base.glob("shards/*/*.db-wal")] if base.is_dir() else []
+        paths.append(Path(f"{base}-wal"))
+        total = 0
+        for p in paths:
+            with suppress(OSError):
+                total += p.stat().st_size
+        self.wal_peak = max(self.wal_peak, total)
+
+    def kill_stopped(self) -> list[Child]:
+        """SIGKILL the children that are stopped (``--hang-worker`` freezes one with
+        SIGSTOP); returns them."""
+        stopped = []
+        for c in self.children:
+            try:
+                state = Path(f"/proc/{c.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state in ("T", "t") and c.proc.poll() is None:
+                c.proc.kill()
+                c.proc.wait()
+                stopped.append(c)
+        return stopped
 
     def poll_restarts(self, progress: Progress) -> None:
         """Send ``start`` to the replacements that said ``ready``."""

@@ -36,14 +36,13 @@ def format_report(report: dict[str, Any]) -> str:
         ("integrity", [t["integrity"] for t in targets]),
         ("verdict", [t["verdict"].upper() for t in targets]),
     ]
+    if any(t.get("outbox") for t in targets):
+        rows += _outbox_rows(targets)
+    if any(t.get("bytes", {}).get("files") for t in targets):
+        rows += _bytes_rows(targets)
     main = targets[0]
     width = max(len(k) for k, _ in rows)
     cols = [max(len(row[1][i]) for row in rows) for i in range(len(targets))]
-    if main["effects"] or main["stuck_effects"]:
-        eff = ", ".join(f"{k} {v:,}" for k, v in sorted(main["effects"].items()))
-        # One cell wider than a column: left as it is, not widening the table.
-        rows.append(("effects (fleetstore)", [eff + f"; stuck {main['stuck_effects']}"]))
-        width = max(width, len(rows[-1][0]))
 
     def line(label: str, values: list[str]) -> str:
         if len(values) < len(cols):
@@ -62,6 +61,9 @@ def format_report(report: dict[str, Any]) -> str:
         *(line(k, v) for k, v in rows),
         "",
     ]
+    lines.append(
+        "  versions: " + "; ".join(f"{t['target']} {t.get('version', '')}" for t in targets)
+    )
     for t in targets[1:]:
         if t["failures_by_type"]:
             kinds = ", ".join(f"{k} {v:,}" for k, v in t["failures_by_type"].items())
@@ -89,12 +91,57 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _outbox_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    def cell(t: dict[str, Any], fmt: str, key: str) -> str:
+        o = t.get("outbox")
+        return "-" if not o else fmt.format(o[key])
+
+    return [
+        ("effects enqueued", [cell(t, "{:,}", "enqueued") for t in targets]),
+        ("effects settled", [cell(t, "{:,}", "settled") for t in targets]),
+        ("effects stuck", [cell(t, "{:,}", "stuck") for t in targets]),
+        ("lanes blocked at end", [cell(t, "{:,}", "lanes_blocked_at_end") for t in targets]),
+        ("lane blocked max", [cell(t, "{:.1f} s", "lane_blocked_max_s") for t in targets]),
+        ("enqueue-settled p50", [cell(t, "{:.1f} ms", "settle_p50_ms") for t in targets]),
+        ("enqueue-settled p99", [cell(t, "{:.1f} ms", "settle_p99_ms") for t in targets]),
+    ]
+
+
+def _bytes_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    def cell(t: dict[str, Any], when: str, key: str) -> str:
+        b = t.get("bytes", {})
+        return _size(b[when][key]) if b.get("files") else "-"
+
+    def per_turn(t: dict[str, Any]) -> str:
+        b = t.get("bytes", {})
+        return _size(b["per_turn"]) if b.get("per_turn") is not None else "-"
+
+    def factor(t: dict[str, Any]) -> str:
+        b = t.get("bytes", {})
+        return f"{b['vs_compressed_payload']:.1f}x" if b.get("vs_compressed_payload") else "-"
+
+    return [
+        ("database after run", [cell(t, "after_run", "db") for t in targets]),
+        (
+            "WAL peak in run",
+            [
+                _size(t.get("wal_peak", 0)) if t.get("bytes", {}).get("files") else "-"
+                for t in targets
+            ],
+        ),
+        ("blobs", [cell(t, "after_run", "blobs") for t in targets]),
+        ("kept after checkpoint", [cell(t, "after_checkpoint", "total") for t in targets]),
+        ("bytes per turn", [per_turn(t) for t in targets]),
+        ("vs compressed payload", [factor(t) for t in targets]),
+    ]
+
+
 def _clip(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _size(n: int) -> str:
-    for unit, factor in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= factor:
             return f"{n / factor:.3g} {unit}"
     return f"{n} B"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore.admin.stress.agent import ids, read_journal, sha
+from fleetstore.admin.stress.effects import Row, summarize
 
 
 class _Check:
@@ -65,6 +66,8 @@ def verify_main(cfg: dict[str, Any]) -> dict[str, Any]:
     kind = cfg["target"]
     if kind == "fleetstore":
         extra = _verify_fleetstore(cfg, journals, check)
+    elif kind == "t3code":
+        extra = _verify_t3code(cfg, journals, check)
     elif kind in ("opencode", "zcode"):
         extra = _verify_opencode(cfg, journals, check)
     elif kind == "agents-sdk":
@@ -133,6 +136,7 @@ def _verify_fleetstore(
                     check.add("lost", [agent, e["n"], "effect"])
         now = time.time()
         after = None
+        rows: list[Row] = []
         while True:
             page = store.effects.list(limit=10_000, after=after)
             for ef in page:
@@ -140,6 +144,17 @@ def _verify_fleetstore(
                 expires = ef.lease_expires_at
                 if ef.state.value == "running" and expires is not None and expires < now:
                     stuck.append(ef.id)
+                rows.append(
+                    Row(
+                        ef.thread_key,
+                        ef.seq or 0,
+                        ef.state.value,
+                        ef.created_at,
+                        ef.started_at,
+                        ef.finished_at,
+                        expires,
+                    )
+                )
             if len(page) < 10_000:
                 break
             after = page[-1]
@@ -147,6 +162,7 @@ def _verify_fleetstore(
         index = _index_problems(store)
     return {
         "effects": dict(effects),
+        "outbox": summarize(rows, now=now, start=float(cfg.get("start_wall", now))),
         "stuck_effects": len(stuck),
         "state_behind": state_behind,
         "integrity": integrity,
@@ -236,6 +252,68 @@ def _verify_opencode(
                     check.add("corrupt", [agent, e["n"], aid])
         integrity = "; ".join(db.integrity()[:10])
     return {"integrity": integrity}
+
+
+def _verify_t3code(
+    cfg: dict[str, Any], journals: dict[int, list[dict[str, Any]]], check: _Check
+) -> dict[str, Any]:
+    from fleetstore.engine.peers import PlainConnection
+    from fleetstore.engine.peers_t3code import LEASE_MS, parse_iso
+
+    with PlainConnection(cfg["url"], busy_ms=30_000, readonly=True) as db:
+        effect_ids = {
+            str(r[0]) for r in db.execute("SELECT effect_id FROM orchestration_v2_effect_outbox")
+        }
+        for agent, journal in journals.items():
+            acked = _acked(journal)
+            if not acked:
+                continue
+            sid = ids(cfg, agent)[0]
+            rows = db.execute(
+                "SELECT message_id FROM orchestration_v2_projection_messages WHERE thread_id = ? "
+                "ORDER BY created_at, rowid",
+                (sid,),
+            )
+            expected: list[tuple[str, int]] = []
+            for e in acked:
+                _, uid, aid = ids(cfg, agent, e["n"])
+                expected += [(uid, e["n"]), (aid, e["n"])]
+            _check_sequence(check, agent, expected, [str(r[0]) for r in rows])
+            for e in acked:
+                aid = ids(cfg, agent, e["n"])[2]
+                item = db.execute(
+                    "SELECT status, payload_json FROM orchestration_v2_projection_turn_items "
+                    "WHERE turn_item_id = ?",
+                    (aid + "/tool",),
+                )
+                output = json.loads(item[0][1]).get("output") if item else None
+                if output is None or item[0][0] != "completed" or sha(output) != e["sha"]:
+                    check.add("corrupt", [agent, e["n"], aid])
+                if f"{sid}/run/{e['n']}/checkpoint.capture" not in effect_ids:
+                    check.add("lost", [agent, e["n"], "effect"])
+        now = time.time()
+        outbox_rows: list[Row] = []
+        states: Counter[str] = Counter()
+        for effect in db.execute(
+            "SELECT thread_id, rowid, status, created_at, lease_expires_at, completed_at "
+            "FROM orchestration_v2_effect_outbox"
+        ):
+            states[str(effect[2])] += 1
+            expires = parse_iso(str(effect[4])) if effect[4] else None
+            outbox_rows.append(
+                Row(
+                    str(effect[0]),
+                    int(effect[1]),
+                    str(effect[2]),
+                    parse_iso(str(effect[3])),
+                    expires - LEASE_MS / 1000 if expires is not None else None,
+                    parse_iso(str(effect[5])) if effect[5] else None,
+                    expires,
+                )
+            )
+        outbox = summarize(outbox_rows, now=now, start=float(cfg.get("start_wall", now)))
+        integrity = "; ".join(db.integrity()[:10])
+    return {"integrity": integrity, "effects": dict(states), "outbox": outbox}
 
 
 def _verify_agents_sdk(
