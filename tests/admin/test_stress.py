@@ -288,3 +288,82 @@ def test_kill_rate_is_kept_on_a_clock_whatever_the_restarts_take(tmp_path: Path)
     assert 0.6 * expected <= len(fs["kills"]) <= 1.5 * expected, fs["kills"]
     assert fs["kill_rate_achieved"] == round(len(fs["kills"]) / duration, 3)
     assert fs["lost"] == fs["duplicated"] == fs["failed"] == 0
+
+
+def test_unknown_target_exits_2_with_the_list_of_names(tmp_path: Path) -> None:
+    result = runner(tmp_path).invoke(main, ["stress", "--targets", "t3code,nope"])
+    assert result.exit_code == 2, result.output
+    assert "unknown target 'nope'" in result.output
+    for name in ("fleetstore", "t3code", "opencode", "zcode", "agents-sdk", "langgraph"):
+        assert name in result.output
+    assert not (tmp_path / "data").exists()
+
+
+def _files_bytes(paths: list[Path]) -> int:
+    total = 0
+    for p in paths:
+        if p.is_dir():
+            total += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        elif p.exists():
+            total += p.stat().st_size
+    return total
+
+
+@pytest.mark.slow
+def test_bytes_rows_are_the_files_on_disk(tmp_path: Path) -> None:
+    """Each target's kept bytes, summed here from the files the run left (after the
+    run's own checkpoint there is no WAL), and per acknowledged turn; fleetstore
+    within a small factor of its compressed payload under --long-replies."""
+    run = tmp_path / "run"
+    code, report, stderr = stress(
+        tmp_path, "--targets", "t3code,opencode", "--agents", "2", "--duration", "3",
+        "--workers", "1", "--long-replies", "--large-rate", "0.5",
+        "--large-bytes", "1500000", "--dir", str(run),
+    )  # fmt: skip
+    assert code == 0, (report["problems"], stderr)
+    by = {t["target"]: t for t in report["targets"]}
+    assert set(by) == {"fleetstore", "t3code", "opencode"}
+    files = {
+        "fleetstore": [run / "fleetstore" / "fleetstore.db", run / "fleetstore" / "fleetstore.db.blobs"],
+        "t3code": [run / "t3code" / "t3code.db"],
+        "opencode": [run / "opencode" / "opencode.db"],
+    }  # fmt: skip
+    for name, paths in files.items():
+        b = by[name]["bytes"]
+        wal = [Path(f"{p}-wal") for p in paths]
+        assert _files_bytes(wal) == 0 and b["after_checkpoint"]["wal"] == 0
+        on_disk = _files_bytes(paths)
+        assert b["after_checkpoint"]["total"] == on_disk > 0, name
+        assert b["per_turn"] == round(on_disk / by[name]["acknowledged"])
+        assert b["after_checkpoint"]["db"] == paths[0].stat().st_size
+    assert by["fleetstore"]["bytes"]["after_run"]["blobs"] > 0
+    assert by["fleetstore"]["bytes"]["vs_compressed_payload"] <= 3
+    # Whole parts rewritten with a full snapshot logged per update: many times more.
+    assert by["opencode"]["bytes"]["per_turn"] > 5 * by["fleetstore"]["bytes"]["per_turn"]
+
+
+@pytest.mark.slow
+def test_a_hung_worker_blocks_a_t3code_lane_for_good_and_no_fleetstore_lane(
+    tmp_path: Path,
+) -> None:
+    """--hang-worker: fleetstore's worker 0 freezes (SIGSTOP) on its first effect, its
+    lease runs out and the other worker's sweep hands the effect on; t3code's agent
+    0's server never returns from its first effect's execution, and nothing recovers
+    a lease at run time: the effect stays running past its 30 s lease, its thread's
+    later effects wait behind it."""
+    code, report, stderr = stress(
+        tmp_path, "--targets", "t3code", "--agents", "2", "--duration", "34",
+        "--think-ms", "50", "--workers", "2", "--hang-worker", "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    fs, t3 = report["targets"]
+    assert t3["target"] == "t3code"
+    assert code == 0, (report["problems"], fs["crashed"], stderr)
+    assert fs["hung"] == [{"role": "worker", "index": 0}]
+    assert fs["outbox"]["stuck"] == 0 and fs["outbox"]["lanes_blocked_at_end"] == 0
+    assert fs["outbox"]["settled"] >= fs["acknowledged"] - 2
+    assert t3["outbox"]["stuck"] == 1
+    assert t3["outbox"]["lanes_blocked_at_end"] == 1
+    assert t3["outbox"]["lane_blocked_max_s"] > 20
+    assert any("stuck running past their lease" in p for p in t3["problems"])
+    stuck = [p[3] for p in t3["outbox"]["series"]]
+    assert stuck[0] == 0 and stuck[-1] == 1  # the chart's stuck line rises at the lease's end

@@ -33,7 +33,8 @@ Exit codes:
        sharded store), a sharded store's catalog disagreed with its shards, or the
        run could not be carried out
   2    bad usage, before any process starts (an option out of range, a --url
-       that is not a store URL or path, unparsable --external-lock)
+       that is not a store URL or path, an unknown --targets name, unparsable
+       --external-lock)
   130  interrupted (Ctrl-C or SIGTERM); every child process is killed first""",
 )
 @click.option(
@@ -275,7 +276,9 @@ def stress_command(
     there exactly once, in order, its tool output intact, no effect stuck
     running past its lease. Prints one table (or --json), one column per target:
     acknowledged and failed turns, lost, duplicated, turns/s, turn-persistence
-    latency p50/p99/max, fairness, integrity. Progress goes to stderr.
+    latency p50/p99/max, fairness, integrity; the effects of the targets with an
+    outbox (stuck, lanes blocked, enqueue-to-settled); the bytes each SQLite target
+    keeps (per turn, against the compressed payload). Progress goes to stderr.
     """
     config = stress.StressConfig(
         agents=agents,

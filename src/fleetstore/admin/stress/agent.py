@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fleetstore.admin.stress.growth import Streamed, effect_time
+from fleetstore.admin.stress.growth import Streamed, effect_time, ran
 from fleetstore.core.ids import derived_id
 
 TARGETS = ("fleetstore", "opencode", "zcode", "agents-sdk", "langgraph")
@@ -40,6 +40,7 @@ TARGETS = ("fleetstore", "opencode", "zcode", "agents-sdk", "langgraph")
 _LARGE_MIN = 1 << 20
 _SMALL_CAP = 256 * 1024
 EFFECT_KIND = "stress.notify"
+WORKER_LEASE = 5.0  # seconds: the stress workers' lease
 
 
 # --------------------------------------------------------------------------- workload
@@ -350,11 +351,12 @@ def worker_main(cfg: dict[str, Any]) -> int:
         if hang[0]:
             hang[0] = False
             os.kill(os.getpid(), signal.SIGSTOP)  # --hang-worker: the whole worker hangs
+        ran(cfg, effect.id)
         time.sleep(effect_time(cfg, effect.thread_key, int(effect.payload["turn"])))
         return {"turn": effect.payload["turn"]}
 
     with fleetstore.open(cfg["url"], **cfg["settings"]) as store:
-        worker = fleetstore.Worker(store, {EFFECT_KIND: notify}, concurrency=2, lease=5.0)
+        worker = fleetstore.Worker(store, {EFFECT_KIND: notify}, concurrency=2, lease=WORKER_LEASE)
         before, cpu_began = store_figures(store), time.process_time()
         print("ready", flush=True)
         code = worker.run()

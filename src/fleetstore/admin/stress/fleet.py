@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fleetstore import Settings
-from fleetstore.admin.stress.agent import figures_path, read_journal
+from fleetstore.admin.stress.agent import WORKER_LEASE, figures_path, read_journal
 from fleetstore.admin.stress.config import (
     PEER_NOTES,
     ExternalLock,
@@ -161,7 +161,11 @@ def _run_target(
 ) -> dict[str, Any]:
     tdir = run_dir / target
     tdir.mkdir(parents=True, exist_ok=True)
-    for old in [*tdir.glob("agent-*.jsonl"), figures_path(tdir / "agent-0.jsonl")]:
+    for old in [
+        *tdir.glob("agent-*.jsonl"),
+        figures_path(tdir / "agent-0.jsonl"),
+        tdir / "executions.log",
+    ]:
         old.unlink(missing_ok=True)  # journals and figures of an earlier run here
     url = _target_url(config, target, tdir)
     cfg: dict[str, Any] = {
@@ -192,6 +196,11 @@ def _run_target(
         fleet.go()
         _drive(fleet, rng, progress)
         hung = fleet.kill_stopped()  # --hang-worker's frozen worker: SIGKILL, not a crash
+        # The effects a worker killed near the end held: one lease and one sweep for the
+        # other workers to take them back before they are stopped and the outbox read.
+        killed = [k["t"] for k in fleet.kills if k["role"] == "worker"]
+        if killed:
+            _sleep_until(fleet.start + max(killed) + WORKER_LEASE * 1.5 + 1.0)
         workers = [c.proc for c in fleet.children if c.role == "worker"]
         stop_processes(workers, grace=15.0)
         stop_processes([r.proc for r in fleet.locks if r.proc is not None], grace=5.0)
@@ -221,6 +230,12 @@ def _run_target(
         summary["bytes"] = _bytes_per_turn(sizes, summary["acknowledged"])
         summary["hung"] = [{"role": c.role, "index": c.index} for c in hung]
         return summary
+
+
+def _sleep_until(when: float) -> None:
+    delay = when - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
 
 
 def _bytes_per_turn(sizes: dict[str, Any], acknowledged: int) -> dict[str, Any]:

@@ -7,8 +7,11 @@ from the turn's seed: every target streams the same deltas and chunks."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 _DELTAS = (200, 400)
@@ -58,3 +61,28 @@ def effect_time(cfg: dict[str, Any], thread: str, turn: int) -> float:
     mean = cfg["think_ms"] / 1000.0
     rng = random.Random(f"{cfg['seed']}/{thread}/{turn}/effect")
     return rng.expovariate(1.0 / mean) if mean > 0 else 0.0
+
+
+def executions_path(cfg: dict[str, Any]) -> Path:
+    """Where the handlers of a target's effects note each execution (one id a line)."""
+    where = cfg.get("journal") or cfg.get("figures") or cfg["journals"][0]
+    return Path(where).with_name("executions.log")
+
+
+def ran(cfg: dict[str, Any], effect_id: str) -> None:
+    """Note that an execution of *effect_id* starts (``O_APPEND``: one line at once)."""
+    fd = os.open(executions_path(cfg), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{effect_id}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def run_twice(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(executions, effects executed more than once)."""
+    try:
+        lines = executions_path(cfg).read_text().split()
+    except FileNotFoundError:
+        return 0, 0
+    counts = Counter(lines)
+    return len(lines), sum(1 for n in counts.values() if n > 1)

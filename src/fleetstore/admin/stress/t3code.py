@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from fleetstore.admin.stress.agent import Clock, Turn, _Target, ids, sha
-from fleetstore.admin.stress.growth import Streamed, effect_time
+from fleetstore.admin.stress.growth import Streamed, effect_time, ran
 from fleetstore.engine.peers_t3code import (
     ENQUEUE,
     OUTBOX_SCHEMA,
@@ -133,6 +133,7 @@ class T3code(_Target):
         if self.hang:
             self.hang = False
             threading.Event().wait()  # --hang-worker: this execution never returns
+        ran(self.cfg, claim.effect_id)
         turn = int(json.loads(claim.payload)["turn"])
         time.sleep(effect_time(self.cfg, claim.thread_id, turn))
 

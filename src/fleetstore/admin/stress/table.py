@@ -100,6 +100,7 @@ def _outbox_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
         ("effects enqueued", [cell(t, "{:,}", "enqueued") for t in targets]),
         ("effects settled", [cell(t, "{:,}", "settled") for t in targets]),
         ("effects stuck", [cell(t, "{:,}", "stuck") for t in targets]),
+        ("effects run twice", [cell(t, "{:,}", "run_twice") for t in targets]),
         ("lanes blocked at end", [cell(t, "{:,}", "lanes_blocked_at_end") for t in targets]),
         ("lane blocked max", [cell(t, "{:.1f} s", "lane_blocked_max_s") for t in targets]),
         ("enqueue-settled p50", [cell(t, "{:.1f} ms", "settle_p50_ms") for t in targets]),

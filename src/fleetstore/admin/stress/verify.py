@@ -13,6 +13,7 @@ from typing import Any
 
 from fleetstore.admin.stress.agent import ids, read_journal, sha
 from fleetstore.admin.stress.effects import Row, summarize
+from fleetstore.admin.stress.growth import run_twice
 
 
 class _Check:
@@ -75,6 +76,9 @@ def verify_main(cfg: dict[str, Any]) -> dict[str, Any]:
     elif kind == "langgraph":
         extra = _verify_langgraph(cfg, journals, check)
     index_samples = extra.pop("samples_index", [])
+    if extra.get("outbox"):
+        executions, twice = run_twice(cfg)
+        extra["outbox"].update(executions=executions, run_twice=twice)
     return {
         "acked_turns": sum(len(_acked(j)) for j in journals.values()),
         "lost": check.counts["lost"],
