@@ -367,3 +367,27 @@ def test_a_hung_worker_blocks_a_t3code_lane_for_good_and_no_fleetstore_lane(
     assert any("stuck running past their lease" in p for p in t3["problems"])
     stuck = [p[3] for p in t3["outbox"]["series"]]
     assert stuck[0] == 0 and stuck[-1] == 1  # the chart's stuck line rises at the lease's end
+
+
+def test_outbox_summary_sees_stuck_effects_and_blocked_lanes() -> None:
+    from fleetstore.admin.stress.effects import Row, summarize
+
+    rows = [
+        # thread a: the first effect runs past its lease; two wait behind it
+        Row("a", 1, "running", created=10.0, claimed=10.1, finished=None, lease_expires=40.1),
+        Row("a", 2, "pending", created=11.0, claimed=None, finished=None, lease_expires=None),
+        Row("a", 3, "pending", created=12.0, claimed=None, finished=None, lease_expires=None),
+        # thread b: settled in order, the second waited 0.5 s for the first
+        Row("b", 1, "succeeded", created=10.0, claimed=10.0, finished=11.5, lease_expires=None),
+        Row("b", 2, "succeeded", created=11.0, claimed=11.5, finished=11.6, lease_expires=None),
+        # thread c: running within its lease, nothing behind it
+        Row("c", 1, "running", created=49.0, claimed=49.0, finished=None, lease_expires=79.0),
+    ]
+    out = summarize(rows, now=50.0, start=10.0)
+    assert out["enqueued"] == 6 and out["settled"] == 2 and out["stuck"] == 1
+    assert out["lanes_blocked_at_end"] == 1
+    assert out["lane_blocked_max_s"] == 39.0  # a's second effect, from 11 s to the end
+    assert out["settle_p50_ms"] == 600.0 and out["settle_p99_ms"] == 1500.0
+    series = out["series"]
+    assert series[0] == [0.0, 2, 0, 0] and series[-1] == [40.0, 6, 2, 1]
+    assert next(p for p in series if p[3] == 1)[0] == 30.5  # stuck once a's lease ran out

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fleetstore.admin.stress.growth import Streamed, effect_time, ran
+from fleetstore.admin.stress.growth import Streamed, effect_time, note_stats, ran
 from fleetstore.core.ids import derived_id
 
 TARGETS = ("fleetstore", "opencode", "zcode", "agents-sdk", "langgraph")
@@ -360,6 +360,7 @@ def worker_main(cfg: dict[str, Any]) -> int:
         before, cpu_began = store_figures(store), time.process_time()
         print("ready", flush=True)
         code = worker.run()
+        note_stats(cfg, "worker", dict(worker.stats))
         if "figures" in cfg:
             cpu = time.process_time() - cpu_began
             _write_figures(cfg, "worker", cfg.get("worker", 0), cpu, before, store_figures(store))

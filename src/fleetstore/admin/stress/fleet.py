@@ -47,6 +47,7 @@ from fleetstore.admin.stress.config import (
     peers_to_run,
     version_of,
 )
+from fleetstore.admin.stress.growth import read_stats
 from fleetstore.admin.stress.procs import (
     MODULE,
     Fleet,
@@ -165,6 +166,7 @@ def _run_target(
         *tdir.glob("agent-*.jsonl"),
         figures_path(tdir / "agent-0.jsonl"),
         tdir / "executions.log",
+        tdir / "outbox-stats.jsonl",
     ]:
         old.unlink(missing_ok=True)  # journals and figures of an earlier run here
     url = _target_url(config, target, tdir)
@@ -229,6 +231,8 @@ def _run_target(
         summary = _summarize(config, fleet, startup, crashed, verified)
         summary["bytes"] = _bytes_per_turn(sizes, summary["acknowledged"])
         summary["hung"] = [{"role": c.role, "index": c.index} for c in hung]
+        if summary.get("outbox"):
+            summary["outbox"]["workers"] = read_stats(tdir)
         return summary
 
 

@@ -7,6 +7,7 @@ from the turn's seed: every target streams the same deltas and chunks."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -86,3 +87,27 @@ def run_twice(cfg: dict[str, Any]) -> tuple[int, int]:
         return 0, 0
     counts = Counter(lines)
     return len(lines), sum(1 for n in counts.values() if n > 1)
+
+
+def note_stats(cfg: dict[str, Any], role: str, stats: dict[str, int]) -> None:
+    """A process's outbox counters at its end (t3code's settlements that met the lock
+    timeout, fleetstore's that went to the spool, ...), one JSON line each."""
+    line = json.dumps({"role": role, "pid": os.getpid(), **stats}) + "\n"
+    with open(executions_path(cfg).with_name("outbox-stats.jsonl"), "a") as f:
+        f.write(line)
+
+
+def read_stats(tdir: Path) -> dict[str, int]:
+    """The counters of every process of a target that lived to its end, summed."""
+    total: Counter[str] = Counter()
+    try:
+        text = (tdir / "outbox-stats.jsonl").read_text()
+    except FileNotFoundError:
+        return {}
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        total.update({k: int(v) for k, v in row.items() if k not in ("role", "pid")})
+    return dict(total)

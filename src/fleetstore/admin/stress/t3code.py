@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from fleetstore.admin.stress.agent import Clock, Turn, _Target, ids, sha
-from fleetstore.admin.stress.growth import Streamed, effect_time, ran
+from fleetstore.admin.stress.growth import Streamed, effect_time, note_stats, ran
 from fleetstore.engine.peers_t3code import (
     ENQUEUE,
     OUTBOX_SCHEMA,
@@ -268,4 +268,5 @@ class T3code(_Target):
     def close(self) -> None:
         # A server that stops leaves what its worker has not settled ``running``.
         self.worker.stop(STOP_GRACE)
+        note_stats(self.cfg, "server", dict(self.worker.stats))
         self.db.close()

@@ -101,11 +101,22 @@ def _outbox_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
         ("effects settled", [cell(t, "{:,}", "settled") for t in targets]),
         ("effects stuck", [cell(t, "{:,}", "stuck") for t in targets]),
         ("effects run twice", [cell(t, "{:,}", "run_twice") for t in targets]),
+        ("settlements delayed", [_delayed(t) for t in targets]),
         ("lanes blocked at end", [cell(t, "{:,}", "lanes_blocked_at_end") for t in targets]),
         ("lane blocked max", [cell(t, "{:.1f} s", "lane_blocked_max_s") for t in targets]),
         ("enqueue-settled p50", [cell(t, "{:.1f} ms", "settle_p50_ms") for t in targets]),
         ("enqueue-settled p99", [cell(t, "{:.1f} ms", "settle_p99_ms") for t in targets]),
     ]
+
+
+def _delayed(t: dict[str, Any]) -> str:
+    """Settlements that met a locked store: t3code's lock timeouts (each tried again
+    100 ms later), fleetstore's that went to the spool."""
+    o = t.get("outbox")
+    if not o:
+        return "-"
+    w = o.get("workers", {})
+    return f"{w.get('settle_busy', w.get('spooled', 0)):,}"
 
 
 def _bytes_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
