@@ -179,8 +179,7 @@ class _Fleetstore(_Target):
                 call = reply.tool_call("bash", {"cmd": f"run {t.n}"})
             if t.tool_think:
                 time.sleep(t.tool_think)
-            for _ in streamed.chunks(output)[1:]:
-                streamed.pause()  # --long-replies: the output grows; kept until it is whole
+            streamed.wait_chunks(output)  # --long-replies: kept until it is whole
             with clock():
                 call.result(output)
             with clock():

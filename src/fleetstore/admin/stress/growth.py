@@ -52,6 +52,16 @@ class Streamed:
         step = -(-len(output) // self.chunk_count)
         return [output[i : i + step] for i in range(0, len(output), step)]
 
+    def wait_deltas(self) -> None:
+        """The time the reply takes to stream, for a target that writes it whole."""
+        for _ in self.deltas[:-1]:
+            self.pause()
+
+    def wait_chunks(self, output: str) -> None:
+        """The time the output takes to grow, for a target that writes it whole."""
+        for _ in self.chunks(output)[1:]:
+            self.pause()
+
     def text(self) -> str:
         return "".join(self.deltas)
 

@@ -168,11 +168,14 @@ class _AgentsSDK(_Target):
     def turn(self, t: Turn, clock: Clock) -> str:
         _, uid, aid = ids(self.cfg, self.agent, t.n)
         self._add(clock, {"id": uid, "role": "user", "content": t.user})
+        streamed = Streamed(self.cfg, self.agent, t)
+        streamed.wait_deltas()  # the reply streams in; the session keeps whole items
         call = {"type": "function_call", "call_id": aid + "/c", "name": "bash", "arguments": "{}"}
         self._add(clock, {"id": aid + "/1", **call})
         if t.tool_think:
             time.sleep(t.tool_think)
         output = t.output(self.cfg, self.agent)
+        streamed.wait_chunks(output)
         self._add(clock, {"type": "function_call_output", "call_id": aid + "/c", "output": output})
         text = Streamed(self.cfg, self.agent, t).text()
         self._add(clock, {"id": aid, "role": "assistant", "content": text, "usage": t.usage})
@@ -237,7 +240,9 @@ class _LangGraph(_Target):
         def model(state: _GraphState) -> dict[str, Any]:
             t, _, aid = ids_now()
             call = {"id": aid + "/c", "name": "bash", "args": {"cmd": f"run {t.n}"}}
-            text = "".join(Streamed(cfg, agent, t).deltas[:-1])
+            streamed = Streamed(cfg, agent, t)
+            streamed.wait_deltas()  # the node streams the reply; the state keeps it whole
+            text = "".join(streamed.deltas[:-1])
             return {"messages": [{"id": aid + "/1", "role": "assistant", "content": text,
                                   "tool_calls": [call]}]}  # fmt: skip
 
@@ -246,6 +251,7 @@ class _LangGraph(_Target):
             if t.tool_think:
                 time.sleep(t.tool_think)
             output = t.output(cfg, agent)
+            Streamed(cfg, agent, t).wait_chunks(output)
             msg = {"id": aid + "/2", "role": "tool", "tool_call_id": aid + "/c", "content": output}
             return {"messages": [msg]}
 

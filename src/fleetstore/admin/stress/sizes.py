@@ -81,6 +81,29 @@ def payload(cfg: dict[str, Any]) -> tuple[int, int]:
     return raw, round(raw * after / before) if before else 0
 
 
+def _largest_table(files: list[Path]) -> dict[str, Any] | None:
+    """The table (with its indexes) that takes most of the database files' pages, and
+    its share of them (``dbstat``)."""
+    pages: dict[str, int] = {}
+    total = 0
+    for f in files:
+        try:
+            with PlainConnection(str(f), busy_ms=30_000, readonly=True) as db:
+                rows = db.execute(
+                    "SELECT coalesce(m.tbl_name, d.name), sum(d.pgsize) FROM dbstat AS d "
+                    "LEFT JOIN sqlite_master AS m ON m.name = d.name GROUP BY 1"
+                )
+        except errors.FleetstoreError:
+            return None
+        for name, size in rows:
+            pages[str(name)] = pages.get(str(name), 0) + int(size)
+            total += int(size)
+    if not pages or not total:
+        return None
+    name = max(pages, key=lambda k: pages[k])
+    return {"name": name, "bytes": pages[name], "share": round(pages[name] / total, 3)}
+
+
 def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     found = _databases(cfg)
     if found is None:
@@ -96,6 +119,7 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
             pass  # measured as it is
     raw, compressed = payload(cfg)
     return {
+        "largest_table": _largest_table(files),
         "files": len(files),
         "after_run": after_run,
         "after_checkpoint": _measure(files, blobs),

@@ -132,6 +132,10 @@ def _bytes_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
         b = t.get("bytes", {})
         return f"{b['vs_compressed_payload']:.1f}x" if b.get("vs_compressed_payload") else "-"
 
+    def largest(t: dict[str, Any]) -> str:
+        top = t.get("bytes", {}).get("largest_table")
+        return f"{top['name'].removeprefix('orchestration_v2_')} {top['share']:.0%}" if top else "-"
+
     return [
         ("database after run", [cell(t, "after_run", "db") for t in targets]),
         (
@@ -145,6 +149,7 @@ def _bytes_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
         ("kept after checkpoint", [cell(t, "after_checkpoint", "total") for t in targets]),
         ("bytes per turn", [per_turn(t) for t in targets]),
         ("vs compressed payload", [factor(t) for t in targets]),
+        ("largest table", [largest(t) for t in targets]),
     ]
 
 
