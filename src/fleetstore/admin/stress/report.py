@@ -131,12 +131,13 @@ def _svg(body: str, label: str) -> str:
     )
 
 
-def _path(points: Sequence[tuple[float, float]], color: str, title: str) -> str:
+def _path(points: Sequence[tuple[float, float]], color: str, title: str, dash: str = "") -> str:
     if not points:
         return ""
     d = "M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    dashed = f' stroke-dasharray="{dash}"' if dash else ""
     return (
-        f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.8">'
+        f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.8"{dashed}>'
         f"<title>{_e(title)}</title></path>"
     )
 
@@ -241,8 +242,9 @@ def effects_chart(t: dict[str, Any], color: str) -> str:
     )
     body += _path(
         [(ax.x(p[0]), ax.y(p[3])) for p in series],
-        "#b00020",
+        "#000",
         f"{t['target']}: stuck (running past the lease): {t['outbox']['stuck']}",
+        dash="5,3",
     )
     return _svg(body, f"effects over time: {t['target']}")
 
@@ -251,29 +253,33 @@ def bytes_chart(targets: Sequence[dict[str, Any]], colors: dict[str, str]) -> st
     """Bytes kept per acknowledged turn (after a checkpoint), per target; the dashed
     line is the turns' payload compressed."""
     kept = [t for t in targets if t.get("bytes", {}).get("per_turn")]
-    top = max([t["bytes"]["per_turn"] for t in kept] or [1]) * 1.15
+    kib = [t["bytes"]["per_turn"] / 1024 for t in kept]
+    payload = [
+        t["bytes"].get("payload_compressed", 0) / 1024 / (t["acknowledged"] or 1) for t in kept
+    ]
+    lo = max(min([*kib, *(p for p in payload if p > 0)] or [1.0]) / 2, 0.01)
+    hi = max(kib or [1.0]) * 1.5
     n = max(len(kept), 1)
-    ax = _Axes(0, n, 0, top, xlog=False, ylog=False)
-    body = _frame(ax, [], _ticks(0, top, False), "target", "bytes per turn")
+    ax = _Axes(0, n, lo, hi, xlog=False, ylog=True)
+    body = _frame(ax, [], _ticks(lo, hi, True), "target", "KiB per turn (log)")
     width = (_W - _PAD_L - _PAD_R) / n
     for i, t in enumerate(kept):
-        b = t["bytes"]
-        y = ax.y(b["per_turn"])
+        y = ax.y(kib[i])
         x = _PAD_L + i * width
         body += (
             f'<rect x="{x + 4:.1f}" y="{y:.1f}" width="{max(width - 8, 1):.1f}" '
             f'height="{_H - _PAD_B - y:.1f}" fill="{colors[t["target"]]}">'
-            f"<title>{_e(t['target'])}: {b['per_turn']:,} bytes per turn</title></rect>"
+            f"<title>{_e(t['target'])}: {t['bytes']['per_turn']:,} bytes per turn</title></rect>"
             f'<text x="{x + width / 2:.1f}" y="{_H - _PAD_B + 14}" '
             f'text-anchor="middle">{_e(t["target"])}</text>'
         )
-        acked = t["acknowledged"] or 1
-        py = ax.y(b.get("payload_compressed", 0) / acked)
-        body += (
-            f'<line x1="{x + 2:.1f}" x2="{x + width - 2:.1f}" y1="{py:.1f}" y2="{py:.1f}" '
-            'stroke="#000" stroke-dasharray="4,3"><title>compressed payload per turn</title>'
-            "</line>"
-        )
+        if payload[i] > 0:
+            py = ax.y(payload[i])
+            body += (
+                f'<line x1="{x + 2:.1f}" x2="{x + width - 2:.1f}" y1="{py:.1f}" y2="{py:.1f}" '
+                'stroke="#000" stroke-dasharray="4,3"><title>compressed payload per turn'
+                "</title></line>"
+            )
     return _svg(body, "bytes per turn")
 
 
@@ -433,8 +439,8 @@ locks; ticks on top: SIGKILLs; green bar: maintenance.</p>
 <h2>Per-process fairness</h2>
 <div class="charts">{fair}</div>
 <h2>Effects over time</h2>
-<p class="meta">Effects enqueued but not settled (waiting or running) and, in red, stuck
-ones (running past their lease: their thread's lane is blocked), every half second.</p>
+<p class="meta">Effects enqueued but not settled (waiting or running) and, dashed black,
+stuck ones (running past their lease: their thread's lane is blocked), every half second.</p>
 <div class="charts">{effects}</div>
 <h2>Bytes per turn</h2>
 <p class="meta">Database, WAL and blob bytes kept after a checkpoint, per acknowledged turn;

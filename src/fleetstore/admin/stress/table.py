@@ -160,5 +160,6 @@ def _clip(text: str, limit: int = 160) -> str:
 def _size(n: int) -> str:
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= factor:
-            return f"{n / factor:.3g} {unit}"
+            v = n / factor
+            return f"{v:.3g} {unit}" if v < 1000 else f"{v:,.0f} {unit}"
     return f"{n} B"
