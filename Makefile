@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 AGENTS   ?= 16
-DURATION ?= 30
+DURATION ?= 25
 THINK_MS ?= 10
 
 .PHONY: venv demo test lint typecheck unit frameworks bench clean

@@ -113,7 +113,8 @@ def backdate(store: fleetstore.Store, session_ids: list[str], days: float) -> No
 
 def blob_files(directory: Path) -> set[str]:
     root = directory / "catalog.db.blobs"
-    return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+    # The collector's lock file (.collecting) is not a blob.
+    return {p.name for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")}
 
 
 def contents(store: fleetstore.Store, sid: str) -> Any:

@@ -152,7 +152,7 @@ def test_external_lock_parse() -> None:
 
 
 def test_sequence_check_sees_lost_duplicated_and_reordered_writes() -> None:
-    from fleetstore.admin.stress.agent import _Check, _check_sequence
+    from fleetstore.admin.stress.verify import _Check, _check_sequence
 
     check = _Check()
     expected = [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
@@ -210,7 +210,7 @@ def test_langgraph_peer_checkpoints_turns_and_its_verifier_sees_loss(tmp_path: P
         "output_bytes": 300, "large_rate": 0.0, "large_bytes": 0, "settings": {},
         "synchronous": None, "drop_every": 0,
     }  # fmt: skip
-    module = [sys.executable, "-m", "fleetstore.admin.stress.agent"]
+    module = [sys.executable, "-m", "fleetstore.admin.stress.child"]
     env = clean_env(tmp_path)
     prep = subprocess.run(
         [*module, "--verify", json.dumps({**cfg, "prepare": True})],
@@ -250,3 +250,144 @@ def test_langgraph_peer_checkpoints_turns_and_its_verifier_sees_loss(tmp_path: P
     assert broken["lost"] == 2  # the forged turn's user message and reply
     assert broken["corrupt"] == 2  # the forged turn and the wrong hash
     assert broken["samples"]["corrupt"][0][1] == lines[0]["n"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--url", "http://nope/x"], "unsupported store URL scheme 'http'"),
+        (["--url", "sqlite://relative.db"], "three slashes"),
+    ],
+)
+def test_bad_store_url_or_dir_exits_2_before_any_process_starts(
+    args: list[str], says: str, tmp_path: Path
+) -> None:
+    """Issue 18, item 11: these exited 1 with a child's traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetstore", "stress", "--duration", "1", "--agents", "1", *args],
+        capture_output=True, text=True, timeout=60, env=clean_env(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert says in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "data").exists()  # nothing was started or created
+
+
+@pytest.mark.slow
+def test_kill_rate_is_kept_on_a_clock_whatever_the_restarts_take(tmp_path: Path) -> None:
+    """Issue 18, item 12: each kill waited for the replacement to be ready, so
+    ``--kill-rate 2`` killed at about a third of that.  Kills are scheduled on a
+    clock: their count is close to rate x duration (a count, not a timing)."""
+    rate, duration = 2.0, 8.0
+    code, report, stderr = stress(
+        tmp_path, "--agents", "3", "--duration", f"{duration:g}", "--workers", "1",
+        "--kill-rate", f"{rate:g}", "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    (fs,) = report["targets"]
+    assert code == 0, (report["problems"], fs["crashed"], stderr)
+    expected = rate * duration
+    assert 0.6 * expected <= len(fs["kills"]) <= 1.5 * expected, fs["kills"]
+    assert fs["kill_rate_achieved"] == round(len(fs["kills"]) / duration, 3)
+    assert fs["lost"] == fs["duplicated"] == fs["failed"] == 0
+
+
+def test_unknown_target_exits_2_with_the_list_of_names(tmp_path: Path) -> None:
+    result = runner(tmp_path).invoke(main, ["stress", "--targets", "t3code,nope"])
+    assert result.exit_code == 2, result.output
+    assert "unknown target 'nope'" in result.output
+    for name in ("fleetstore", "t3code", "opencode", "zcode", "agents-sdk", "langgraph"):
+        assert name in result.output
+    assert not (tmp_path / "data").exists()
+
+
+def _files_bytes(paths: list[Path]) -> int:
+    total = 0
+    for p in paths:
+        if p.is_dir():
+            total += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        elif p.exists():
+            total += p.stat().st_size
+    return total
+
+
+@pytest.mark.slow
+def test_bytes_rows_are_the_files_on_disk(tmp_path: Path) -> None:
+    """Each target's kept bytes, summed here from the files the run left (after the
+    run's own checkpoint there is no WAL), and per acknowledged turn; fleetstore
+    within a small factor of its compressed payload under --long-replies."""
+    run = tmp_path / "run"
+    code, report, stderr = stress(
+        tmp_path, "--targets", "t3code,opencode", "--agents", "2", "--duration", "3",
+        "--workers", "1", "--long-replies", "--large-rate", "0.5",
+        "--large-bytes", "1500000", "--dir", str(run),
+    )  # fmt: skip
+    assert code == 0, (report["problems"], stderr)
+    by = {t["target"]: t for t in report["targets"]}
+    assert set(by) == {"fleetstore", "t3code", "opencode"}
+    files = {
+        "fleetstore": [run / "fleetstore" / "fleetstore.db", run / "fleetstore" / "fleetstore.db.blobs"],
+        "t3code": [run / "t3code" / "t3code.db"],
+        "opencode": [run / "opencode" / "opencode.db"],
+    }  # fmt: skip
+    for name, paths in files.items():
+        b = by[name]["bytes"]
+        wal = [Path(f"{p}-wal") for p in paths]
+        assert _files_bytes(wal) == 0 and b["after_checkpoint"]["wal"] == 0
+        on_disk = _files_bytes(paths)
+        assert b["after_checkpoint"]["total"] == on_disk > 0, name
+        assert b["per_turn"] == round(on_disk / by[name]["acknowledged"])
+        assert b["after_checkpoint"]["db"] == paths[0].stat().st_size
+    assert by["fleetstore"]["bytes"]["after_run"]["blobs"] > 0
+    assert by["fleetstore"]["bytes"]["vs_compressed_payload"] <= 3
+    # Whole parts rewritten with a full snapshot logged per update: many times more.
+    assert by["opencode"]["bytes"]["per_turn"] > 5 * by["fleetstore"]["bytes"]["per_turn"]
+
+
+@pytest.mark.slow
+def test_a_hung_worker_blocks_a_t3code_lane_for_good_and_no_fleetstore_lane(
+    tmp_path: Path,
+) -> None:
+    """--hang-worker: fleetstore's worker 0 freezes (SIGSTOP) on its first effect, its
+    lease runs out and the other worker's sweep hands the effect on; t3code's agent
+    0's server never returns from its first effect's execution, and nothing recovers
+    a lease at run time: the effect stays running past its 30 s lease, its thread's
+    later effects wait behind it."""
+    code, report, stderr = stress(
+        tmp_path, "--targets", "t3code", "--agents", "2", "--duration", "34",
+        "--think-ms", "50", "--workers", "2", "--hang-worker", "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    fs, t3 = report["targets"]
+    assert t3["target"] == "t3code"
+    assert code == 0, (report["problems"], fs["crashed"], stderr)
+    assert fs["hung"] == [{"role": "worker", "index": 0}]
+    assert fs["outbox"]["stuck"] == 0 and fs["outbox"]["lanes_blocked_at_end"] == 0
+    assert fs["outbox"]["settled"] >= fs["acknowledged"] - 2
+    assert t3["outbox"]["stuck"] == 1
+    assert t3["outbox"]["lanes_blocked_at_end"] == 1
+    assert t3["outbox"]["lane_blocked_max_s"] > 20
+    assert any("stuck running past their lease" in p for p in t3["problems"])
+    stuck = [p[3] for p in t3["outbox"]["series"]]
+    assert stuck[0] == 0 and stuck[-1] == 1  # the chart's stuck line rises at the lease's end
+
+
+def test_outbox_summary_sees_stuck_effects_and_blocked_lanes() -> None:
+    from fleetstore.admin.stress.effects import Row, summarize
+
+    rows = [
+        # thread a: the first effect runs past its lease; two wait behind it
+        Row("a", 1, "running", created=10.0, claimed=10.1, finished=None, lease_expires=40.1),
+        Row("a", 2, "pending", created=11.0, claimed=None, finished=None, lease_expires=None),
+        Row("a", 3, "pending", created=12.0, claimed=None, finished=None, lease_expires=None),
+        # thread b: settled in order, the second waited 0.5 s for the first
+        Row("b", 1, "succeeded", created=10.0, claimed=10.0, finished=11.5, lease_expires=None),
+        Row("b", 2, "succeeded", created=11.0, claimed=11.5, finished=11.6, lease_expires=None),
+        # thread c: running within its lease, nothing behind it
+        Row("c", 1, "running", created=49.0, claimed=49.0, finished=None, lease_expires=79.0),
+    ]
+    out = summarize(rows, now=50.0, start=10.0)
+    assert out["enqueued"] == 6 and out["settled"] == 2 and out["stuck"] == 1
+    assert out["lanes_blocked_at_end"] == 1
+    assert out["lane_blocked_max_s"] == 39.0  # a's second effect, from 11 s to the end
+    assert out["settle_p50_ms"] == 600.0 and out["settle_p99_ms"] == 1500.0
+    series = out["series"]
+    assert series[0] == [0.0, 2, 0, 0] and series[-1] == [40.0, 6, 2, 1]
+    assert next(p for p in series if p[3] == 1)[0] == 30.5  # stuck once a's lease ran out

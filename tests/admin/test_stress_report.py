@@ -65,7 +65,7 @@ def test_compare_report_renders_in_chromium(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert done.returncode == 0, (report["problems"], done.stderr)
     names = [t["target"] for t in report["targets"]]
-    assert names[:3] == ["fleetstore", "opencode", "zcode"]
+    assert names[:4] == ["fleetstore", "t3code", "opencode", "zcode"]
     assert "agents-sdk" in names and "langgraph" in names  # installed in the dev environment
     for t in report["targets"]:
         assert (tmp_path / "run" / t["target"]).is_dir()  # each in its own directory
@@ -86,9 +86,12 @@ def test_compare_report_renders_in_chromium(tmp_path: Path) -> None:
     assert "Uncaught" not in dom.stderr, dom.stderr[-2000:]
     assert 'id="js-errors"></div>' in dom.stdout  # the page's error box stayed empty
     n = len(report["targets"])
-    # The script ran to its end and counted the charts: latency, then n lock-wait and
-    # n fairness charts.
-    assert f'data-rendered="{1 + 2 * n}"' in dom.stdout
+    outboxes = [t["target"] for t in report["targets"] if t.get("outbox")]
+    assert outboxes == ["fleetstore", "t3code"]
+    # The script ran to its end and counted the charts: latency, n lock-wait and n
+    # fairness charts, an effects chart per outbox and the bytes per turn.
+    assert f'data-rendered="{1 + 2 * n + len(outboxes) + 1}"' in dom.stdout
+    assert "effects over time: t3code" in dom.stdout and "bytes per turn" in dom.stdout
     assert 'id="compare"' in dom.stdout
 
     shot = tmp_path / "shot.png"

@@ -411,7 +411,7 @@ def test_checkers_see_a_catalog_index_that_disagrees_with_the_shards(tmp_path: P
     """``check_consistent`` here and ``fleetstore stress``'s read-back both name an
     index row gone, an index row for a session its shard lacks, and one naming a shard
     file that does not exist."""
-    from fleetstore.admin.stress.agent import _index_problems
+    from fleetstore.admin.stress.verify import _index_problems
 
     root = tmp_path / "store"
     with fleetstore.open(_url(root)) as store:

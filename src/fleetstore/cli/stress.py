@@ -32,7 +32,9 @@ Exit codes:
        an effect stuck, a process crashed, integrity_check failed (any file of a
        sharded store), a sharded store's catalog disagreed with its shards, or the
        run could not be carried out
-  2    bad usage (an option out of range, unparsable --external-lock)
+  2    bad usage, before any process starts (an option out of range, a --url
+       that is not a store URL or path, an unknown --targets name, unparsable
+       --external-lock)
   130  interrupted (Ctrl-C or SIGTERM); every child process is killed first""",
 )
 @click.option(
@@ -153,8 +155,8 @@ Exit codes:
     show_default=True,
     envvar="FLEETSTORE_STRESS_KILL_RATE",
     show_envvar=True,
-    help="SIGKILLs per second, at random times, of a random agent or worker, each "
-    "restarted at once.",
+    help="SIGKILLs per second (a Poisson process on its own clock), of a random agent "
+    "or worker, each restarted at once; the rate achieved is reported.",
 )
 @click.option(
     "--maintain",
@@ -179,9 +181,39 @@ Exit codes:
     default=False,
     envvar="FLEETSTORE_STRESS_COMPARE",
     show_envvar=True,
-    help="Run the same workload, same seed, after fleetstore against opencode's and "
-    "zcode's SQLite patterns and the OpenAI Agents SDK's SQLiteSession (when installed), "
-    "each in its own directory; one table.",
+    help="Run the same workload, same seed, after fleetstore against t3code's, opencode's "
+    "and zcode's SQLite patterns, the OpenAI Agents SDK's SQLiteSession and LangGraph's "
+    "SqliteSaver (when installed), each in its own directory; one table.",
+)
+@click.option(
+    "--targets",
+    "target_names",
+    metavar="NAME,...",
+    default=None,
+    envvar="FLEETSTORE_STRESS_TARGETS",
+    show_envvar=True,
+    help="The peers to run after fleetstore (which always runs first), comma-separated: "
+    "t3code, opencode, zcode, agents-sdk, langgraph. Default with --compare: every "
+    "installed one.",
+)
+@click.option(
+    "--long-replies",
+    is_flag=True,
+    default=False,
+    envvar="FLEETSTORE_STRESS_LONG_REPLIES",
+    show_envvar=True,
+    help="The growth scenario: every reply streamed in 200-400 deltas and every tool "
+    "output in 20-60 chunks as it grows (a few ms apart).",
+)
+@click.option(
+    "--hang-worker",
+    is_flag=True,
+    default=False,
+    envvar="FLEETSTORE_STRESS_HANG_WORKER",
+    show_envvar=True,
+    help="Self-test of the outbox: one effect worker hangs on its first effect "
+    "(fleetstore: worker 0 stops with SIGSTOP; t3code: agent 0's server's effect "
+    "execution never returns).",
 )
 @click.option(
     "--drop-every",
@@ -228,6 +260,9 @@ def stress_command(
     maintain: bool,
     workers: int,
     compare: bool,
+    target_names: str | None,
+    long_replies: bool,
+    hang_worker: bool,
     drop_every: int,
     as_json: bool,
     report_file: str | None,
@@ -241,7 +276,9 @@ def stress_command(
     there exactly once, in order, its tool output intact, no effect stuck
     running past its lease. Prints one table (or --json), one column per target:
     acknowledged and failed turns, lost, duplicated, turns/s, turn-persistence
-    latency p50/p99/max, fairness, integrity. Progress goes to stderr.
+    latency p50/p99/max, fairness, integrity; the effects of the targets with an
+    outbox (stuck, lanes blocked, enqueue-to-settled); the bytes each SQLite target
+    keeps (per turn, against the compressed payload). Progress goes to stderr.
     """
     config = stress.StressConfig(
         agents=agents,
@@ -261,6 +298,13 @@ def stress_command(
         workers=workers,
         compare=compare,
         drop_every=drop_every,
+        targets=(
+            None
+            if target_names is None
+            else tuple(n.strip() for n in target_names.split(",") if n.strip())
+        ),
+        long_replies=long_replies,
+        hang_worker=hang_worker,
     )
     try:
         config.validate()

@@ -1,5 +1,5 @@
 """The processes of ``fleetstore stress``: one agent, one outbox worker, or the
-verification of one target, each run as ``python -m fleetstore.admin.stress.agent
+verification of one target, each run as ``python -m fleetstore.admin.stress.child
 --agent|--worker|--verify CONFIG_JSON``.
 
 The workload is a function of (seed, agent, turn): every target replays the same
@@ -22,18 +22,17 @@ import functools
 import hashlib
 import json
 import math
-import operator
 import os
 import random
 import signal
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
+from fleetstore.admin.stress.growth import Streamed, effect_time, note_stats, ran
 from fleetstore.core.ids import derived_id
 
 TARGETS = ("fleetstore", "opencode", "zcode", "agents-sdk", "langgraph")
@@ -42,6 +41,7 @@ TARGETS = ("fleetstore", "opencode", "zcode", "agents-sdk", "langgraph")
 _LARGE_MIN = 1 << 20
 _SMALL_CAP = 256 * 1024
 EFFECT_KIND = "stress.notify"
+WORKER_LEASE = 5.0  # seconds: the stress workers' lease
 
 
 # --------------------------------------------------------------------------- workload
@@ -128,6 +128,7 @@ class Clock:
 
 
 # --------------------------------------------------------------------------- targets
+# (the peers' targets are in fleetstore.admin.stress.peers)
 
 
 class _Target:
@@ -180,18 +181,21 @@ class _Fleetstore(_Target):
         with clock():
             stream = store.messages.stream(self.sid, "assistant", model="stress", id=aid)
             reply = stream.__enter__()
+        streamed = Streamed(self.cfg, self.agent, t)
         try:
-            for d in t.deltas[:-1]:
+            for d in streamed.deltas[:-1]:
+                streamed.pause()
                 with clock():
                     reply.text(d)
             with clock():
                 call = reply.tool_call("bash", {"cmd": f"run {t.n}"})
             if t.tool_think:
                 time.sleep(t.tool_think)
+            streamed.wait_chunks(output)  # --long-replies: kept until it is whole
             with clock():
                 call.result(output)
             with clock():
-                reply.text(t.deltas[-1])
+                reply.text(streamed.deltas[-1])
                 reply.usage(
                     input_tokens=t.usage["input_tokens"], output_tokens=t.usage["output_tokens"]
                 )
@@ -243,291 +247,6 @@ def contextlib_suppress_exists() -> Iterator[None]:
         pass  # a restarted agent: its session is there
 
 
-OPENCODE_SCHEMA = """
-CREATE TABLE session(id TEXT PRIMARY KEY, time_created INTEGER NOT NULL,
-    time_updated INTEGER NOT NULL, data TEXT NOT NULL);
-CREATE TABLE message(id TEXT PRIMARY KEY, session_id TEXT NOT NULL,
-    time_created INTEGER NOT NULL, time_updated INTEGER NOT NULL, data TEXT NOT NULL);
-CREATE INDEX message_session_idx ON message(session_id);
-CREATE TABLE part(id TEXT PRIMARY KEY, message_id TEXT NOT NULL, session_id TEXT NOT NULL,
-    time_created INTEGER NOT NULL, time_updated INTEGER NOT NULL, data TEXT NOT NULL);
-CREATE INDEX part_message_idx ON part(message_id);
-CREATE TABLE event(id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, type TEXT NOT NULL,
-    time INTEGER NOT NULL, data TEXT NOT NULL);
-"""
-_PART_UPSERT = (
-    "INSERT INTO part(id, message_id, session_id, time_created, time_updated, data) "
-    "VALUES (?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT(id) DO UPDATE SET time_updated = excluded.time_updated, data = excluded.data"
-)
-_EVENT = "INSERT INTO event(session_id, type, time, data) VALUES (?, ?, ?, ?)"
-
-
-def _ms() -> int:
-    return int(time.time() * 1000)
-
-
-class _Opencode(_Target):
-    """opencode's pattern: one shared WAL file, busy_timeout 5000, and every part
-    update rewriting the whole part plus an event row in a transaction of its own."""
-
-    busy_ms = 5000
-    mode = "IMMEDIATE"
-
-    def __init__(self, cfg: dict[str, Any], agent: int) -> None:
-        super().__init__(cfg, agent)
-        from fleetstore.engine.peers import PlainConnection
-
-        self.db = PlainConnection(
-            cfg["url"], busy_ms=self.busy_ms, synchronous=cfg["synchronous"] or "NORMAL"
-        )
-        now = _ms()
-        with self.db.transaction(self.mode) as tx:
-            tx.execute(
-                "INSERT OR IGNORE INTO session VALUES (?, ?, ?, ?)",
-                (self.sid, now, now, json.dumps({"title": f"stress agent {agent}"})),
-            )
-
-    def _part(self, clock: Clock, mid: str, pid: str, part: dict[str, Any], delta: str) -> None:
-        with clock(), self.db.transaction(self.mode) as tx:
-            now = _ms()
-            tx.execute(_PART_UPSERT, (pid, mid, self.sid, now, now, json.dumps(part)))
-            event = {"type": "message.part.updated", "partID": pid, "delta": delta}
-            tx.execute(_EVENT, (self.sid, "message.part.updated", now, json.dumps(event)))
-
-    def _message(self, clock: Clock, mid: str, info: dict[str, Any]) -> None:
-        with clock(), self.db.transaction(self.mode) as tx:
-            now = _ms()
-            tx.execute(
-                "INSERT INTO message VALUES (?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-                "time_updated = excluded.time_updated, data = excluded.data",
-                (mid, self.sid, now, now, json.dumps(info)),
-            )
-            tx.execute(_EVENT, (self.sid, "message.updated", now, json.dumps({"id": mid})))
-
-    def turn(self, t: Turn, clock: Clock) -> str:
-        _, uid, aid = ids(self.cfg, self.agent, t.n)
-        self._message(clock, uid, {"role": "user", "turn": t.n})
-        self._part(clock, uid, uid + "/0", {"type": "text", "text": t.user}, t.user)
-        self._message(clock, aid, {"role": "assistant", "turn": t.n})
-        text = ""
-        for d in t.deltas[:-1]:
-            text += d
-            self._part(clock, aid, aid + "/0", {"type": "text", "text": text}, d)
-        tool: dict[str, Any] = {"type": "tool", "tool": "bash", "state": {"status": "running"}}
-        self._part(clock, aid, aid + "/1", tool, "")
-        if t.tool_think:
-            time.sleep(t.tool_think)
-        output = t.output(self.cfg, self.agent)
-        tool["state"] = {"status": "completed", "output": output, "sha": sha(output)}
-        self._part(clock, aid, aid + "/1", tool, "")
-        self._part(clock, aid, aid + "/2", {"type": "text", "text": t.deltas[-1]}, t.deltas[-1])
-        self._message(clock, aid, {"role": "assistant", "turn": t.n, "tokens": t.usage})
-        with clock(), self.db.transaction(self.mode) as tx:
-            data = json.dumps({"checkpoint": {"turn": t.n, "output": sha(output)}})
-            tx.execute(
-                "UPDATE session SET data = ?, time_updated = ? WHERE id = ?",
-                (data, _ms(), self.sid),
-            )
-            tx.execute(_EVENT, (self.sid, "effect", _ms(), json.dumps({"turn": t.n})))
-        return sha(output)
-
-    def close(self) -> None:
-        self.db.close()
-
-
-class _Zcode(_Opencode):
-    """zcode's pattern: busy timeout 10 s and deferred transactions, which read first
-    and then upgrade to a write lock (SQLITE_BUSY at once if a writer got in between:
-    SQLite cannot wait there without a deadlock)."""
-
-    busy_ms = 10_000
-    mode = "DEFERRED"
-
-    def _part(self, clock: Clock, mid: str, pid: str, part: dict[str, Any], delta: str) -> None:
-        with clock(), self.db.transaction(self.mode) as tx:
-            tx.execute("SELECT count(*) FROM part WHERE message_id = ?", (mid,))
-            now = _ms()
-            tx.execute(_PART_UPSERT, (pid, mid, self.sid, now, now, json.dumps(part)))
-
-    def _message(self, clock: Clock, mid: str, info: dict[str, Any]) -> None:
-        with clock(), self.db.transaction(self.mode) as tx:
-            tx.execute("SELECT count(*) FROM message WHERE session_id = ?", (self.sid,))
-            now = _ms()
-            tx.execute(
-                "INSERT INTO message VALUES (?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-                "time_updated = excluded.time_updated, data = excluded.data",
-                (mid, self.sid, now, now, json.dumps(info)),
-            )
-
-
-class _AgentsSDK(_Target):
-    """The OpenAI Agents SDK's ``SQLiteSession`` (stdlib sqlite3), one item per step."""
-
-    def __init__(self, cfg: dict[str, Any], agent: int) -> None:
-        super().__init__(cfg, agent)
-        from agents import SQLiteSession
-
-        self.session = SQLiteSession(self.sid, cfg["url"])
-
-    def _add(self, clock: Clock, item: dict[str, Any]) -> None:
-        import asyncio
-
-        with clock():
-            asyncio.run(self.session.add_items([item]))  # type: ignore[list-item]
-
-    def turn(self, t: Turn, clock: Clock) -> str:
-        _, uid, aid = ids(self.cfg, self.agent, t.n)
-        self._add(clock, {"id": uid, "role": "user", "content": t.user})
-        call = {"type": "function_call", "call_id": aid + "/c", "name": "bash", "arguments": "{}"}
-        self._add(clock, {"id": aid + "/1", **call})
-        if t.tool_think:
-            time.sleep(t.tool_think)
-        output = t.output(self.cfg, self.agent)
-        self._add(clock, {"type": "function_call_output", "call_id": aid + "/c", "output": output})
-        text = "".join(t.deltas)
-        self._add(clock, {"id": aid, "role": "assistant", "content": text, "usage": t.usage})
-        return sha(output)
-
-    def close(self) -> None:
-        self.session.close()
-
-
-class _GraphState(TypedDict, total=False):
-    # Module level: LangGraph reads the reducer from the resolved annotation.
-    messages: Annotated[list[dict[str, Any]], operator.add]
-
-
-class _LangGraph(_Target):
-    """LangGraph's ``SqliteSaver`` (stdlib sqlite3, opened with ``from_conn_string``)
-    under a small graph, one ``invoke`` per turn: the user's message in, then nodes
-    model (the streamed text and a tool call), tool (runs for the tool time, returns
-    the output) and reply.  The state is the thread's messages, appended to
-    (``operator.add``), as a chat app keeps them; ``SqliteSaver`` writes the whole
-    state in every checkpoint, one per step."""
-
-    def __init__(self, cfg: dict[str, Any], agent: int) -> None:
-        super().__init__(cfg, agent)
-        import threading
-        from contextlib import ExitStack
-
-        from langgraph.checkpoint.sqlite import SqliteSaver
-        from langgraph.graph import END, START, StateGraph
-
-        spans: list[tuple[float, float]] = []
-        guard = threading.Lock()
-        self.spans = spans
-        self.guard = guard
-
-        def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
-            def method(saver: Any, *args: Any, **kw: Any) -> Any:
-                began = time.monotonic()
-                try:
-                    return fn(saver, *args, **kw)
-                finally:
-                    with guard:
-                        spans.append((began, time.monotonic()))
-
-            return method
-
-        saver_cls: Any = type(
-            "TimedSqliteSaver",
-            (SqliteSaver,),
-            {m: timed(getattr(SqliteSaver, m)) for m in ("get_tuple", "put", "put_writes")},
-        )
-        self.opened = ExitStack()
-        self.saver = self.opened.enter_context(saver_cls.from_conn_string(cfg["url"]))
-        self.turn_now: Turn | None = None
-
-        def ids_now() -> tuple[Turn, str, str]:
-            assert self.turn_now is not None
-            t = self.turn_now
-            _, uid, aid = ids(cfg, agent, t.n)
-            return t, uid, aid
-
-        def model(state: _GraphState) -> dict[str, Any]:
-            t, _, aid = ids_now()
-            call = {"id": aid + "/c", "name": "bash", "args": {"cmd": f"run {t.n}"}}
-            text = "".join(t.deltas[:-1])
-            return {"messages": [{"id": aid + "/1", "role": "assistant", "content": text,
-                                  "tool_calls": [call]}]}  # fmt: skip
-
-        def tool(state: _GraphState) -> dict[str, Any]:
-            t, _, aid = ids_now()
-            if t.tool_think:
-                time.sleep(t.tool_think)
-            output = t.output(cfg, agent)
-            msg = {"id": aid + "/2", "role": "tool", "tool_call_id": aid + "/c", "content": output}
-            return {"messages": [msg]}
-
-        def reply(state: _GraphState) -> dict[str, Any]:
-            t, _, aid = ids_now()
-            msg = {"id": aid, "role": "assistant", "content": t.deltas[-1], "usage": t.usage}
-            return {"messages": [msg]}
-
-        g = StateGraph(_GraphState)
-        g.add_node("model", model)
-        g.add_node("tool", tool)
-        g.add_node("reply", reply)
-        g.add_edge(START, "model")
-        g.add_edge("model", "tool")
-        g.add_edge("tool", "reply")
-        g.add_edge("reply", END)
-        self.graph: Any = g.compile(checkpointer=self.saver)
-        self.config = {"configurable": {"thread_id": self.sid}}
-
-    def turn(self, t: Turn, clock: Clock) -> str:
-        _, uid, _ = ids(self.cfg, self.agent, t.n)
-        self.turn_now = t
-        with self.guard:
-            self.spans.clear()
-        try:
-            user = {"id": uid, "role": "user", "content": t.user}
-            self.graph.invoke({"messages": [user]}, self.config)
-        finally:
-            # Checkpoints are written by a background thread while the next node
-            # runs: a turn's store time is the union of the calls' intervals.
-            with self.guard:
-                spans = sorted(self.spans)
-            reach = -math.inf
-            for a, b in spans:
-                if b > reach:
-                    clock.total += b - max(a, reach)
-                    reach = b
-                clock.longest = max(clock.longest, b - a)
-            clock.writes += len(spans)
-        return sha(t.output(self.cfg, self.agent))
-
-    def close(self) -> None:
-        self.opened.close()
-
-
-_KINDS: dict[str, Callable[[dict[str, Any], int], _Target]] = {
-    "fleetstore": _Fleetstore,
-    "opencode": _Opencode,
-    "zcode": _Zcode,
-    "agents-sdk": _AgentsSDK,
-    "langgraph": _LangGraph,
-}
-
-
-def prepare(cfg: dict[str, Any]) -> None:
-    """Create the target's schema once, before the agents start."""
-    if cfg["target"] in ("opencode", "zcode"):
-        from fleetstore.engine.peers import PlainConnection
-
-        PlainConnection(cfg["url"], busy_ms=10_000, schema=OPENCODE_SCHEMA).close()
-    elif cfg["target"] == "fleetstore":
-        import fleetstore
-
-        fleetstore.open(cfg["url"], **cfg["settings"]).close()
-    elif cfg["target"] == "langgraph":
-        from langgraph.checkpoint.sqlite import SqliteSaver
-
-        with SqliteSaver.from_conn_string(cfg["url"]) as saver:
-            saver.setup()  # its tables and WAL, once (each agent's saver would race to)
-
-
 # ----------------------------------------------------------------------------- agent
 
 
@@ -553,14 +272,14 @@ def _error_name(exc: BaseException) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def agent_main(cfg: dict[str, Any]) -> int:
+def agent_main(cfg: dict[str, Any], make_target: Callable[[dict[str, Any], int], _Target]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when agents stop
     agent: int = cfg["agent"]
     journal_path = Path(cfg["journal"])
     past = read_journal(journal_path)
     # A restarted agent skips the turn it was killed in: it may be half written.
     first = max((int(e["n"]) for e in past), default=0) + (2 if past or cfg["restart"] else 1)
-    target = _KINDS[cfg["target"]](cfg, agent)
+    target = make_target(cfg, agent)
     print("ready", flush=True)
     line = sys.stdin.readline().split()
     if len(line) != 3 or line[0] != "start":
@@ -637,14 +356,22 @@ def _write_figures(
 def worker_main(cfg: dict[str, Any]) -> int:
     import fleetstore
 
+    hang = [bool(cfg.get("hang_worker")) and cfg.get("worker") == 0]
+
     def notify(effect: fleetstore.Effect) -> dict[str, Any]:
+        if hang[0]:
+            hang[0] = False
+            os.kill(os.getpid(), signal.SIGSTOP)  # --hang-worker: the whole worker hangs
+        ran(cfg, effect.id)
+        time.sleep(effect_time(cfg, effect.thread_key, int(effect.payload["turn"])))
         return {"turn": effect.payload["turn"]}
 
     with fleetstore.open(cfg["url"], **cfg["settings"]) as store:
-        worker = fleetstore.Worker(store, {EFFECT_KIND: notify}, concurrency=2, lease=5.0)
+        worker = fleetstore.Worker(store, {EFFECT_KIND: notify}, concurrency=2, lease=WORKER_LEASE)
         before, cpu_began = store_figures(store), time.process_time()
         print("ready", flush=True)
         code = worker.run()
+        note_stats(cfg, "worker", dict(worker.stats))
         if "figures" in cfg:
             cpu = time.process_time() - cpu_began
             _write_figures(cfg, "worker", cfg.get("worker", 0), cpu, before, store_figures(store))
@@ -655,324 +382,3 @@ def _sleep_until(when: float) -> None:
     delay = when - time.monotonic()
     if delay > 0:
         time.sleep(delay)
-
-
-# ---------------------------------------------------------------------------- verify
-
-
-class _Check:
-    def __init__(self) -> None:
-        self.acked = 0
-        self.lost: list[list[Any]] = []
-        self.duplicated: list[list[Any]] = []
-        self.out_of_order: list[list[Any]] = []
-        self.corrupt: list[list[Any]] = []
-        self.counts: Counter[str] = Counter()
-
-    def add(self, kind: str, sample: list[Any]) -> None:
-        self.counts[kind] += 1
-        bucket = getattr(self, kind)
-        if len(bucket) < 10:
-            bucket.append(sample)
-
-
-def _acked(journal: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in journal if "sha" in e]
-
-
-def _check_sequence(
-    check: _Check, agent: int, expected: list[tuple[str, int]], stored: list[str]
-) -> dict[str, int]:
-    """*expected*: (id, turn) in acknowledgement order; *stored*: ids in stored order.
-    Each must be there exactly once, in the same order; returns id -> position."""
-    positions: dict[str, list[int]] = {}
-    for i, mid in enumerate(stored):
-        positions.setdefault(mid, []).append(i)
-    last = -1
-    found: dict[str, int] = {}
-    for mid, n in expected:
-        at = positions.get(mid, [])
-        if not at:
-            check.add("lost", [agent, n, mid])
-            continue
-        if len(at) > 1:
-            check.add("duplicated", [agent, n, mid, len(at)])
-        if at[0] < last:
-            check.add("out_of_order", [agent, n, mid])
-        last = at[0]
-        found[mid] = at[0]
-    return found
-
-
-def verify_main(cfg: dict[str, Any]) -> dict[str, Any]:
-    check = _Check()
-    journals = {a: read_journal(Path(p)) for a, p in enumerate(cfg["journals"])}
-    extra: dict[str, Any] = {}
-    kind = cfg["target"]
-    if kind == "fleetstore":
-        extra = _verify_fleetstore(cfg, journals, check)
-    elif kind in ("opencode", "zcode"):
-        extra = _verify_opencode(cfg, journals, check)
-    elif kind == "agents-sdk":
-        extra = _verify_agents_sdk(cfg, journals, check)
-    elif kind == "langgraph":
-        extra = _verify_langgraph(cfg, journals, check)
-    index_samples = extra.pop("samples_index", [])
-    return {
-        "acked_turns": sum(len(_acked(j)) for j in journals.values()),
-        "lost": check.counts["lost"],
-        "duplicated": check.counts["duplicated"],
-        "out_of_order": check.counts["out_of_order"],
-        "corrupt": check.counts["corrupt"],
-        "samples": {
-            "lost": check.lost,
-            "duplicated": check.duplicated,
-            "out_of_order": check.out_of_order,
-            "corrupt": check.corrupt,
-            "index": index_samples,
-        },
-        **extra,
-    }
-
-
-def _verify_fleetstore(
-    cfg: dict[str, Any], journals: dict[int, list[dict[str, Any]]], check: _Check
-) -> dict[str, Any]:
-    import fleetstore
-    from fleetstore import ToolResult
-
-    effects: Counter[str] = Counter()
-    stuck: list[str] = []
-    state_behind = 0
-    with fleetstore.open(cfg["url"], **cfg["settings"]) as store:
-        for agent, journal in journals.items():
-            acked = _acked(journal)
-            sid = ids(cfg, agent)[0]
-            if not journal:
-                continue
-            try:
-                messages = store.messages.list(sid)
-            except fleetstore.NotFound:
-                messages = []
-            by_id = {m.id: m for m in messages}
-            expected: list[tuple[str, int]] = []
-            for e in acked:
-                _, uid, aid = ids(cfg, agent, e["n"])
-                expected += [(uid, e["n"]), (aid, e["n"])]
-            _check_sequence(check, agent, expected, [m.id for m in messages])
-            for e in acked:
-                m = by_id.get(ids(cfg, agent, e["n"])[2])
-                if m is None:
-                    continue
-                outputs = [p.output for p in m.parts if isinstance(p, ToolResult)]
-                if m.status != "complete" or [sha(o) for o in outputs] != [e["sha"]]:
-                    check.add("corrupt", [agent, e["n"], m.id, str(m.status)])
-            if acked:
-                value = store.state.get(sid, "checkpoint")
-                if value is None or int(value.value["turn"]) < int(acked[-1]["n"]):
-                    state_behind += 1
-                    check.add("lost", [agent, acked[-1]["n"], "state checkpoint"])
-            listed = store.effects.list(thread_key=sid, limit=100_000)
-            turns = {int(e.payload["turn"]) for e in listed}
-            for e in acked:
-                if int(e["n"]) not in turns:
-                    check.add("lost", [agent, e["n"], "effect"])
-        now = time.time()
-        after = None
-        while True:
-            page = store.effects.list(limit=10_000, after=after)
-            for ef in page:
-                effects[ef.state.value] += 1
-                expires = ef.lease_expires_at
-                if ef.state.value == "running" and expires is not None and expires < now:
-                    stuck.append(ef.id)
-            if len(page) < 10_000:
-                break
-            after = page[-1]
-        integrity, files = _integrity(store)
-        index = _index_problems(store)
-    return {
-        "effects": dict(effects),
-        "stuck_effects": len(stuck),
-        "state_behind": state_behind,
-        "integrity": integrity,
-        "layout": store.layout,
-        "files": files,
-        "index_problems": len(index),
-        "samples_index": index[:10],
-    }
-
-
-def _integrity(store: Any) -> tuple[str, int]:
-    """``integrity_check`` of every SQLite file of the store (a sharded store: the
-    catalog and each shard), "ok" or the first problems named by file; and the
-    number of files checked."""
-    if store.dialect != "sqlite":
-        return "ok", 0
-    found: list[str] = []
-    files = 0
-
-    def check(key: str | None, db: Any) -> None:
-        nonlocal files
-        files += 1
-        rows = [str(r[0]) for r in db.read(lambda tx: tx.execute("PRAGMA integrity_check"))]
-        if rows != ["ok"]:
-            found.extend(f"{key or 'catalog'}: {r}" if store.router else r for r in rows)
-
-    if store.router is not None:
-        store.router.each(check)
-    else:
-        check(None, store.db)
-    return ("; ".join(found[:10]) if found else "ok"), files
-
-
-def _index_problems(store: Any) -> list[str]:
-    """A sharded store: where the catalog's index and the shards disagree (a session
-    in a shard but not indexed there, indexed but not in its shard, a shard file the
-    index names that is missing) and catalog+shard writes left unfinished."""
-    router = store.router
-    if router is None:
-        return []
-    q = store.queries
-    catalog = router.catalog
-    problems: list[str] = []
-    indexed = {str(r[0]) for r in catalog.read(lambda tx: tx.execute(q["shard_list"]))}
-    on_disk = set(router.shards.keys())
-
-    def compare(key: str | None, db: Any) -> None:
-        if key is None:
-            return
-        held = {str(r[0]) for r in db.read(lambda tx: tx.execute(q["shard_session_rows"]))}
-        rows = catalog.read(lambda tx: tx.execute(q["shard_index_ids"], (key,)))
-        listed = {str(r[0]) for r in rows}
-        problems.extend(f"{key}: session {sid} not in the index" for sid in sorted(held - listed))
-        problems.extend(f"{key}: indexed session {sid} missing" for sid in sorted(listed - held))
-
-    router.each(compare)
-    problems.extend(f"{key}: shard file missing" for key in sorted(indexed - on_disk))
-    intents = router.catalog.read(lambda tx: tx.execute(q["shard_intents"]))
-    problems.extend(f"{r[1]}: intent {r[0]} unfinished" for r in intents)
-    return problems
-
-
-def _verify_opencode(
-    cfg: dict[str, Any], journals: dict[int, list[dict[str, Any]]], check: _Check
-) -> dict[str, Any]:
-    from fleetstore.engine.peers import PlainConnection
-
-    with PlainConnection(cfg["url"], busy_ms=30_000, readonly=True) as db:
-        for agent, journal in journals.items():
-            acked = _acked(journal)
-            if not acked:
-                continue
-            sid = ids(cfg, agent)[0]
-            rows = db.execute(
-                "SELECT id FROM message WHERE session_id = ? ORDER BY time_created, rowid", (sid,)
-            )
-            expected: list[tuple[str, int]] = []
-            for e in acked:
-                _, uid, aid = ids(cfg, agent, e["n"])
-                expected += [(uid, e["n"]), (aid, e["n"])]
-            _check_sequence(check, agent, expected, [str(r[0]) for r in rows])
-            for e in acked:
-                aid = ids(cfg, agent, e["n"])[2]
-                part = db.execute("SELECT data FROM part WHERE id = ?", (aid + "/1",))
-                output = json.loads(part[0][0])["state"].get("output") if part else None
-                if output is None or sha(output) != e["sha"]:
-                    check.add("corrupt", [agent, e["n"], aid])
-        integrity = "; ".join(db.integrity()[:10])
-    return {"integrity": integrity}
-
-
-def _verify_agents_sdk(
-    cfg: dict[str, Any], journals: dict[int, list[dict[str, Any]]], check: _Check
-) -> dict[str, Any]:
-    import asyncio
-
-    from agents import SQLiteSession
-
-    for agent, journal in journals.items():
-        acked = _acked(journal)
-        if not acked:
-            continue
-        session = SQLiteSession(ids(cfg, agent)[0], cfg["url"])
-        items: list[Any] = asyncio.run(session.get_items())
-        session.close()
-        stored = [str(i.get("id", "")) for i in items if isinstance(i, dict)]
-        outputs = {
-            str(i.get("call_id")): str(i.get("output"))
-            for i in items
-            if isinstance(i, dict) and i.get("type") == "function_call_output"
-        }
-        _check_turns(cfg, check, agent, acked, stored, outputs)
-    return {}
-
-
-def _check_turns(
-    cfg: dict[str, Any],
-    check: _Check,
-    agent: int,
-    acked: list[dict[str, Any]],
-    stored: list[str],
-    outputs: dict[str, str],
-) -> None:
-    """A framework peer's turns: each acknowledged turn's user and assistant items in
-    order (*stored*: the item ids as the framework keeps them), its tool output intact."""
-    expected: list[tuple[str, int]] = []
-    for e in acked:
-        _, uid, aid = ids(cfg, agent, e["n"])
-        expected += [(uid, e["n"]), (aid, e["n"])]
-        out = outputs.get(aid + "/c")
-        if out is None or sha(out) != e["sha"]:
-            check.add("corrupt", [agent, e["n"], aid])
-    _check_sequence(check, agent, expected, stored)
-
-
-def _verify_langgraph(
-    cfg: dict[str, Any], journals: dict[int, list[dict[str, Any]]], check: _Check
-) -> dict[str, Any]:
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    with SqliteSaver.from_conn_string(cfg["url"]) as saver:
-        for agent, journal in journals.items():
-            acked = _acked(journal)
-            if not acked:
-                continue
-            latest = saver.get_tuple({"configurable": {"thread_id": ids(cfg, agent)[0]}})
-            items: list[Any] = (
-                list(latest.checkpoint["channel_values"].get("messages", [])) if latest else []
-            )
-            stored = [str(i.get("id", "")) for i in items if isinstance(i, dict)]
-            outputs = {
-                str(i.get("tool_call_id")): str(i.get("content"))
-                for i in items
-                if isinstance(i, dict) and i.get("role") == "tool"
-            }
-            _check_turns(cfg, check, agent, acked, stored, outputs)
-        rows = saver.conn.execute("PRAGMA integrity_check").fetchall()
-        integrity = "; ".join(str(r[0]) for r in rows[:10])
-    return {"integrity": integrity}
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("--agent", "--worker", "--verify"):
-        print(
-            "usage: python -m fleetstore.admin.stress.agent --agent|--worker|--verify CONFIG_JSON",
-            file=sys.stderr,
-        )
-        return 2
-    cfg: dict[str, Any] = json.loads(argv[1])
-    if argv[0] == "--agent":
-        return agent_main(cfg)
-    if argv[0] == "--worker":
-        return worker_main(cfg)
-    if cfg.get("prepare"):
-        prepare(cfg)
-        print(json.dumps({"prepared": True}))
-        return 0
-    print(json.dumps(verify_main(cfg)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -131,12 +131,13 @@ def _svg(body: str, label: str) -> str:
     )
 
 
-def _path(points: Sequence[tuple[float, float]], color: str, title: str) -> str:
+def _path(points: Sequence[tuple[float, float]], color: str, title: str, dash: str = "") -> str:
     if not points:
         return ""
     d = "M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    dashed = f' stroke-dasharray="{dash}"' if dash else ""
     return (
-        f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.8">'
+        f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.8"{dashed}>'
         f"<title>{_e(title)}</title></path>"
     )
 
@@ -223,6 +224,65 @@ def fairness_chart(t: dict[str, Any], color: str) -> str:
     return _svg(body, f"fairness: {t['target']}")
 
 
+def effects_chart(t: dict[str, Any], color: str) -> str:
+    """Effects over the run: waiting or running (enqueued, not settled) and stuck
+    (running past their lease), from the outbox as the run left it."""
+    series = t["outbox"]["series"]
+    end = max([p[0] for p in series] or [1.0])
+    open_ = [p[1] - p[2] for p in series]
+    top = max([*open_, *(p[3] for p in series), 1])
+    ax = _Axes(0, end, 0, top * 1.15, xlog=False, ylog=False)
+    body = _frame(
+        ax, _ticks(0, end, False), _ticks(0, top * 1.15, False), "seconds into the run", "effects"
+    )
+    body += _path(
+        [(ax.x(p[0]), ax.y(o)) for p, o in zip(series, open_, strict=True)],
+        color,
+        f"{t['target']}: enqueued, not settled",
+    )
+    body += _path(
+        [(ax.x(p[0]), ax.y(p[3])) for p in series],
+        "#000",
+        f"{t['target']}: stuck (running past the lease): {t['outbox']['stuck']}",
+        dash="5,3",
+    )
+    return _svg(body, f"effects over time: {t['target']}")
+
+
+def bytes_chart(targets: Sequence[dict[str, Any]], colors: dict[str, str]) -> str:
+    """Bytes kept per acknowledged turn (after a checkpoint), per target; the dashed
+    line is the turns' payload compressed."""
+    kept = [t for t in targets if t.get("bytes", {}).get("per_turn")]
+    kib = [t["bytes"]["per_turn"] / 1024 for t in kept]
+    payload = [
+        t["bytes"].get("payload_compressed", 0) / 1024 / (t["acknowledged"] or 1) for t in kept
+    ]
+    lo = max(min([*kib, *(p for p in payload if p > 0)] or [1.0]) / 2, 0.01)
+    hi = max(kib or [1.0]) * 1.5
+    n = max(len(kept), 1)
+    ax = _Axes(0, n, lo, hi, xlog=False, ylog=True)
+    body = _frame(ax, [], _ticks(lo, hi, True), "target", "KiB per turn (log)")
+    width = (_W - _PAD_L - _PAD_R) / n
+    for i, t in enumerate(kept):
+        y = ax.y(kib[i])
+        x = _PAD_L + i * width
+        body += (
+            f'<rect x="{x + 4:.1f}" y="{y:.1f}" width="{max(width - 8, 1):.1f}" '
+            f'height="{_H - _PAD_B - y:.1f}" fill="{colors[t["target"]]}">'
+            f"<title>{_e(t['target'])}: {t['bytes']['per_turn']:,} bytes per turn</title></rect>"
+            f'<text x="{x + width / 2:.1f}" y="{_H - _PAD_B + 14}" '
+            f'text-anchor="middle">{_e(t["target"])}</text>'
+        )
+        if payload[i] > 0:
+            py = ax.y(payload[i])
+            body += (
+                f'<line x1="{x + 2:.1f}" x2="{x + width - 2:.1f}" y1="{py:.1f}" y2="{py:.1f}" '
+                'stroke="#000" stroke-dasharray="4,3"><title>compressed payload per turn'
+                "</title></line>"
+            )
+    return _svg(body, "bytes per turn")
+
+
 _ROWS: tuple[tuple[str, str], ...] = (
     ("acknowledged turns", "acknowledged"),
     ("failed turns", "failed"),
@@ -257,6 +317,46 @@ def _table(targets: Sequence[dict[str, Any]]) -> str:
     rows.append(f"<tr><td>failures by type</td>{cells}</tr>")
     cells = "".join(f"<td>{_e(t['integrity'])}</td>" for t in targets)
     rows.append(f"<tr><td>integrity</td>{cells}</tr>")
+    for label, key, unit in (
+        ("effects enqueued", "enqueued", ""),
+        ("effects settled", "settled", ""),
+        ("effects stuck (running past the lease)", "stuck", ""),
+        ("effects run more than once", "run_twice", ""),
+        ("lanes blocked at the end", "lanes_blocked_at_end", ""),
+        ("longest lane blocked", "lane_blocked_max_s", " s"),
+        ("enqueue to settled p50", "settle_p50_ms", " ms"),
+        ("enqueue to settled p99", "settle_p99_ms", " ms"),
+    ):
+        cells = "".join(
+            f"<td>{_e(format(t['outbox'][key], ','))}{unit}</td>"
+            if t.get("outbox")
+            else "<td>-</td>"
+            for t in targets
+        )
+        rows.append(f"<tr><td>{_e(label)}</td>{cells}</tr>")
+    for label, when, key in (
+        ("database bytes after the run", "after_run", "db"),
+        ("blob bytes", "after_run", "blobs"),
+        ("bytes kept after a checkpoint", "after_checkpoint", "total"),
+    ):
+        cells = "".join(
+            f"<td>{t['bytes'][when][key]:,}</td>"
+            if t.get("bytes", {}).get("files")
+            else "<td>-</td>"
+            for t in targets
+        )
+        rows.append(f"<tr><td>{_e(label)}</td>{cells}</tr>")
+    cells = "".join(f"<td>{t.get('wal_peak', 0):,}</td>" for t in targets)
+    rows.append(f"<tr><td>WAL bytes at most during the run</td>{cells}</tr>")
+    cells = "".join(
+        f"<td>{t['bytes']['per_turn']:,}</td>"
+        if t.get("bytes", {}).get("per_turn")
+        else "<td>-</td>"
+        for t in targets
+    )
+    rows.append(f"<tr><td>bytes per acknowledged turn</td>{cells}</tr>")
+    cells = "".join(f"<td>{_e(t.get('version', ''))}</td>" for t in targets)
+    rows.append(f"<tr><td>version or modelled commit</td>{cells}</tr>")
     cells = "".join(f'<td class="{t["verdict"]}">{_e(t["verdict"].upper())}</td>' for t in targets)
     rows.append(f"<tr><td>verdict</td>{cells}</tr>")
     return (
@@ -284,6 +384,17 @@ def render(report: dict[str, Any]) -> str:
         f"<figure><figcaption>{_e(t['target'])}</figcaption>"
         f"{fairness_chart(t, colors[t['target']])}</figure>"
         for t in targets
+    )
+    effects = "".join(
+        f"<figure><figcaption>{_e(t['target'])}</figcaption>"
+        f"{effects_chart(t, colors[t['target']])}</figure>"
+        for t in targets
+        if t.get("outbox")
+    )
+    sizes = (
+        bytes_chart(targets, colors)
+        if any(t.get("bytes", {}).get("per_turn") for t in targets)
+        else ""
     )
     verdict_cls = "pass" if r["verdict"] == "pass" else "fail"
     verdict = (
@@ -327,6 +438,14 @@ locks; ticks on top: SIGKILLs; green bar: maintenance.</p>
 <div class="charts">{waits}</div>
 <h2>Per-process fairness</h2>
 <div class="charts">{fair}</div>
+<h2>Effects over time</h2>
+<p class="meta">Effects enqueued but not settled (waiting or running) and, dashed black,
+stuck ones (running past their lease: their thread's lane is blocked), every half second.</p>
+<div class="charts">{effects}</div>
+<h2>Bytes per turn</h2>
+<p class="meta">Database, WAL and blob bytes kept after a checkpoint, per acknowledged turn;
+dashed: the turns' payload compressed (zstd).</p>
+<div class="charts"><figure>{sizes}</figure></div>
 <script type="application/json" id="run">{data}</script>
 <script>{_JS}</script>
 </body></html>

@@ -1,0 +1,72 @@
+"""The entry point of every child process of ``fleetstore stress``:
+``python -m fleetstore.admin.stress.child --agent|--worker|--verify|--bytes CONFIG_JSON``
+(one agent, one outbox worker, the set-up or read-back of one target, or the bytes
+it keeps)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from fleetstore.admin.stress.agent import _Fleetstore, _Target, agent_main, worker_main
+
+
+def make_target(cfg: dict[str, Any], agent: int) -> _Target:
+    if cfg["target"] == "fleetstore":
+        return _Fleetstore(cfg, agent)
+    if cfg["target"] == "t3code":
+        from fleetstore.admin.stress.t3code import T3code
+
+        return T3code(cfg, agent)
+    from fleetstore.admin.stress.peers import TARGETS
+
+    return TARGETS[cfg["target"]](cfg, agent)
+
+
+def prepare(cfg: dict[str, Any]) -> None:
+    """Create the target's schema once, before the agents start."""
+    if cfg["target"] == "fleetstore":
+        import fleetstore
+
+        fleetstore.open(cfg["url"], **cfg["settings"]).close()
+    elif cfg["target"] == "t3code":
+        from fleetstore.admin.stress.t3code import prepare as prepare_t3code
+
+        prepare_t3code(cfg)
+    else:
+        from fleetstore.admin.stress.peers import prepare as prepare_peer
+
+        prepare_peer(cfg)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("--agent", "--worker", "--verify", "--bytes"):
+        print(
+            "usage: python -m fleetstore.admin.stress.child "
+            "--agent|--worker|--verify|--bytes CONFIG_JSON",
+            file=sys.stderr,
+        )
+        return 2
+    cfg: dict[str, Any] = json.loads(argv[1])
+    if argv[0] == "--agent":
+        return agent_main(cfg, make_target)
+    if argv[0] == "--worker":
+        return worker_main(cfg)
+    if argv[0] == "--bytes":
+        from fleetstore.admin.stress.sizes import measure
+
+        print(json.dumps(measure(cfg)))
+        return 0
+    if cfg.get("prepare"):
+        prepare(cfg)
+        print(json.dumps({"prepared": True}))
+        return 0
+    from fleetstore.admin.stress.verify import verify_main
+
+    print(json.dumps(verify_main(cfg)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

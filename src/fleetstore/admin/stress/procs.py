@@ -1,0 +1,419 @@
+"""The child processes of one ``fleetstore stress`` target: agents, outbox workers,
+outside lock holders and maintenance, started, watched, killed and restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import fleetstore
+from fleetstore.admin.stress.agent import figures_path
+from fleetstore.admin.stress.config import ExternalLock, StressConfig, StressError
+
+_START_DELAY = 0.25  # seconds between "start" being sent and the common start time
+
+
+@dataclass(slots=True)
+class LockRun:
+    spec: ExternalLock
+    proc: subprocess.Popen[str] | None = None
+    thread: threading.Thread | None = None
+    started_at: float | None = None
+    locked_at: float | None = None
+    released_at: float | None = None
+    held: float | None = None
+    exit_code: int | None = None
+    stderr: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "spec": str(self.spec),
+            "hold": self.spec.hold,
+            "at": self.spec.at,
+            "started_at": _round(self.started_at),
+            "locked_at": _round(self.locked_at),
+            "released_at": _round(self.released_at),
+            "held": _round(self.held),
+            "exit_code": self.exit_code,
+            "stderr": self.stderr.strip(),
+        }
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+class Progress:
+    """One line on stderr: a redrawn bar on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+        self.tty = bool(stream is not None and stream.isatty())
+        self.interval = 0.5 if self.tty else 3.0
+        self._next = 0.0
+        self._drawn = False
+
+    def due(self) -> bool:
+        return self.stream is not None and time.monotonic() >= self._next
+
+    def show(self, text: str) -> None:
+        if self.stream is None:
+            return
+        self._next = time.monotonic() + self.interval
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+            self._drawn = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        """A line that stays: ends any bar first."""
+        if self.stream is None:
+            return
+        self.done()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.stream is not None and self._drawn:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+            self._drawn = False
+
+
+def bar(fraction: float, width: int = 24) -> str:
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Agents import the same fleetstore as this process, installed or not.
+    src = str(Path(fleetstore.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace: float = 3.0) -> None:
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        with suppress(ProcessLookupError):
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in live:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
+                p.kill()
+            p.wait()
+
+
+def tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no output)"
+    return " | ".join(text[-lines:]) or "(no output)"
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM ends a run like Ctrl-C does, so the children are killed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+MODULE = "fleetstore.admin.stress.child"
+
+
+@dataclass(slots=True, eq=False)
+class Child:
+    role: str  # "agent" or "worker"
+    index: int
+    proc: subprocess.Popen[bytes]
+    errfile: Path
+    killed: int = 0  # SIGKILLs sent by --kill-rate (each followed by a restart)
+
+
+class Fleet:
+    """The child processes of one target; leaving the context kills whatever still runs."""
+
+    def __init__(self, config: StressConfig, cfg: dict[str, Any], workdir: Path) -> None:
+        self.config = config
+        self.cfg = cfg
+        self.workdir = workdir
+        self.env = child_env()
+        self.children: list[Child] = []
+        self.locks: list[LockRun] = []
+        self.maintenance: list[dict[str, Any]] = []
+        self._maint: list[tuple[subprocess.Popen[str], float]] = []
+        self.kills: list[dict[str, Any]] = []
+        self._starting: dict[Child, float] = {}  # restarted, not ready yet: deadline
+        self.wal_peak = 0  # the largest the WAL file(s) got during the run, in bytes
+        self._wal_next = 0.0
+        self.start = 0.0
+        self.end = 0.0
+        self._offsets: dict[int, int] = {}
+        self.turns = 0
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        procs: list[subprocess.Popen[Any]] = [c.proc for c in self.children]
+        procs += [r.proc for r in self.locks if r.proc is not None]
+        procs += [p for p, _ in self._maint]
+        stop_processes(procs)
+        for c in self.children:
+            for stream in (c.proc.stdin, c.proc.stdout):
+                if stream is not None:
+                    with suppress(OSError):
+                        stream.close()
+        for r in self.locks:
+            if r.thread is not None:
+                r.thread.join(5)
+
+    def journal(self, index: int) -> Path:
+        return self.workdir / f"agent-{index}.jsonl"
+
+    def _popen(self, role: str, index: int, restart: bool) -> Child:
+        cfg = dict(self.cfg)
+        if role == "agent":
+            cfg.update(agent=index, journal=str(self.journal(index)), restart=restart)
+        else:
+            cfg.update(worker=index, figures=str(figures_path(self.journal(0))))
+        errfile = self.workdir / f"{role}-{index}.err"
+        with open(errfile, "ab") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", MODULE, f"--{role}", json.dumps(cfg)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=self.env,
+            )
+        return Child(role, index, proc, errfile)
+
+    def spawn(self) -> None:
+        for i in range(self.config.agents):
+            self.children.append(self._popen("agent", i, False))
+        if self.cfg["target"] == "fleetstore":
+            for i in range(self.config.workers):
+                self.children.append(self._popen("worker", i, False))
+
+    def wait_ready(self, children: Sequence[Child], timeout: float, progress: Progress) -> None:
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            for c in children:
+                assert c.proc.stdout is not None
+                sel.register(c.proc.stdout, selectors.EVENT_READ, c)
+            waiting = len(children)
+            while waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StressError(
+                        f"{waiting} of {len(children)} processes not ready after {timeout:.0f}s"
+                    )
+                for key, _ in sel.select(min(left, 0.5)):
+                    c = key.data
+                    data = os.read(key.fd, 64)
+                    sel.unregister(key.fileobj)
+                    waiting -= 1
+                    if b"ready" not in data:
+                        c.proc.wait()
+                        raise StressError(
+                            f"{self.cfg['target']} {c.role} {c.index} exited with code "
+                            f"{c.proc.returncode} before it was ready: {tail(c.errfile)}"
+                        )
+                if progress.due():
+                    ready = len(children) - waiting
+                    progress.show(
+                        f"{self.cfg['target']}: starting {bar(ready / len(children))} "
+                        f"{ready}/{len(children)} ready"
+                    )
+
+    def go(self) -> None:
+        self.start = time.monotonic() + _START_DELAY
+        self.end = self.start + self.config.duration
+        for c in self.children:
+            self._send_start(c)
+
+    def _send_start(self, c: Child) -> None:
+        if c.role != "agent" or c.proc.stdin is None:
+            return
+        try:
+            c.proc.stdin.write(f"start {self.start!r} {self.end!r}\n".encode())
+            c.proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died; reported as crashed when results are collected
+
+    def kill_one(self, rng: random.Random) -> None:
+        """SIGKILL a random agent or worker and start its replacement, without
+        waiting for it: the next kill is due on the clock, not after the restart
+        (``poll_restarts`` starts the replacement once it is ready)."""
+        live = [c for c in self.children if c.proc.poll() is None]
+        if not live:
+            return
+        c = rng.choice(live)
+        with suppress(ProcessLookupError):
+            c.proc.kill()
+        c.proc.wait()
+        self.kills.append(
+            {"t": round(time.monotonic() - self.start, 3), "role": c.role, "index": c.index}
+        )
+        if c in self._starting:
+            del self._starting[c]
+        fresh = self._popen(c.role, c.index, True)
+        fresh.killed = c.killed + 1
+        self.children[self.children.index(c)] = fresh
+        self._starting[fresh] = time.monotonic() + 60.0
+
+    def sample_wal(self) -> None:
+        """Every second: the size of the target's WAL files (a WAL is removed when
+        its last connection closes, so after the run there is little to see)."""
+        now = time.monotonic()
+        if now < self._wal_next:
+            return
+        self._wal_next = now + 1.0
+        url = self.cfg["url"]
+        if "://" in url and not url.startswith(("sqlite://", "sqlite+sharded://")):
+            return  # PostgreSQL
+        base = Path(url.split("://", 1)[-1])
+        paths = [*base.glob("*.db-wal"), *base.glob("shards/*/*.db-wal")] if base.is_dir() else []
+        paths.append(Path(f"{base}-wal"))
+        total = 0
+        for p in paths:
+            with suppress(OSError):
+                total += p.stat().st_size
+        self.wal_peak = max(self.wal_peak, total)
+
+    def kill_stopped(self) -> list[Child]:
+        """SIGKILL the children that are stopped (``--hang-worker`` freezes one with
+        SIGSTOP); returns them."""
+        stopped = []
+        for c in self.children:
+            try:
+                state = Path(f"/proc/{c.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state in ("T", "t") and c.proc.poll() is None:
+                c.proc.kill()
+                c.proc.wait()
+                stopped.append(c)
+        return stopped
+
+    def poll_restarts(self, progress: Progress) -> None:
+        """Send ``start`` to the replacements that said ``ready``."""
+        for c, deadline in list(self._starting.items()):
+            assert c.proc.stdout is not None
+            ready, _, _ = select.select([c.proc.stdout], [], [], 0)
+            if ready:
+                data = os.read(c.proc.stdout.fileno(), 64)
+                del self._starting[c]
+                if b"ready" in data:
+                    self._send_start(c)
+                else:
+                    c.proc.wait()
+                    progress.note(
+                        f"fleetstore stress: restart failed: {c.role} {c.index} exited with "
+                        f"code {c.proc.returncode} before it was ready: {tail(c.errfile)}"
+                    )
+            elif time.monotonic() > deadline:
+                del self._starting[c]
+                progress.note(f"fleetstore stress: restart failed: {c.role} {c.index} not ready")
+
+    def launch_lock(self, run: LockRun) -> None:
+        wait = max(1.0, self.end - time.monotonic())
+        run.started_at = time.monotonic() - self.start
+        run.proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "fleetstore", "lock", self.cfg["url"]),
+                *("--hold", f"{run.spec.hold:g}", "--wait", f"{wait:.3f}"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
+        run.thread = threading.Thread(target=self._watch_lock, args=(run,), daemon=True)
+        run.thread.start()
+        self.locks.append(run)
+
+    def _watch_lock(self, run: LockRun) -> None:
+        proc = run.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        with proc.stdout, proc.stderr:
+            for line in proc.stdout:
+                now = time.monotonic() - self.start
+                if line.startswith("locked "):
+                    run.locked_at = now
+                elif line.startswith("released "):
+                    run.released_at = now
+                    with suppress(ValueError):
+                        run.held = float(line.rsplit(" after ", 1)[1].strip().rstrip("s"))
+            run.stderr = proc.stderr.read()
+        run.exit_code = proc.wait()
+
+    def launch_maintain(self) -> None:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetstore", "maintain", self.cfg["url"], "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+        )
+        self._maint.append((proc, time.monotonic() - self.start))
+
+    def finish_maintenance(self) -> None:
+        for proc, at in self._maint:
+            out, _ = proc.communicate()
+            ended = time.monotonic() - self.start
+            self.maintenance.append(
+                {
+                    "at": round(at, 3),
+                    "exit_code": proc.returncode,
+                    "output": out[-400:].strip(),
+                    "ended": round(ended, 3),
+                }
+            )
+        self._maint.clear()
+
+    def agents_running(self) -> int:
+        return sum(1 for c in self.children if c.role == "agent" and c.proc.poll() is None)
+
+    def count_turns(self) -> int:
+        for i in range(self.config.agents):
+            path = self.journal(i)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(i, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            self._offsets[i] = self._offsets.get(i, 0) + len(data)
+            self.turns += data.count(b'"sha"')
+        return self.turns
