@@ -481,9 +481,10 @@ class _Stress:
 
     def __init__(self, kind: str, cfg: dict[str, Any], agent: int) -> None:
         from fleetstore.admin.stress import agent as stress
+        from fleetstore.admin.stress import peers
 
-        cls = {"fleetstore": stress._Fleetstore, "opencode": stress._Opencode}
-        cls["zcode"] = stress._Zcode
+        cls = {"fleetstore": stress._Fleetstore, "opencode": peers._Opencode}
+        cls["zcode"] = peers._Zcode
         self.error_name = stress._error_name
         self.target = cls[kind](cfg, agent)
         self.store = getattr(self.target, "store", None)
@@ -848,7 +849,7 @@ def _cell_cfg(spec: dict[str, Any], url: str, run: dict[str, Any]) -> dict[str, 
 
 def _prepare(cfg: dict[str, Any], target: str) -> None:
     import fleetstore
-    from fleetstore.admin.stress.agent import prepare
+    from fleetstore.admin.stress.child import prepare
 
     if target in RAW_TARGETS:
         fleetstore.open(cfg["url"], **cfg["settings"]).close()  # fleetstore's schema
@@ -988,7 +989,8 @@ def _verify(
     """Every acknowledged turn in the file exactly once (see the module docstring)."""
     import json
 
-    from fleetstore.admin.stress.agent import ids, verify_main
+    from fleetstore.admin.stress.agent import ids
+    from fleetstore.admin.stress.verify import verify_main
 
     if target in STRESS_TARGETS:
         journals = []
