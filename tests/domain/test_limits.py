@@ -175,23 +175,10 @@ def _max_line(path: Path) -> int:
     return max(len(line) for line in data.split(b"\n"))
 
 
-def test_what_the_store_accepts_it_exports(
-    open_store: OpenStore, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
+def test_what_the_store_accepts_it_exports(open_store: OpenStore, tmp_path: Path) -> None:
     """Every inline value at its limit, in the form that grows most in an export line
     (control characters are escaped as six bytes): the store exports and imports it."""
     store = open_store("src.db")
-    if store.dialect == "postgresql":
-        # Found here, left to the export's owners (transfer/export.py):
-        # _Exporter.payload exports an inline str/json body read from PostgreSQL (BYTEA,
-        # so bytes) as str(bytes), "b'...'", and the import refuses it.
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="export of inline text bodies on PostgreSQL: str(bytes)",
-                raises=errors.InvalidArchive,
-                strict=True,
-            )
-        )
     worst = "\x01"
     meta = {"k": worst * ((MAX_METADATA - 20) // 6)}
     s = store.sessions.create(worst * MAX_SHORT, project=worst * MAX_SHORT, metadata=meta)

@@ -165,6 +165,9 @@ class _Exporter:
             return {"enc": enc, "blob": self.stored_blob(blob_sha, size, owner)}
         if body is None:
             body = b"" if enc == "bytes" else ""
+        if enc != "bytes" and isinstance(body, bytes | bytearray | memoryview):
+            # PostgreSQL keeps every body as BYTEA: str(bytes) would export "b'...'".
+            body = bytes(body).decode("utf-8")
         raw = bytes(body) if enc == "bytes" else str(body).encode("utf-8")
         if len(raw) > _INLINE_LIMIT:
             # Kept out of the record so that no line needs to be long.
