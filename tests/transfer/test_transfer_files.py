@@ -168,7 +168,7 @@ def test_merge_of_a_file_that_is_not_a_store_leaves_nothing(tmp_path: Path) -> N
     dest = tmp_path / "dest.db"
     before = sorted(p.name for p in tmp_path.iterdir())
     done = cli("merge", str(junk), str(dest))
-    assert done.returncode != 0
+    assert done.returncode == 1, done.stderr
     assert b"not" in done.stderr and str(junk).encode() in done.stderr, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert junk.read_bytes() == b"just some text, not a database\n" * 10
