@@ -173,7 +173,8 @@ Exit codes:
     show_default=True,
     envvar="FLEETSTORE_STRESS_WORKERS",
     show_envvar=True,
-    help="Outbox worker processes settling the agents' effects (fleetstore target).",
+    help="Outbox worker processes settling the agents' effects, 8 at a time each "
+    "(fleetstore target).",
 )
 @click.option(
     "--compare",

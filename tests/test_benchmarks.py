@@ -1,0 +1,43 @@
+"""The write-path benchmark still runs: it lives turns through ``fleetstore stress``'s
+modules, so a move there broke it without any other test noticing (the full run
+aborted on its first cell with an ImportError after the stress package was split)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_write_path_benchmark_runs_every_target_and_verifies_it(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [
+            sys.executable, str(ROOT / "benchmarks" / "bench_write_path.py"),
+            "--agents", "1,4", "--think", "0", "--sync", "NORMAL", "--seconds", "0.5",
+            "--rounds", "1", "--json", str(out), "--workdir", str(tmp_path / "cells"),
+        ],
+        capture_output=True, text=True, timeout=220,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert not doc.get("aborted")
+    cells = doc["cells"]
+    targets = {"fleetstore", "opencode", "zcode", "raw-1", "raw-batched"}
+    assert {(c["agents"], c["target"]) for c in cells} == {(n, t) for n in (1, 4) for t in targets}
+    for cell in cells:
+        assert cell["turns"] > 0 and not cell["problems"], cell["label"]
+        assert cell["verify"]["ok"], (cell["label"], cell["verify"])
+    fleetstore = [c for c in cells if c["target"] == "fleetstore"]
+    # Its own figures: two commits a turn for a lone agent (the stream's end carries
+    # the turn's state and effect), every turn's effect pending for a worker.
+    lone = next(c for c in fleetstore if c["agents"] == 1)
+    assert 1.9 < lone["commits_per_turn"] < 2.2, lone["commits_per_turn"]
+    assert lone["verify"]["effects"]["pending"] == lone["verify"]["acked_turns"]
