@@ -587,6 +587,58 @@ def test_checkpoints_failing_in_another_process_are_reported(
     assert found["severity"] == "warning" and rc >= doctor.EXIT_WARNINGS
 
 
+FAILING_AFTER_COMMIT = r"""
+import sys, time
+import fleetstore
+store = fleetstore.open(sys.argv[1], publish_interval=0.05)
+s = store.sessions.create()
+db = store.db
+real = db._gate.swap_wal_frames
+calls = []
+def broken(*args, **kw):
+    calls.append(1)
+    if len(calls) == 1:
+        raise RuntimeError("injected after the commit")
+    return real(*args, **kw)
+db._gate.swap_wal_frames = broken  # the WAL size count that follows a COMMIT
+store.messages.append(s.id, "user", "committed")  # returns: the commit stands
+assert [m.parts[0].text for m in store.messages.list(s.id)] == ["committed"]
+time.sleep(0.3)  # published
+print("failed-after", store.metrics()["post_commit_errors"], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_step_that_failed_after_a_commit_in_another_process_is_reported(
+    tmp_path: Path, agents: list[Proc]
+) -> None:
+    """Work after a COMMIT that fails is never raised (the commit stands): it is counted
+    in the process's figures, and doctor, another process, reports it from there."""
+    db = tmp_path / "store.db"
+    make_store(db)
+    _, clean = doctor_json(db)
+    assert "post-commit-errors" not in codes(clean)
+    root = str(Path(__file__).resolve().parents[2])
+    old = dict(os.environ)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    try:
+        writer = Proc([sys.executable, "-c", FAILING_AFTER_COMMIT, str(db)], "failing after")
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    agents.append(writer)
+    _, line = writer.wait_line("failed-after", timeout=60)
+    assert line.split()[1] == "1", line
+
+    rc, report = doctor_json(db)
+
+    found = finding(report, "post-commit-errors")
+    assert f"pid {writer.pid}" in found["message"] and "1 step(s)" in found["message"]
+    assert "injected after the commit" in found["message"]
+    assert found["severity"] == "warning" and rc >= doctor.EXIT_WARNINGS
+    assert "checkpoint-failing" not in codes(report)
+
+
 @pytest.mark.parametrize("free, code", [(1024, "disk-full"), (100 * 2**20, "disk-low")])
 def test_a_full_or_nearly_full_disk_is_reported(tmp_path: Path, free: int, code: str) -> None:
     db = tmp_path / "store.db"
