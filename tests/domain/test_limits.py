@@ -40,6 +40,7 @@ from fleetstore.transfer.digest import session_digest
 from fleetstore.transfer.export import export_store
 from fleetstore.transfer.format import MAX_LINE
 from fleetstore.transfer.importing import import_file
+from fleetstore.transfer.merge import merge
 from tests.domain.hostile import Opaque, blob_files
 from tests.fix_stores import OpenStore, read_everywhere
 
@@ -203,6 +204,11 @@ def test_what_the_store_accepts_it_exports(open_store: OpenStore, tmp_path: Path
     other = open_store("dst.db")
     import_file(other, file)
     assert session_digest(other, s.id) == session_digest(store, s.id)
+    # merge carries it too (its own export, import and verification)
+    merged = open_store("merged.db")
+    report = merge([store], merged)
+    assert report.ok, report.problems
+    assert session_digest(merged, s.id) == session_digest(store, s.id)
 
 
 def test_metadata_the_export_could_not_carry_is_refused(open_store: OpenStore) -> None:
