@@ -543,6 +543,20 @@ def test_blob_rows_without_their_file_are_a_problem(tmp_path: Path) -> None:
     assert code == doctor.EXIT_PROBLEMS
 
 
+def _child(script: str, db: Path, name: str, agents: list[Proc]) -> Proc:
+    """*script* in a process of its own that can import tests.fix_faults."""
+    root = str(Path(__file__).resolve().parents[2])
+    old = dict(os.environ)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    try:
+        child = Proc([sys.executable, "-c", script, str(db)], name)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    agents.append(child)
+    return child
+
+
 FAILING_CHECKPOINTS = r"""
 import sys, time
 from tests.fix_faults import install
@@ -568,16 +582,7 @@ def test_checkpoints_failing_in_another_process_are_reported(
     never raised: the commits stand); doctor reads them where it publishes them."""
     db = tmp_path / "store.db"
     make_store(db)
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    old = dict(os.environ)
-    os.environ.update(env)
-    try:
-        writer = Proc([sys.executable, "-c", FAILING_CHECKPOINTS, str(db)], "failing checkpoints")
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    agents.append(writer)
+    writer = _child(FAILING_CHECKPOINTS, db, "failing checkpoints", agents)
     writer.wait_line("failing", timeout=60)
 
     rc, report = doctor_json(db)
@@ -618,15 +623,7 @@ def test_a_step_that_failed_after_a_commit_in_another_process_is_reported(
     make_store(db)
     _, clean = doctor_json(db)
     assert "post-commit-errors" not in codes(clean)
-    root = str(Path(__file__).resolve().parents[2])
-    old = dict(os.environ)
-    os.environ["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
-    try:
-        writer = Proc([sys.executable, "-c", FAILING_AFTER_COMMIT, str(db)], "failing after")
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    agents.append(writer)
+    writer = _child(FAILING_AFTER_COMMIT, db, "failing after a commit", agents)
     _, line = writer.wait_line("failed-after", timeout=60)
     assert line.split()[1] == "1", line
 
