@@ -8,7 +8,9 @@
                                                 (or HOLD seconds pass), then commit them with
                                                 an item of its own in one transaction; print
                                                 its figures.  FLEETSTORE_TEST_CRASH_COMBINE
-                                                makes it SIGKILL itself at that point.
+                                                makes it SIGKILL itself at that point
+                                                ("during-commit": inside COMMIT, at its
+                                                first WAL write).
 
 An item inserts its key into ``t`` (a key already there is left alone: applying an
 item twice is applying it once); a key starting with "bad" raises ``InvalidInput``.
@@ -18,12 +20,17 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
+import signal
 import sys
 import time
+from typing import Any
+
+import apsw
 
 from fleetstore import errors
 from fleetstore.engine.base import Migration, Tx
-from fleetstore.engine.combine import POSTED, Board, Request
+from fleetstore.engine.combine import CRASH_ENV, POSTED, Board, Request
 from fleetstore.engine.sqlite import Database
 
 SCHEMA = [Migration(1, "t", "CREATE TABLE t(k TEXT PRIMARY KEY, pid INTEGER)")]
@@ -53,6 +60,32 @@ class KeyItem:
         return json.loads(data)
 
 
+class _KillInCommit(apsw.VFS):
+    """SIGKILL this process inside SQLite's COMMIT, at the first WAL write once armed:
+    the writer's cache never spills (cache_spill=OFF), so a transaction's first WAL
+    write is its COMMIT's, and nothing of the batch's commit frame is on disk."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        super().__init__("kill-in-commit", "unix", makedefault=True)
+
+    def xOpen(self, name: Any, flags: list[int]) -> apsw.VFSFile:
+        return _KillInCommitFile(self, name, flags)
+
+
+class _KillInCommitFile(apsw.VFSFile):
+    def __init__(self, vfs: _KillInCommit, name: Any, flags: list[int]) -> None:
+        self._vfs = vfs
+        filename = name.filename() if hasattr(name, "filename") else name
+        self._wal = isinstance(filename, str) and filename.endswith("-wal")
+        super().__init__("unix", name, flags)
+
+    def xWrite(self, data: bytes, offset: int) -> None:
+        if self._wal and self._vfs.armed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().xWrite(data, offset)
+
+
 def applier(tx: Tx, payload: bytes) -> bytes:
     data = json.loads(payload)
     return json.dumps(insert(tx, data["key"], data["pid"])).encode()
@@ -65,8 +98,6 @@ def open_db(path: str, budget: float = 30.0) -> Database:
 
 
 def main(argv: list[str]) -> int:
-    import os
-
     command, path = argv[0], argv[1]
     if command == "write":
         budget = float(argv[4]) if len(argv) > 4 else 30.0
@@ -100,6 +131,7 @@ def main(argv: list[str]) -> int:
     if command == "serve":
         waiters = int(argv[2])
         hold = float(argv[3]) if len(argv) > 3 else 30.0
+        in_commit = _KillInCommit() if os.environ.get(CRASH_ENV) == "during-commit" else None
         db = open_db(path)
         db.submit(KeyItem(f"warm-{os.getpid()}", os.getpid()))  # own a slot
         combiner = db._combiner
@@ -115,6 +147,8 @@ def main(argv: list[str]) -> int:
             time.sleep(0.005)
         started = time.monotonic()
         own = Request(KeyItem(f"holder-{os.getpid()}", os.getpid()), started + 30)
+        if in_commit is not None:
+            in_commit.armed = True  # the batch's COMMIT writes the next WAL frame
         combiner._serve([own], None, started)  # releases the gate
         own.outcome()
         m = db.metrics()
