@@ -215,8 +215,11 @@ def check_message(
         tool_parts = [
             i for i, p in enumerate(planned[: len(m.parts)]) if p["kind"].startswith("tool")
         ]
-        tally.unacked_applied[log.agent] += sum(i > acked for i in tool_parts)
-        tally.unacked_applied[log.agent] += "open" not in acks
+        # What flushes wrote past the last acknowledged one is one write in flight: the
+        # store's timed flushes (every 30 ms here) write a stream's buffered parts
+        # without telling the agent, so a tool result flushed by the timer and the next
+        # call's own flush, cut by the kill, are both there and neither acknowledged.
+        tally.unacked_applied[log.agent] += "open" not in acks or any(i > acked for i in tool_parts)
         tally.left_streaming += 1
     for part in m.parts:
         if isinstance(part, ToolResult):
