@@ -110,13 +110,16 @@ def venv() -> Path:
     if not stamp.exists():
         shutil.rmtree(VENV, ignore_errors=True)
         run(sys.executable, "-m", "venv", VENV)
-        purelib = Path(
-            sysconfig.get_path("purelib", vars={"base": str(VENV), "platbase": str(VENV)})
-        )
-        # The venv sees .venv's packages (fleetstore, the frameworks) after its own.
-        (purelib / "_fleetstore_dev.pth").write_text(sysconfig.get_path("purelib") + "\n")
         run(python, "-m", "pip", "install", "--quiet", "--no-input", "-r", requirements)
         stamp.touch()
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(VENV), "platbase": str(VENV)}))
+    # The venv sees .venv's packages (fleetstore, the frameworks) after its own, as a
+    # site directory: its own .pth files are read too, and fleetstore's editable install
+    # is one (a bare path line would add the directory but not what its .pth files add:
+    # "No module named 'fleetstore'").
+    (purelib / "_fleetstore_dev.pth").write_text(
+        f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n"
+    )
     return python
 
 
