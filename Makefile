@@ -41,7 +41,8 @@ unit: venv
 
 test: lint typecheck unit
 
-# The fast subset for iterating (a few minutes): everything but the slow fleet tests.
+# The fast subset for iterating (2.5 min on 2 cores): everything but the tests marked
+# slow (the fleet tests and the heaviest process and CLI tests; make test runs them).
 fast: venv
 	$(BIN)/pytest -n 4 -m "not slow"
 

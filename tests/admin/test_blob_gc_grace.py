@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import fleetstore
 from tests.fix_procs import Spawn, start_lock
 
@@ -42,6 +44,7 @@ def blob_files(path: Path) -> set[str]:
     return {p.name for p in blobs.glob("*/*") if len(p.name) == 64}
 
 
+@pytest.mark.slow
 def test_a_short_grace_does_not_delete_the_blob_of_a_write_waiting_for_the_lock(
     tmp_path: Path, spawn: Spawn
 ) -> None:

@@ -614,6 +614,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_step_that_failed_after_a_commit_in_another_process_is_reported(
     tmp_path: Path, agents: list[Proc]
 ) -> None:

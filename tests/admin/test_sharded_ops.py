@@ -460,6 +460,7 @@ def test_top_json_frame_of_a_sharded_store_shows_its_shards_and_writer(
 # -- sessions and stats ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sessions_list_show_rm_and_stats_read_each_sessions_shard(tmp_path: Path) -> None:
     directory = tmp_path / "fleet"
     with fleetstore.open(url(directory)) as store:
@@ -501,6 +502,7 @@ def test_sessions_list_show_rm_and_stats_read_each_sessions_shard(tmp_path: Path
     assert shard_path(directory, a[0]).exists()  # empty now: maintain removes it later
 
 
+@pytest.mark.slow
 def test_commands_on_a_missing_sharded_store_exit_2_and_create_nothing(tmp_path: Path) -> None:
     directory = tmp_path / "nothing"
     for args in (

@@ -198,6 +198,7 @@ def test_postgresql_target_passes_with_an_outside_lock(tmp_path: Path, pg_url: s
     assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
 
 
+@pytest.mark.slow
 def test_langgraph_peer_checkpoints_turns_and_its_verifier_sees_loss(tmp_path: Path) -> None:
     """The LangGraph peer through the agent module's own processes (stdlib sqlite3 never
     enters this one): its turns read back intact; a forged acknowledgement is lost and a

@@ -72,6 +72,7 @@ def ids(out: str) -> list[str]:
     return [json.loads(line)["id"] for line in out.splitlines()]
 
 
+@pytest.mark.slow
 def test_sessions_list_filters(filled: dict[str, Any]) -> None:
     path = filled["path"]
     done = cli("sessions", "list", "--store", path, "--json")
@@ -136,6 +137,7 @@ def test_sessions_show_of_no_such_session_exits_2(filled: dict[str, Any]) -> Non
     assert "no-such-session" in done.stderr
 
 
+@pytest.mark.slow
 def test_commands_on_a_missing_store_exit_2_and_create_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "absent.db"
     for args in (["sessions", "list"], ["sessions", "show", "x"], ["stats"]):
@@ -144,6 +146,7 @@ def test_commands_on_a_missing_store_exit_2_and_create_nothing(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_sessions_rm_needs_yes_then_removes_the_tree(filled: dict[str, Any]) -> None:
     path = filled["path"]
     done = cli("sessions", "rm", filled["big"], "--store", path)

@@ -176,6 +176,7 @@ def _max_line(path: Path) -> int:
     return max(len(line) for line in data.split(b"\n"))
 
 
+@pytest.mark.slow
 def test_what_the_store_accepts_it_exports(open_store: OpenStore, tmp_path: Path) -> None:
     """Every inline value at its limit, in the form that grows most in an export line
     (control characters are escaped as six bytes): the store exports and imports it."""

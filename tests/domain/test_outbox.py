@@ -480,6 +480,7 @@ def test_bad_effects_on_a_history_write_write_nothing(store: Store) -> None:
 # -- settlement through a locked store ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_settlement_past_the_budget_is_spooled_even_with_on_busy_raise_and_lands(
     open_store: OpenStore, spawn: Spawn
 ) -> None:
@@ -633,6 +634,7 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.slow
 def test_cli_enqueue_worker_list_show_retry_cancel_sweep(tmp_path: Path) -> None:
     db = str(tmp_path / "c.db")
     (tmp_path / "handlers_mod.py").write_text(
@@ -668,6 +670,7 @@ def test_cli_enqueue_worker_list_show_retry_cancel_sweep(tmp_path: Path) -> None
     assert cli("effects", "list", "--store", db, "--state", "pending").stdout == ""
 
 
+@pytest.mark.slow
 def test_cli_errors_exit_nonzero(tmp_path: Path) -> None:
     db = str(tmp_path / "c.db")
     missing = cli("effects", "list", "--store", str(tmp_path / "none.db"))

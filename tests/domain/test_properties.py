@@ -409,6 +409,7 @@ def with_repeats(
     return [(i, repeat) for _, _, i, repeat in placed]
 
 
+@pytest.mark.slow
 @settings(
     max_examples=200,
     deadline=None,

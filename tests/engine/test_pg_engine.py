@@ -140,6 +140,7 @@ def test_concurrent_appends_to_one_session_all_land_in_one_order(
         assert store.metrics()["write_errors"] >= store.metrics()["serialization_retries"]
 
 
+@pytest.mark.slow
 def test_fleetstore_lock_holds_every_write_of_a_postgresql_store(
     pg_url: str, tmp_path: Path, spawn: Spawn
 ) -> None:
@@ -158,6 +159,7 @@ def test_fleetstore_lock_holds_every_write_of_a_postgresql_store(
         store.close()
 
 
+@pytest.mark.slow
 def test_an_idle_worker_starts_an_effect_enqueued_elsewhere_without_waiting_for_its_poll(
     pg_url: str, tmp_path: Path
 ) -> None:

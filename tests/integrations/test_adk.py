@@ -430,6 +430,7 @@ def test_adk_runner_runs_turns_on_the_service(service: FleetstoreSessionService)
 # -- past the write budget -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_appends_past_the_budget_spool_and_reads_still_see_them(
     tmp_path: Path, spawn: Spawn
 ) -> None:
@@ -547,6 +548,7 @@ def test_import_refuses_a_bad_file_and_writes_nothing(tmp_path: Path) -> None:
         assert store.sessions.list() == []
 
 
+@pytest.mark.slow
 def test_import_of_a_contradicting_file_writes_nothing(tmp_path: Path) -> None:
     first, edited = tmp_path / "first.db", tmp_path / "edited.db"
     make_db(first, "database")
@@ -567,6 +569,7 @@ def test_import_of_a_contradicting_file_writes_nothing(tmp_path: Path) -> None:
         assert len(store.sessions.list()) == 2
 
 
+@pytest.mark.slow
 def test_cli_import_from_adk_sqlite(tmp_path: Path) -> None:
     source = tmp_path / "adk.db"
     make_db(source, "database")

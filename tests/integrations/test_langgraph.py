@@ -313,6 +313,7 @@ def test_put_past_the_budget_returns_and_a_read_waits_for_it(tmp_path: Path, spa
         assert saver.store.metrics()["spool_pending"] == 0
 
 
+@pytest.mark.slow
 def test_journal_left_by_a_process_that_exited_is_replayed_by_fleetstore_recover(
     tmp_path: Path, spawn: Spawn
 ) -> None:

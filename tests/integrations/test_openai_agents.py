@@ -248,6 +248,7 @@ def test_concurrent_pops_from_two_stores_pop_each_item_once(open_store: OpenStor
 # -- the Runner ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_runner_history_persists_and_a_new_process_resumes_it(tmp_path: Path) -> None:
     path = str(tmp_path / "resume.db")
     for first, count in ((0, 3), (3, 2)):
@@ -374,6 +375,7 @@ def test_spooled_writes_read_back_at_once_and_land_once(tmp_path: Path, spawn: S
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_journal_left_by_a_process_that_exited_is_replayed_by_fleetstore_recover(
     tmp_path: Path, spawn: Spawn
 ) -> None:
@@ -436,6 +438,7 @@ def make_sqlite(tmp_path: Path, file: Path, spec: dict[str, Any]) -> dict[str, l
     return result
 
 
+@pytest.mark.slow
 def test_import_brings_every_session_in_verified_and_twice_changes_nothing(
     tmp_path: Path,
 ) -> None:
@@ -473,6 +476,7 @@ def test_import_brings_every_session_in_verified_and_twice_changes_nothing(
         assert [summary(i) for i in agents_ops.get_items(store, "runner")] == history("runner", 4)
 
 
+@pytest.mark.slow
 def test_import_of_a_bad_file_is_refused_whole(tmp_path: Path) -> None:
     not_sqlite = tmp_path / "notes.txt"
     not_sqlite.write_text("hello\n" * 100)
@@ -521,6 +525,7 @@ def test_import_into_a_session_holding_other_items_conflicts(tmp_path: Path) -> 
         assert imported_id("a", 1) != imported_id("b", 1)
 
 
+@pytest.mark.slow
 def test_cli_import_from_openai_agents_sqlite(tmp_path: Path) -> None:
     sdk = tmp_path / "sdk.db"
     expected = make_sqlite(tmp_path, sdk, {"sessions": {"s": items(4)}})

@@ -279,6 +279,7 @@ def assert_acked_present_once_in_order(
 # --- in this process: writes keep returning while an outside process holds the lock ----
 
 
+@pytest.mark.slow
 def test_outside_lock_past_the_budget_spools_then_drains_in_order(
     open_store: OpenStore, spawn: Spawn
 ) -> None:
@@ -469,6 +470,7 @@ def test_close_while_locked_leaves_the_journal_and_the_next_open_replays_it(
 # --- a process killed with writes in its spool, and `fleetstore recover` ---------------------
 
 
+@pytest.mark.slow
 def test_killed_process_journal_is_replayed_by_recover(
     tmp_path: Path, spawn: Spawn, agent: Callable[..., Agent]
 ) -> None:

@@ -164,6 +164,7 @@ def fleetstore_checkpoints(store: Any) -> list[Any]:
     return list(Checkpoints(store).list())
 
 
+@pytest.mark.slow
 def test_a_file_contradicting_the_store_writes_nothing(tmp_path: Path) -> None:
     import fleetstore
     from fleetstore import errors
@@ -196,6 +197,7 @@ def test_a_file_contradicting_the_store_writes_nothing(tmp_path: Path) -> None:
         assert [(c.checkpoint_id, c.writes) for c in fleetstore_checkpoints(store)] == before
 
 
+@pytest.mark.slow
 def test_cli_import_from_langgraph_sqlite(tmp_path: Path) -> None:
     source = tmp_path / "lg.db"
     make_source(source)

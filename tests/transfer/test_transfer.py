@@ -737,6 +737,7 @@ def test_merge_api_refuses_a_source_that_is_the_destination(tmp_path: Path) -> N
 # --- the commands ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_export_and_import_commands(tmp_path: Path) -> None:
     (a,) = write_stores(tmp_path, "worker-a", n=2)
     file = tmp_path / "a.jsonl.zst"
@@ -761,6 +762,7 @@ def test_export_and_import_commands(tmp_path: Path) -> None:
         assert dump(b, CONTENT) == dump(c, CONTENT)
 
 
+@pytest.mark.slow
 def test_command_exit_codes(tmp_path: Path) -> None:
     (a,) = write_stores(tmp_path, "worker-a", n=1)
     bad = tmp_path / "bad.jsonl.zst"

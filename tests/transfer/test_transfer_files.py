@@ -194,6 +194,7 @@ store.close()
 """
 
 
+@pytest.mark.slow
 def test_an_import_that_meets_a_conflict_written_since_its_check_writes_nothing(
     tmp_path: Path,
 ) -> None:
