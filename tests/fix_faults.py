@@ -13,7 +13,9 @@ Calls are counted from the ``fail()`` that armed the rule; a rule fires *times* 
 (0: every matching call from the *nth* on).  Errors: ``full`` (SQLITE_FULL, what the
 unix VFS returns on ENOSPC), ``ioerr`` (SQLITE_IOERR_<call>, e.g. IOERR_FSYNC), and
 ``short`` (a write that stores the first half of its bytes, then SQLITE_FULL: what a
-disk filling up mid-write does).  Files: ``db``, ``wal``, ``journal``, ``any``.  The
+disk filling up mid-write does), and ``kill`` (SIGKILL this process at that call, before
+it reaches the disk: a crash inside SQLite).  A child process that installs the VFS
+imports this module: start it with ``importable_env()``.  Files: ``db``, ``wal``, ``journal``, ``any``.  The
 ``-shm`` file cannot be failed here: SQLite's unix VFS maps it itself (apsw passes the
 xShm* calls through, they never reach Python).
 
@@ -28,10 +30,12 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
 import threading
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import apsw
@@ -112,7 +116,8 @@ class Faults:
     ) -> Rule:
         """Fail the *nth* matching call from now on (and *times* - 1 after it)."""
         assert method in _IOERR, method
-        assert error in ("full", "ioerr", "short") and (error != "short" or method == "xWrite")
+        assert error in ("full", "ioerr", "short", "kill")
+        assert error != "short" or method == "xWrite"
         rule = Rule(method, file, nth, error, times, match)
         with self.lock:
             self.rules.append(rule)
@@ -142,6 +147,8 @@ class FaultyFile(apsw.VFSFile):
 
     def _check(self, method: str, offset: int = -1, data: bytes = b"") -> Rule | None:
         rule = self._faults.check(Call(method, self._kind, offset, data))
+        if rule is not None and rule.error == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         if rule is not None and rule.error != "short":
             if rule.error == "full":
                 raise apsw.FullError(f"injected: {method} on the {self._kind} file")
@@ -191,6 +198,13 @@ class FaultyVFS(apsw.VFS):
 #: Every VFS ever registered stays referenced: a connection opened through one may
 #: outlive the test that made it, and SQLite keeps pointing at its structure.
 _made: list[FaultyVFS] = []
+
+
+def importable_env() -> dict[str, str]:
+    """This environment with the repository on PYTHONPATH: a child process started
+    with it can import ``tests.fix_faults``."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
 
 
 def install() -> Faults:

@@ -28,11 +28,12 @@ AGENT = script("fleet_agent.py")
 class Proc:
     """A child process whose stdout lines arrive, timestamped (``time.time()``), in a queue."""
 
-    def __init__(self, argv: list[str], name: str) -> None:
+    def __init__(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.argv = argv
         self.popen = subprocess.Popen(
             argv,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

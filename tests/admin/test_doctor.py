@@ -28,6 +28,7 @@ from fleetstore.domain.operations import Operation
 from fleetstore.engine import inspect
 from fleetstore.store.spool import encode_line
 from tests.agents import script
+from tests.fix_faults import importable_env
 from tests.fix_procs import Proc, Spawn, start_lock
 
 AGENT = script("doctor_agent.py")
@@ -545,14 +546,7 @@ def test_blob_rows_without_their_file_are_a_problem(tmp_path: Path) -> None:
 
 def _child(script: str, db: Path, name: str, agents: list[Proc]) -> Proc:
     """*script* in a process of its own that can import tests.fix_faults."""
-    root = str(Path(__file__).resolve().parents[2])
-    old = dict(os.environ)
-    os.environ["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
-    try:
-        child = Proc([sys.executable, "-c", script, str(db)], name)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    child = Proc([sys.executable, "-c", script, str(db)], name, env=importable_env())
     agents.append(child)
     return child
 

@@ -21,17 +21,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
 import sys
 import time
-from typing import Any
-
-import apsw
 
 from fleetstore import errors
 from fleetstore.engine.base import Migration, Tx
 from fleetstore.engine.combine import CRASH_ENV, POSTED, Board, Request
 from fleetstore.engine.sqlite import Database
+from tests.fix_faults import install
 
 SCHEMA = [Migration(1, "t", "CREATE TABLE t(k TEXT PRIMARY KEY, pid INTEGER)")]
 TAG = "combine-test/1"
@@ -58,32 +55,6 @@ class KeyItem:
 
     def result(self, data: bytes) -> object:
         return json.loads(data)
-
-
-class _KillInCommit(apsw.VFS):
-    """SIGKILL this process inside SQLite's COMMIT, at the first WAL write once armed:
-    the writer's cache never spills (cache_spill=OFF), so a transaction's first WAL
-    write is its COMMIT's, and nothing of the batch's commit frame is on disk."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        super().__init__("kill-in-commit", "unix", makedefault=True)
-
-    def xOpen(self, name: Any, flags: list[int]) -> apsw.VFSFile:
-        return _KillInCommitFile(self, name, flags)
-
-
-class _KillInCommitFile(apsw.VFSFile):
-    def __init__(self, vfs: _KillInCommit, name: Any, flags: list[int]) -> None:
-        self._vfs = vfs
-        filename = name.filename() if hasattr(name, "filename") else name
-        self._wal = isinstance(filename, str) and filename.endswith("-wal")
-        super().__init__("unix", name, flags)
-
-    def xWrite(self, data: bytes, offset: int) -> None:
-        if self._wal and self._vfs.armed:
-            os.kill(os.getpid(), signal.SIGKILL)
-        super().xWrite(data, offset)
 
 
 def applier(tx: Tx, payload: bytes) -> bytes:
@@ -131,7 +102,7 @@ def main(argv: list[str]) -> int:
     if command == "serve":
         waiters = int(argv[2])
         hold = float(argv[3]) if len(argv) > 3 else 30.0
-        in_commit = _KillInCommit() if os.environ.get(CRASH_ENV) == "during-commit" else None
+        faults = install() if os.environ.get(CRASH_ENV) == "during-commit" else None
         db = open_db(path)
         db.submit(KeyItem(f"warm-{os.getpid()}", os.getpid()))  # own a slot
         combiner = db._combiner
@@ -147,8 +118,10 @@ def main(argv: list[str]) -> int:
             time.sleep(0.005)
         started = time.monotonic()
         own = Request(KeyItem(f"holder-{os.getpid()}", os.getpid()), started + 30)
-        if in_commit is not None:
-            in_commit.armed = True  # the batch's COMMIT writes the next WAL frame
+        if faults is not None:
+            # The writer's cache never spills (cache_spill=OFF): a transaction's first
+            # WAL write is its COMMIT's, so nothing of the batch's commit is on disk.
+            faults.fail("xWrite", "wal", error="kill")
         combiner._serve([own], None, started)  # releases the gate
         own.outcome()
         m = db.metrics()

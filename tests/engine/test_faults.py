@@ -8,7 +8,6 @@ runs after a COMMIT: none of it may turn a committed write into an error.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,9 +23,7 @@ from fleetstore.engine import checkpoints, gate
 from fleetstore.engine.base import Tx
 from fleetstore.engine.sqlite import Database
 from tests.agents import fault_agent, script
-from tests.fix_faults import Faults
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fix_faults import Faults, importable_env
 
 # name: (the rule, synchronous, setup, the error the caller must see).  A new step is
 # one line.  Under NORMAL a write's frames reach the WAL at COMMIT, without a sync;
@@ -106,10 +103,7 @@ CHECKPOINT_STEPS: dict[str, dict[str, Any]] = {
 
 
 def run_agent(path: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = importable_env()
     done = subprocess.run(
         [sys.executable, script("fault_agent.py"), str(path), json.dumps(spec)],
         capture_output=True,

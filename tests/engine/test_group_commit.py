@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,23 +25,17 @@ from fleetstore import errors
 from fleetstore.engine.combine import CRASH_ENV
 from fleetstore.engine.sqlite import Database
 from tests.agents import combine_agent, script
+from tests.fix_faults import importable_env
 from tests.fix_procs import Barrier, Proc
 
 AGENT = script("combine_agent.py")
 
 
 def _proc(procs: list[Proc], *args: str, env: dict[str, str] | None = None) -> Proc:
-    import sys
-
-    if env is not None:
-        old = dict(os.environ)
-        os.environ.update(env)
-    try:
-        p = Proc([sys.executable, AGENT, *args], " ".join(args[:1]))
-    finally:
-        if env is not None:
-            os.environ.clear()
-            os.environ.update(old)
+    # The agent imports tests.fix_faults (the holder killed inside its COMMIT).
+    p = Proc(
+        [sys.executable, AGENT, *args], " ".join(args[:1]), env={**importable_env(), **(env or {})}
+    )
     procs.append(p)
     return p
 

@@ -23,10 +23,9 @@ import fleetstore
 from fleetstore import errors
 from fleetstore.core.ids import new_id
 from fleetstore.store import spool
-from tests.fix_faults import Faults, FileFaults
+from tests.fix_faults import Faults, FileFaults, importable_env
 from tests.fix_procs import Proc, Spawn, start_lock
 
-ROOT = Path(__file__).resolve().parents[2]
 BIG = 200_000  # over blob_threshold: a blob file
 BUDGET = 0.3
 
@@ -215,10 +214,7 @@ def test_a_store_write_whose_commit_sync_failed_is_applied_again_and_lands_once(
     again: the append returns, and after a SIGKILL the message is there once."""
     path = str(tmp_path / "u.db")
     sid = new_id()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = importable_env()
     done = subprocess.run(
         [sys.executable, "-c", CRASHED, path, sid],
         capture_output=True,
