@@ -361,7 +361,12 @@ def test_a_hung_worker_blocks_a_t3code_lane_for_good_and_no_fleetstore_lane(
     assert code == 0, (report["problems"], fs["crashed"], stderr)
     assert fs["hung"] == [{"role": "worker", "index": 0}]
     assert fs["outbox"]["stuck"] == 0 and fs["outbox"]["lanes_blocked_at_end"] == 0
-    assert fs["outbox"]["settled"] >= fs["acknowledged"] - 2
+    # The frozen worker's lease ran out and its lane went on: blocked for about a lease
+    # (5 s), not for the run.  The lane may end a few effects behind on a loaded machine
+    # (653 acknowledged, 649 settled in one CI run); blocked for good, it would settle
+    # about half.
+    assert fs["outbox"]["lane_blocked_max_s"] < 20
+    assert fs["outbox"]["settled"] >= 0.9 * fs["acknowledged"]
     assert t3["outbox"]["stuck"] == 1
     assert t3["outbox"]["lanes_blocked_at_end"] == 1
     assert t3["outbox"]["lane_blocked_max_s"] > 20
