@@ -32,19 +32,21 @@ typecheck: venv
 
 # Four pytest workers on 2 cores: the fleet tests spend most of their time waiting
 # out outside locks (two of them 70 s) or on a server; the slow ones are scheduled
-# first (tests/conftest.py) so that no long test starts last.  With two workers the
-# suite took 9.6 min on a loaded machine.  Six workers were faster on a clean clone
-# (8.3-8.8 min against 8.5-9.0) but loaded the cores so that `fleetstore lock`
-# processes the stress tests start took over 5 s to lock: two of three runs failed.
+# first (tests/conftest.py) so that no long test starts last, and handed out two at
+# a time (--maxschedchunk 2): by default pytest-xdist gives each worker a first chunk
+# of a quarter of its share, so one worker got all 82 slow tests and ran alone for
+# 7 of the suite's 15.5 minutes.  Six workers loaded the cores so that `fleetstore
+# lock` processes the stress tests start took over 5 s to lock.
+PYTEST_N := -n 4 --maxschedchunk 2
 unit: venv
-	$(BIN)/pytest -n 4
+	$(BIN)/pytest $(PYTEST_N)
 
 test: lint typecheck unit
 
 # The fast subset for iterating (2.5 min on 2 cores): everything but the tests marked
 # slow (the fleet tests and the heaviest process and CLI tests; make test runs them).
 fast: venv
-	$(BIN)/pytest -n 4 -m "not slow"
+	$(BIN)/pytest $(PYTEST_N) -m "not slow"
 
 check: lint typecheck fast
 

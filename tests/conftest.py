@@ -10,8 +10,10 @@ pytest_plugins = ("tests.fix_procs", "tests.fix_pg", "tests.fix_stores", "tests.
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow fleet tests first, the longest (the largest timeout marker: the 70 s
-    outside-lock fleets) before the others, stable otherwise: pytest -n hands the first
-    tests round-robin to its workers, and a long test started last stretches the run."""
+    outside-lock fleets) before the others, stable otherwise: a long test started last
+    stretches the run.  The Makefile's --maxschedchunk 2 makes pytest-xdist hand them
+    out two at a time; its default first chunk (a quarter of a worker's share, in
+    order) gave one worker every slow test."""
 
     def key(item: pytest.Item) -> tuple[bool, float]:
         timeout = item.get_closest_marker("timeout")
