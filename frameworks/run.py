@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ import sys
 import sysconfig
 import tarfile
 import time
+import urllib.request
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BUILD = ROOT / "build" / "frameworks"
 VENV = BUILD / "venv"
+PYPI = "https://pypi.org/simple"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,17 +126,41 @@ def venv() -> Path:
     return python
 
 
-def unpack(suite: Suite, python: Path) -> Path:
+def download_sdist(package: str, archive: Path) -> None:
+    """The release's source archive from PyPI's simple index (PEP 691 JSON), checked
+    against the index's sha256.  Not ``pip download --no-binary :all:``: that builds
+    the sdist's metadata, and its build backend's dependencies from source too, which
+    failed on a fresh machine (hatchling's backend dependencies would not build)."""
+    index = f"{PYPI}/{package}/"
+    request = urllib.request.Request(
+        index, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        files = json.load(response)["files"]
+    found = [f for f in files if f["filename"] == archive.name]
+    if not found:
+        sys.exit(f"frameworks/run.py: no {archive.name} in {index}")
+    entry = found[0]
+    with urllib.request.urlopen(entry["url"], timeout=120) as response:
+        data = response.read()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry["hashes"]["sha256"]:
+        sys.exit(
+            f"frameworks/run.py: {entry['url']}: sha256 {digest}, the index says {entry['hashes']['sha256']}"
+        )
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(archive.name + ".part")
+    partial.write_bytes(data)
+    partial.replace(archive)
+
+
+def unpack(suite: Suite) -> Path:
     """The package's tests/ (and pyproject.toml, its pytest settings), unpacked afresh."""
     sdists = BUILD / "sdist"
     stem = f"{suite.package.replace('-', '_')}-{suite.version}"
     archive = sdists / f"{stem}.tar.gz"
     if not archive.exists():
-        run(
-            python, "-m", "pip", "download", "--quiet", "--no-input", "--no-deps",
-            "--no-binary", ":all:", "-d", sdists,
-            f"{suite.package}=={suite.version}",
-        )  # fmt: skip
+        download_sdist(suite.package, archive)
     target = BUILD / stem
     shutil.rmtree(target, ignore_errors=True)
     with tarfile.open(archive) as tar:
@@ -170,7 +197,7 @@ def main(argv: list[str]) -> int:
     for name in names:
         suite = SUITES[name]
         check_version(suite)
-        where = unpack(suite, python)
+        where = unpack(suite)
         env = {**os.environ, **dict(suite.env)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
         cmd = [
