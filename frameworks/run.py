@@ -4,7 +4,7 @@
 
 (``make frameworks`` runs both.)  For each suite: the framework's released source
 package, at the version pinned below (the one fleetstore's dev environment
-installs), is downloaded from PyPI with pip (once, into ``build/frameworks/``), its
+installs), is downloaded from PyPI (once, into ``build/frameworks/``), its
 ``tests/`` unpacked afresh, and the selected test files run with pytest and our
 plugin (``plugin_<suite>.py``), which swaps the fixture that builds the store for
 fleetstore's adapter; ``expected.py`` lists the tests that fail, each with its
