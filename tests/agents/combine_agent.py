@@ -13,7 +13,15 @@
                                                 first WAL write).
 
 An item inserts its key into ``t`` (a key already there is left alone: applying an
-item twice is applying it once); a key starting with "bad" raises ``InvalidInput``.
+item twice is applying it once); a key starting with "bad" raises ``InvalidInput``; one
+starting with "half" inserts its key, then raises (only a rollback keeps it out); one
+starting with "stop", applied by a process other than its own, SIGSTOPs that process
+first (a holder frozen mid-batch).
+
+Environment: COMBINE_THREADS=N (write: N threads submit KEY-0 .. KEY-N-1, each prints
+its own line), COMBINE_OWN=0 (serve: no item of its own), COMBINE_SYNC=FULL (the
+process's synchronous), COMBINE_FAULT=ioerr|fsync (serve: its batch's COMMIT fails
+writing the WAL, or syncing it).
 """
 
 from __future__ import annotations
@@ -21,12 +29,15 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 from fleetstore import errors
 from fleetstore.engine.base import Migration, Tx
-from fleetstore.engine.combine import CRASH_ENV, POSTED, Board, Request
+from fleetstore.engine.board import POSTED, Board
+from fleetstore.engine.combine import CRASH_ENV, Request
 from fleetstore.engine.sqlite import Database
 from tests.fix_faults import install
 
@@ -37,9 +48,13 @@ TAG = "combine-test/1"
 def insert(tx: Tx, key: str, pid: int) -> dict[str, object]:
     if key.startswith("bad"):
         raise errors.InvalidInput(f"refused: {key}")
+    if key.startswith("stop") and pid != os.getpid():
+        os.kill(os.getpid(), signal.SIGSTOP)
     rows = tx.execute(
         "INSERT INTO t(k, pid) VALUES (?, ?) ON CONFLICT DO NOTHING RETURNING k", (key, pid)
     )
+    if key.startswith("half"):
+        raise errors.InvalidInput(f"refused after writing: {key}")
     return {"key": key, "inserted": bool(rows)}
 
 
@@ -63,9 +78,20 @@ def applier(tx: Tx, payload: bytes) -> bytes:
 
 
 def open_db(path: str, budget: float = 30.0) -> Database:
-    db = Database.open(path, migrations=SCHEMA, write_budget=budget)
+    sync = os.environ.get("COMBINE_SYNC", "NORMAL")
+    db = Database.open(path, migrations=SCHEMA, write_budget=budget, synchronous=sync)
     db.serve(TAG, applier)
     return db
+
+
+def submit(db: Database, key: str) -> None:
+    started = time.monotonic()
+    try:
+        db.submit(KeyItem(key, os.getpid()))
+    except errors.FleetstoreError as exc:
+        print(f"err {type(exc).__name__} {time.monotonic() - started:.3f} {key}", flush=True)
+    else:
+        print(f"ok {key} {time.monotonic() - started:.3f}", flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -79,13 +105,16 @@ def main(argv: list[str]) -> int:
         print("ready", flush=True)
         with open(argv[3], "rb") as barrier:
             fcntl.flock(barrier, fcntl.LOCK_SH)  # the test's start line
-        started = time.monotonic()
-        try:
-            db.submit(KeyItem(argv[2], os.getpid()))
-        except errors.FleetstoreError as exc:
-            print(f"err {type(exc).__name__} {time.monotonic() - started:.3f}", flush=True)
+        threads = int(os.environ.get("COMBINE_THREADS", "0"))
+        if threads:
+            keys = [f"{argv[2]}-{i}" for i in range(threads)]
+            workers = [threading.Thread(target=submit, args=(db, k)) for k in keys]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
         else:
-            print(f"ok {argv[2]} {time.monotonic() - started:.3f}", flush=True)
+            submit(db, argv[2])
         m = db.metrics()
         print("figures " + json.dumps({k: m[k] for k in ("handed_over", "served", "writes")}))
         db.close()
@@ -102,7 +131,9 @@ def main(argv: list[str]) -> int:
     if command == "serve":
         waiters = int(argv[2])
         hold = float(argv[3]) if len(argv) > 3 else 30.0
-        faults = install() if os.environ.get(CRASH_ENV) == "during-commit" else None
+        fault = os.environ.get("COMBINE_FAULT")
+        crash = os.environ.get(CRASH_ENV) == "during-commit"
+        faults = install() if crash or fault else None
         db = open_db(path)
         db.submit(KeyItem(f"warm-{os.getpid()}", os.getpid()))  # own a slot
         combiner = db._combiner
@@ -118,12 +149,23 @@ def main(argv: list[str]) -> int:
             time.sleep(0.005)
         started = time.monotonic()
         own = Request(KeyItem(f"holder-{os.getpid()}", os.getpid()), started + 30)
-        if faults is not None:
+        if faults is not None and crash:
             # The writer's cache never spills (cache_spill=OFF): a transaction's first
             # WAL write is its COMMIT's, so nothing of the batch's commit is on disk.
             faults.fail("xWrite", "wal", error="kill")
-        combiner._serve([own], None, started)  # releases the gate
-        own.outcome()
+        elif faults is not None and fault == "ioerr":
+            faults.fail("xWrite", "wal", error="ioerr")
+        elif faults is not None and fault == "fsync":
+            faults.fail("xSync", "wal", error="ioerr")
+        mine = [] if os.environ.get("COMBINE_OWN") == "0" else [own]
+        combiner._serve(mine, None, started)  # releases the gate
+        try:
+            if mine and not own.done:
+                print("own err unknown", flush=True)  # left for submit to apply again
+            elif mine:
+                own.outcome()
+        except errors.FleetstoreError as exc:
+            print(f"own err {type(exc).__name__}", flush=True)
         m = db.metrics()
         keys = ("writes", "batched_items", "served", "batch_max")
         print("figures " + json.dumps({k: m[k] for k in keys}), flush=True)

@@ -377,7 +377,7 @@ def test_a_batch_whose_results_cannot_be_handed_back_still_lands_each_item_once(
     """Group commit: the holder commits another writer's item with its own, then fails
     to write that item's result into its slot.  The holder's write returns; the other
     is told to apply its item itself (RETRY), finds it there, and lands it once."""
-    from fleetstore.engine.combine import POSTED, Board
+    from fleetstore.engine.board import POSTED, Board, Taken
     from tests.agents.combine_agent import SCHEMA, TAG, KeyItem, applier
 
     path = tmp_path / "g.db"
@@ -395,7 +395,7 @@ def test_a_batch_whose_results_cannot_be_handed_back_still_lands_each_item_once(
         other.start()
         _wait(lambda: any(board.states[i] == POSTED for i in range(len(board.states))))
 
-        def broken(self: Board, i: int, data: bytes) -> bool:
+        def broken(self: Board, t: Taken, results: object) -> bool:
             raise OSError(5, "Input/output error (injected)")
 
         monkeypatch.setattr(Board, "put_results", broken)
@@ -420,3 +420,46 @@ def test_storage_errors_cross_processes_as_themselves(cls: type[errors.StorageEr
     back = errors.from_wire(json.loads(json.dumps(errors.to_wire(sent))))
     assert type(back) is cls and str(back) == str(sent)
     assert isinstance(back, errors.DatabaseError)
+
+
+@pytest.mark.parametrize("waiter_sync", ["NORMAL", "FULL"])
+def test_a_holder_commits_a_waiters_item_as_durably_as_the_waiter_asked(
+    tmp_path: Path, faults: Faults, monkeypatch: pytest.MonkeyPatch, waiter_sync: str
+) -> None:
+    """Issue 23, cause 5: 115-118 writes of a process opened with synchronous=FULL were
+    committed by a NORMAL holder, without the WAL fsync FULL promises.  Each item carries
+    its process's durability; the holder commits its batch at the highest it holds."""
+    from fleetstore.engine.board import POSTED, Board
+    from tests.agents.combine_agent import SCHEMA, TAG, KeyItem, applier
+
+    path = tmp_path / "g.db"
+    holder = Database.open(path, migrations=SCHEMA, synchronous="NORMAL")
+    waiter = Database.open(path, migrations=SCHEMA, synchronous=waiter_sync)
+    try:
+        for db, warm in ((holder, "warm-h"), (waiter, "warm-w")):
+            db.serve(TAG, applier)
+            db.submit(KeyItem(warm, 1))  # each owns a slot
+        board = holder._combiner.board()
+        assert isinstance(board, Board)
+        holder._gate.acquire(time.monotonic() + 30)
+        outcome: dict[str, object] = {}
+        other = threading.Thread(target=lambda: outcome.update(w=waiter.submit(KeyItem("w", 2))))
+        other.start()
+        _wait(lambda: any(board.states[i] == POSTED for i in range(len(board.states))))
+        faults.recording = True
+        monkeypatch.setattr(holder._gate, "try_acquire", lambda: True)  # it holds it already
+        holder.submit(KeyItem("h", 1))
+        monkeypatch.undo()
+        faults.recording = False
+        other.join(30)
+        assert outcome["w"] == {"key": "w", "inserted": True}
+        assert holder.metrics()["served"] == 1
+        syncs = [c for c in faults.calls if c.method == "xSync" and c.file == "wal"]
+        assert len(syncs) == (1 if waiter_sync == "FULL" else 0), faults.calls
+        sync = (
+            holder._writer.execute("PRAGMA synchronous").fetchall()[0][0] if holder._writer else 1
+        )
+        assert sync == 1  # the holder's own setting is back for its next write
+    finally:
+        waiter.close()
+        holder.close()

@@ -66,10 +66,18 @@ class BlobStore:
     """The blob files of one store (``<database>.blobs/``)."""
 
     def __init__(
-        self, directory: str | os.PathLike[str], max_bytes: int, *, durable: bool = True
+        self,
+        directory: str | os.PathLike[str],
+        max_bytes: int,
+        *,
+        durable: bool = True,
+        wait_for_space: float = 0.0,
     ) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
+        #: A full disk is waited out this long (the write budget: issue 23, a full disk
+        #: that frees within it costs latency, not turns), then ``StorageFull``.
+        self.wait_for_space = wait_for_space
         #: fsync each file and its directory before ``put`` returns (``synchronous`` FULL
         #: or EXTRA).  Else (NORMAL) they are made durable by ``sync()``, which the
         #: database runs before every checkpoint: under NORMAL no commit is durable
@@ -114,7 +122,7 @@ class BlobStore:
         ).compress(data)
         existed = target.exists()  # damaged: replaced below
         try:
-            self._write(target, packed)
+            self._write_waiting(target, packed)
         except OSError as exc:
             if existed:
                 left = "the damaged file there may be left as it was"
@@ -130,6 +138,18 @@ class BlobStore:
         if keep:
             self._keep(sha, packed)
         return BlobRef(sha, len(data), len(packed))
+
+    def _write_waiting(self, target: Path, packed: bytes) -> None:
+        """``_write``, tried again while the disk is full, for ``wait_for_space``."""
+        deadline, pause = time.monotonic() + self.wait_for_space, 0.005
+        while True:
+            try:
+                return self._write(target, packed)
+            except OSError as exc:
+                if exc.errno not in errors.FULL_ERRNOS or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
 
     def _write(self, target: Path, packed: bytes) -> None:
         """*packed* at *target*: a temporary file, written whole (fsynced if durable),

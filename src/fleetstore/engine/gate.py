@@ -149,6 +149,12 @@ class WriterGate:
             try:
                 if os.fstat(self._fd).st_size < GATE_FILE_BYTES:
                     os.ftruncate(self._fd, GATE_FILE_BYTES)
+                # The file is sparse, and a store through a mapping into a page with no
+                # block behind it on a full file system is SIGBUS, not an error (issue
+                # 23: 5 of 6 writers killed): every page written through the mapping is
+                # allocated first, these here and each board slot when it is claimed.
+                # Where that fails the gate works unmapped (waiters poll).
+                os.posix_fallocate(self._fd, 0, BOARD_OFFSET)
                 self._map = mmap.mmap(self._fd, GATE_FILE_BYTES, mmap.MAP_SHARED)
                 self.mapping = self._map
                 self._bell = ctypes.c_uint32.from_buffer(self._map)
@@ -241,6 +247,17 @@ class WriterGate:
         self._ring_value = (self._ring_value + 1) & 0xFFFFFFFF
         self._bell.value = self._ring_value
         _syscall(_SYS_FUTEX, self._bell_addr, _FUTEX_WAKE, 1, None, None, 0)
+
+    def allocate(self, offset: int, length: int) -> bool:
+        """Give the gate file's bytes [offset, offset + length) blocks on disk, so that
+        the mapping can be written there without a fault (False: it cannot be)."""
+        if self._fd <= 0 or self._map is None:
+            return False
+        try:
+            os.posix_fallocate(self._fd, offset, length)
+        except OSError:
+            return False
+        return True
 
     def wal_frames(self) -> int | None:
         """The WAL's frames as its last committer saw them (None: not mapped)."""

@@ -55,6 +55,7 @@ _BEGIN_RETRY_SLEEP = 0.001
 #: 6,000 writes); an outside holder (``fleetstore lock``) is napped for at 1 ms.
 _BEGIN_FIRST_RETRIES = (0.0, 0.00005, 0.0001, 0.0002, 0.0005)
 _MAX_IDLE_READERS = 4
+_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 
 
 def _sql(sql: object) -> str:
@@ -214,6 +215,9 @@ class Database(Checkpoints):
         #: Run before every checkpoint: what the rows about to become durable refer to
         #: must be durable first (the store's blob files under synchronous=NORMAL).
         self._before_checkpoint: Callable[[], None] | None = None
+        #: synchronous as a number (OFF 0 .. EXTRA 3): group commit carries it with each
+        #: item, and a holder commits at the most durable level of its batch.
+        self._level = _LEVELS[settings.synchronous.upper()]
         self._reset_process_state()
         _live.add(self)
 
@@ -231,11 +235,14 @@ class Database(Checkpoints):
         self._catch_up = CatchUp()
         self._frame_bytes = 4096 + 24
         self._write_owner = 0  # thread inside write(), to refuse nesting
+        self._tx_level = self._level  # synchronous of the writer connection now
         # Checkpoints run in a thread of their own: a passive checkpoint fsyncs the WAL
         # and the database (8-12 ms measured), which the writer whose commit crossed
         # the line used to wait out before its write returned.
         self._checkpoints = Checkpointer(self)
-        self._combiner = Combiner(self, self._applier, self._tag, self.settings.write_budget)
+        self._combiner = Combiner(
+            self, self._applier, self._tag, self.settings.write_budget, self._level
+        )
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -268,13 +275,31 @@ class Database(Checkpoints):
         db = cls(path, config)
         db._identity = (st.st_dev, st.st_ino)
         try:
-            db._prepare_file(fresh)
-            if migrations:
-                db.migrate(migrations)
+            db._wait_for_space(lambda: db._prepare(fresh, migrations))
         except BaseException:
             db.close()
             raise
         return db
+
+    def _prepare(self, fresh: bool, migrations: Sequence[Migration]) -> None:
+        self._prepare_file(fresh)
+        if migrations:
+            self.migrate(migrations)
+
+    def _wait_for_space(self, step: Callable[[], None]) -> None:
+        """*step*, run again while the disk is full, within the write budget (a full
+        disk is waited out like an outside lock: issue 23, agents restarted during one
+        exited at open), then ``StorageFull``."""
+        deadline = time.monotonic() + self.settings.write_budget
+        pause = 0.005
+        while True:
+            try:
+                return step()
+            except errors.StorageFull:
+                if time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
 
     def _prepare_file(self, fresh: bool) -> None:
         conn = self._writer_connection()
@@ -337,10 +362,12 @@ class Database(Checkpoints):
                 )
                 self._configure(conn, role)
         except apsw.Error as exc:
+            # Translated before the close: the connection's errno tells a full disk.
+            failed = translate(exc, self.path, conn, outcome=outcome)
             if conn is not None:
                 with contextlib.suppress(apsw.Error):
                     conn.close(True)
-            raise translate(exc, self.path, conn, outcome=outcome) from exc
+            raise failed from exc
         return conn
 
     def _configure(self, conn: apsw.Connection, role: str) -> None:
@@ -542,7 +569,7 @@ class Database(Checkpoints):
         if not callable(applier):
             raise errors.InvalidInput(f"applier must be callable, not {type(applier).__name__}")
         self._applier, self._tag = applier, tag
-        self._combiner = Combiner(self, applier, tag, self.settings.write_budget)
+        self._combiner = Combiner(self, applier, tag, self.settings.write_budget, self._level)
 
     def submit(self, item: Item) -> object:
         """Apply *item* in a write transaction, committed with whatever else is written
@@ -551,8 +578,10 @@ class Database(Checkpoints):
         its own savepoint: one that raises fails alone).  Returns what ``item.run``
         (or the applier, through ``item.result``) returned; raises what it raised, or
         ``StoreBusy`` past the write budget with nothing written.  An item whose COMMIT
-        failed syncing (``CommitUncertain``) is applied once more if it may run again
-        (``payload()`` is not None); else, or if that fails too, it raises."""
+        failed syncing is applied once more if it may run again (``payload()`` is not
+        None), within its budget; else, or if that does not succeed in time, it raises
+        ``CommitUncertain``.  A full disk is waited out within the budget, then
+        ``StorageFull``."""
         self._check_process()
         if not all(callable(getattr(item, name, None)) for name in ("run", "payload", "result")):
             raise errors.InvalidInput(
@@ -563,22 +592,22 @@ class Database(Checkpoints):
             raise errors.DatabaseError(
                 f"{self.path}: db.submit() inside a db.write() block of the same thread"
             )
-        try:
-            return self._combiner.submit(item, time.monotonic())
-        except errors.CommitUncertain:
-            if item.payload() is None:
-                raise  # not safe to apply twice: the caller decides
-            # An item that may run again (it may in another process) is applied once
-            # more: found in the file if its COMMIT got there, else written now.  If
-            # that COMMIT succeeds, the outcome is known; its frames replace the others.
-            self._metrics.count("ambiguous_commits")
-            return self._combiner.submit(item, time.monotonic())
+        return self._combiner.submit(item, time.monotonic())
 
-    def _open_write(self, started: float, deadline: float) -> WriteTx:
+    def _open_write(self, started: float, deadline: float, level: int = -1) -> WriteTx:
         """The gate held: BEGIN IMMEDIATE on the writer connection within *deadline*
-        (``StoreBusy`` past it); inside the fork guard until ``_end_write``."""
+        (``StoreBusy`` past it), committed at durability *level* (-1: this connection's;
+        SQLite reads ``synchronous`` when a transaction begins, so it is set before);
+        inside the fork guard until ``_end_write``."""
         conn = self._writer_connection()
-        self._begin_immediate(conn, started, deadline)  # returns inside the fork guard
+        if level >= 0:
+            self._set_level(conn, level)
+        try:
+            self._begin_immediate(conn, started, deadline)  # returns inside the fork guard
+        except BaseException:
+            if level >= 0:
+                self._set_level(conn, self._level)
+            raise
         if self._identity is not None and not self._same_file():
             self._rollback(conn)
             _guard.exit()
@@ -605,7 +634,14 @@ class Database(Checkpoints):
         finally:
             tx._open = False
             self._write_owner = 0
+            if self._tx_level != self._level:
+                self._set_level(conn, self._level)
             _guard.exit()
+
+    def _set_level(self, conn: apsw.Connection, level: int) -> None:
+        with contextlib.suppress(apsw.Error):
+            conn.execute(f"PRAGMA synchronous={level}")
+            self._tx_level = level
 
     def _in_transaction(self) -> bool:
         writer = self._writer
@@ -625,6 +661,9 @@ class Database(Checkpoints):
 
     def _handed_over(self) -> None:
         self._metrics.count("handed_over")
+
+    def _count(self, name: str) -> None:
+        self._metrics.count(name)
 
     def run_write(self, fn: Callable[[WriteTx], T], *, single_statement: bool = False) -> T:
         """``fn(tx)`` in one write transaction (``write()``), committed; the engines'

@@ -110,6 +110,7 @@ class Router:
             str(self.path) + ".blobs",
             settings.max_payload_bytes,
             durable=blobs_durable(settings),
+            wait_for_space=settings.write_budget,
         )
         self.q = queries
         self._homes: collections.OrderedDict[str, str | None] = collections.OrderedDict()
@@ -641,6 +642,7 @@ def open_sharded(directory: Path, settings: Settings, queries: Mapping[str, str]
         str(directory / CATALOG) + ".blobs",
         settings.max_payload_bytes,
         durable=blobs_durable(settings),
+        wait_for_space=settings.write_budget,
     )
     shards = ShardSet(
         directory,

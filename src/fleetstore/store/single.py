@@ -30,7 +30,10 @@ class FileBackend(OneDatabase):
         super().__init__(db, queries, Path(db.path))
         self._file = db
         self.blobs = BlobStore(
-            str(self.path) + ".blobs", settings.max_payload_bytes, durable=blobs_durable(settings)
+            str(self.path) + ".blobs",
+            settings.max_payload_bytes,
+            durable=blobs_durable(settings),
+            wait_for_space=settings.write_budget,
         )
         if not self.blobs.durable:
             db.before_checkpoint(self.blobs.sync)

@@ -73,6 +73,7 @@ def file_findings(
     if not shard:
         _disk_findings(report, wal_size)
     _wal_findings(report, header, before["database"].size, wal_size, found.shm_index)
+    _board_findings(report, report.data.get("board"))
     for proc in processes:
         _process_findings(report, proc, header)
         _lock_findings(report, proc, waited, wal_size)
@@ -312,6 +313,27 @@ def _wal_findings(
             "end long read transactions, then `fleetstore maintain` or "
             "PRAGMA wal_checkpoint(TRUNCATE) when no reader is active",
         )
+
+
+def _board_findings(report: Report, board: dict[str, Any] | None) -> None:
+    """Group-commit slots that did not decode: quarantined by the gate holder that met
+    them (never applied; their owner applied its items itself), kept for a person."""
+    if not board:
+        return
+    bad = [s for s in board["slots"] if s["state"] == "quarantined"]
+    total = board["quarantined_total"]
+    if not total and not bad:
+        return
+    where = ", ".join(f"slot {s['slot']} (pid {s['pid']})" for s in bad[:5]) or "none left"
+    report.add(
+        Severity.WARNING,
+        "board-quarantined",
+        f"{total} group-commit slot(s) in the gate file did not decode and were "
+        f"quarantined (never applied; their owners applied their writes themselves); "
+        f"quarantined now: {where}",
+        "a process of another fleetstore build, or a bug: report it with this output; "
+        "writes are not affected. A quarantined slot is reused once its process ends",
+    )
 
 
 def _process_findings(report: Report, proc: dict[str, Any], header: inspect.Header | None) -> None:

@@ -19,6 +19,7 @@ from fleetstore.core.settings import Settings
 from fleetstore.core.targets import resolve_target
 from fleetstore.domain.blobs import referenced_shas
 from fleetstore.engine import foreign, inspect
+from fleetstore.engine.board import read_board
 from fleetstore.engine.inspect import FileFacts, Lock
 from fleetstore.store.procstats import read_published
 from fleetstore.store.spool import REJECTED, journal_pid, read_journal
@@ -110,9 +111,25 @@ def file_data(
             "processes": processes,
             "locks_interval": round(waited, 3),
             "fleetstore": fleetstore_json(probe.db, probe.contents.get("fleetstore"), spool),
+            "board": board_json(probe.sides["gate"]),
         }
     )
     return data
+
+
+def board_json(gate: str) -> dict[str, Any] | None:
+    """The group-commit board in the gate file (engine/board.py): slots in use, and
+    those quarantined because they did not decode.  None: no board there."""
+    found = read_board(gate)
+    if found is None:
+        return None
+    quarantined, slots = found
+    return {
+        "quarantined_total": quarantined,
+        "slots": [
+            {"slot": s.slot, "state": s.state, "pid": s.pid, "items": s.items} for s in slots
+        ],
+    }
 
 
 def file_json(facts: FileFacts) -> dict[str, Any] | None:
