@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +250,25 @@ def test_a_raw_write_whose_commit_sync_failed_says_it_may_be_there(
             tx.execute("INSERT INTO t VALUES (2)")
     finally:
         db.close()
+
+
+def test_a_store_write_whose_outcome_stays_unknown_past_the_budget_is_spooled_and_lands_once(
+    tmp_path: Path, faults: Faults
+) -> None:
+    """Every COMMIT's WAL sync fails for longer than the budget: the append cannot learn
+    within it whether it is in the file (CommitUncertain), so the store keeps it in its
+    spool, whose replay finds it there or writes it: once."""
+    path = tmp_path / "u.db"
+    store = fleetstore.open(path, synchronous="FULL", write_budget=0.5)
+    try:
+        s = store.sessions.create()
+        faults.fail("xSync", "wal", error="ioerr", times=0)
+        started = time.monotonic()
+        m = store.messages.append(s.id, "user", "unknown")
+        assert m.seq is None and time.monotonic() - started < 0.5 + 1.0  # spooled in time
+        assert store.spool_pending() == 1
+        faults.clear()
+        assert store.flush(30)
+        assert [(x.id, x.text) for x in store.messages.list(s.id)] == [(m.id, "unknown")]
+    finally:
+        store.close()

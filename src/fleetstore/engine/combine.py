@@ -375,7 +375,7 @@ class Combiner:
 
     def _run(self, reqs: list[Request], started: float) -> None:
         pending = reqs
-        pause = _FULL_PAUSE
+        pause, tries = _FULL_PAUSE, 0
         while True:
             self._attempt(pending, started)
             pending = [r for r in pending if not r.done]
@@ -388,15 +388,23 @@ class Combiner:
                 if r.full is None and not r.unknown:
                     r.fail(errors.DatabaseError(f"{self._db.path}: a write was left unresolved"))
                 elif r.deadline <= now:
-                    r.fail(r.full or self._busy(started, "tried again, past its deadline"))
+                    r.fail(
+                        r.full
+                        or errors.CommitUncertain(
+                            f"{self._db.path}: the write may be in the file or not: its "
+                            f"COMMIT's outcome stayed unknown for {now - started:.2f}s, the "
+                            "whole write budget (an idempotent write may be repeated)"
+                        )
+                    )
                 if r.done:
                     self._resolve(r)
             pending = [r for r in pending if not r.done]
             if not pending:
                 return
-            if any(r.full is not None for r in pending):
+            if tries or any(r.full is not None for r in pending):
                 time.sleep(min(pause, max(min(r.deadline for r in pending) - now, 0.0)))
                 pause = min(pause * 2, _FULL_PAUSE_MAX)
+            tries += 1
             for r in pending:
                 r.full = None
 

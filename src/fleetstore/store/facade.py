@@ -242,13 +242,20 @@ class Store:
                 raise
             self._spool(op, busy)
             return None
+        except errors.CommitUncertain as unknown:
+            # Not known within the budget whether it is in the file (its holder stopped
+            # while committing): replayed from the spool it is found there, or written.
+            if not may_spool or not registry.spec_of(op.name).retry_safe:
+                raise
+            self._spool(op, unknown)
+            return None
 
     def apply(self, op: Operation) -> dict[str, Any]:
         """Apply *op* now, in its own write transaction (``StoreBusy`` past the budget)."""
         check_operation(op)
         return self.backend.apply(op)
 
-    def _spool(self, op: Operation, busy: errors.StoreBusy | None) -> None:
+    def _spool(self, op: Operation, busy: errors.FleetstoreError | None) -> None:
         try:
             self.spool.append(op)
         except OSError as exc:
