@@ -119,7 +119,7 @@ def test_failover_under_a_fleet_loses_duplicates_and_double_runs_nothing(
         for _ in range(PER_THREAD):
             for t in range(THREADS):
                 (_, plan, attempts) = rng.choices(outbox.PLANS, [w for w, _, _ in outbox.PLANS])[0]
-                payload = {"plan": plan, "sleep": rng.choice([0.01, 0.02, 0.04])}
+                payload = {"plan": plan, "sleep": rng.choice([0.02, 0.04, 0.08])}
                 eid = store.effects.enqueue(f"thread-{t:02d}", "fx", payload, max_attempts=attempts)
                 plans[eid] = (plan, attempts)
         manual = store.effects.enqueue("manual", "manual", {"by": "the test"})
