@@ -3,6 +3,10 @@ directory, listening on loopback only, trust authentication, no fsync (a test
 server's durability is not under test; fleetstore's handling of a server that
 restarts or drops connections is).
 
+``replicated_pair()`` starts a primary and a streaming standby of it (pg_basebackup),
+the standby synchronous by default: the failover tests kill the primary
+(``kill9``: every process of it, as a lost host) and promote the standby.
+
 ``FLEETSTORE_TEST_PG_URL`` (a server URL whose user may CREATE DATABASE) replaces it.
 As root, the server runs as the ``postgres`` user (initdb refuses root); the
 binaries come from PATH or Debian's ``/usr/lib/postgresql/<version>/bin``.
@@ -18,6 +22,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -81,13 +86,61 @@ class PgServer:
         assert self.datadir is not None, "a server given by URL is not ours to stop"
         self._run(_bin("pg_ctl"), "-D", self.datadir, "-m", mode, "-w", "-t", "60", "stop")
 
+    def running(self) -> bool:
+        assert self.datadir is not None, "a server given by URL is not ours to ask"
+        return self._run(_bin("pg_ctl"), "-D", self.datadir, "status", check=False).returncode == 0
+
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
         self.start()
 
+    def promote(self) -> None:
+        """A standby becomes a primary (``pg_ctl promote``, waiting until it accepts
+        writes)."""
+        assert self.datadir is not None, "a server given by URL is not ours to promote"
+        self._run(_bin("pg_ctl"), "-D", self.datadir, "-w", "-t", "60", "promote")
+
+    def kill9(self) -> list[int]:
+        """SIGKILL every process of the server, as when its host dies: the postmaster
+        is stopped first (so it forks nothing more and restarts nothing), then it and
+        every child it had are killed.  Returns the pids killed."""
+        assert self.datadir is not None, "a server given by URL is not ours to kill"
+        with open(os.path.join(self.datadir, "postmaster.pid")) as f:
+            lines = f.read().splitlines()
+        postmaster = int(lines[0])
+        os.kill(postmaster, signal.SIGSTOP)
+        children = [postmaster] + [
+            int(entry)
+            for entry in os.listdir("/proc")
+            if entry.isdigit() and _parent(int(entry)) == postmaster
+        ]
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in children):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server processes {children} outlived SIGKILL")
+            time.sleep(0.005)
+        # The postmaster's System V segment outlives it (line 7: key and id): a killed
+        # server is never started again here, so the segment is removed, not leaked.
+        if len(lines) > 6 and len(lines[6].split()) == 2 and shutil.which("ipcrm"):
+            subprocess.run(["ipcrm", "-m", lines[6].split()[1]], capture_output=True, check=False)
+        return children
+
     @property
     def ours(self) -> bool:
         return self.datadir is not None
+
+    def log_count(self, text: str) -> int:
+        """How many lines of the server's log contain *text* (a FATAL it sent a client
+        it refused is logged there too): evidence that a client tried."""
+        assert self.datadir is not None, "a server given by URL has no log of ours"
+        try:
+            with open(self._log, errors="replace") as f:
+                return sum(text in line for line in f)
+        except FileNotFoundError:
+            return 0
 
     # -- databases --------------------------------------------------------------------------
 
@@ -127,7 +180,36 @@ def _server_user() -> str | None:
     raise RuntimeError("running as root and no 'postgres' or 'nobody' user to run a server as")
 
 
-def start_server() -> PgServer:
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _alive(pid: int) -> bool:
+    """Still a process (a zombie counts as gone: it holds no port or file)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+#: Every server's settings (after initdb's); ``start_server(settings=...)`` adds to them.
+BASE_SETTINGS = {
+    "listen_addresses": "'127.0.0.1'",
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "300",
+    "shared_buffers": "128MB",
+}
+
+
+def _new_server() -> PgServer:
+    """A PgServer in a new empty directory owned by the server's user (not started)."""
     owner = _server_user()
     base = tempfile.mkdtemp(prefix="fleetstore-pg-")
     datadir = os.path.join(base, "data")
@@ -136,33 +218,22 @@ def start_server() -> PgServer:
         pw = pwd.getpwnam(owner)
         os.chown(base, pw.pw_uid, pw.pw_gid)
     os.chmod(base, 0o700)
-    port = _free_port()
-    server = PgServer("127.0.0.1", port, "postgres", datadir, owner, log)
-    server._run(
-        _bin("initdb"),
-        "-D",
-        datadir,
-        "-U",
-        "postgres",
-        "--auth=trust",
-        "--no-sync",
-        "-E",
-        "UTF8",
-        "--locale=C",
-    )
-    conf_path = os.path.join(datadir, "postgresql.conf")
+    return PgServer("127.0.0.1", _free_port(), "postgres", datadir, owner, log)
+
+
+def _configure_and_start(server: PgServer, settings: dict[str, str]) -> PgServer:
+    """Append *settings* (and this server's port and socket directory) to its
+    postgresql.conf and start it.  The free port can be taken between the probe and
+    the start (pytest -n runs one server per worker): then another is tried."""
+    assert server.datadir is not None
+    conf_path = os.path.join(server.datadir, "postgresql.conf")
     with open(conf_path) as conf:
         pristine = conf.read()
-    # The free port can be taken between the probe and the start (pytest -n runs one
-    # server per worker): try another.
+    base = os.path.dirname(server.datadir)
     for attempt in range(5):
+        lines = {**settings, "port": str(server.port), "unix_socket_directories": f"'{base}'"}
         with open(conf_path, "w") as conf:
-            conf.write(
-                pristine + f"\nlisten_addresses = '127.0.0.1'\nport = {server.port}\n"
-                f"unix_socket_directories = '{base}'\n"
-                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
-                "max_connections = 300\nshared_buffers = 128MB\n"
-            )
+            conf.write(pristine + "\n" + "".join(f"{k} = {v}\n" for k, v in lines.items()))
         try:
             server.start()
             return server
@@ -171,6 +242,105 @@ def start_server() -> PgServer:
                 raise
             server.port = _free_port()
     raise AssertionError("unreachable")
+
+
+def start_server(settings: dict[str, str] | None = None) -> PgServer:
+    """A new server (initdb, then started), with *settings* over ``BASE_SETTINGS``."""
+    server = _new_server()
+    assert server.datadir is not None
+    server._run(
+        _bin("initdb"),
+        "-D",
+        server.datadir,
+        "-U",
+        "postgres",
+        "--auth=trust",
+        "--no-sync",
+        "-E",
+        "UTF8",
+        "--locale=C",
+    )
+    return _configure_and_start(server, {**BASE_SETTINGS, **(settings or {})})
+
+
+STANDBY_NAME = "standby1"
+
+
+def start_standby(primary: PgServer, synchronous: bool = False) -> PgServer:
+    """A streaming standby of *primary* (ours): a base backup of it, ``standby.signal``
+    and a ``primary_conninfo`` whose ``application_name`` is ``STANDBY_NAME`` (the name
+    a primary's ``synchronous_standby_names`` lists), started on a port of its own.
+    Returns once it streams from the primary (and, if *synchronous*, once the primary
+    counts it as its synchronous standby)."""
+    assert primary.ours, "a standby is made of a server we started"
+    standby = _new_server()
+    assert standby.datadir is not None
+    # From pg_ctl's directory: /usr/bin/pg_basebackup is Debian's pg_wrapper, which may
+    # pick another installed version than the servers'.
+    basebackup = os.path.join(os.path.dirname(_bin("pg_ctl")), "pg_basebackup")
+    standby._run(
+        basebackup if os.path.exists(basebackup) else _bin("pg_basebackup"),
+        "-h",
+        primary.host,
+        "-p",
+        str(primary.port),
+        "-U",
+        primary.user,
+        "-D",
+        standby.datadir,
+        "-X",
+        "stream",
+        "--no-sync",
+    )
+    standby._run("touch", os.path.join(standby.datadir, "standby.signal"))
+    conninfo = (
+        f"host={primary.host} port={primary.port} user={primary.user} "
+        f"application_name={STANDBY_NAME}"
+    )
+    try:
+        # The base backup copied the primary's settings: promoted, with no standby
+        # of its own, it must not wait for one at every commit.
+        standby_settings = {
+            "primary_conninfo": f"'{conninfo}'",
+            "hot_standby": "on",
+            "synchronous_standby_names": "''",
+        }
+        _configure_and_start(standby, standby_settings)
+        deadline = time.monotonic() + 60
+        wanted = "sync" if synchronous else "async"
+        while not primary.admin(
+            f"SELECT 1 FROM pg_stat_replication WHERE application_name = '{STANDBY_NAME}' "
+            f"AND state = 'streaming' AND sync_state = '{wanted}'"
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the standby was not streaming ({wanted}) within 60 s")
+            time.sleep(0.05)
+    except BaseException:
+        stop_server(standby)
+        raise
+    return standby
+
+
+@contextlib.contextmanager
+def replicated_pair(synchronous: bool = True) -> Iterator[tuple[PgServer, PgServer]]:
+    """A primary and a streaming standby of it, both ours; with *synchronous*, a commit
+    returns only once the standby has flushed its WAL (``synchronous_commit = on``,
+    ``synchronous_standby_names`` naming the standby).  Both are removed at the end."""
+    settings = {"wal_level": "replica", "max_wal_senders": "10"}
+    if synchronous:
+        settings |= {
+            "synchronous_commit": "on",
+            "synchronous_standby_names": f"'FIRST 1 ({STANDBY_NAME})'",
+        }
+    primary = start_server(settings)
+    standby: PgServer | None = None
+    try:
+        standby = start_standby(primary, synchronous)
+        yield primary, standby
+    finally:
+        if standby is not None:
+            stop_server(standby)
+        stop_server(primary)
 
 
 def stop_server(server: PgServer) -> None:

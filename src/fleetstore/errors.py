@@ -71,13 +71,19 @@ class StoreBusy(TransientError):
         attempts: int,
         holders: Sequence[LockHolder] = (),
         stage: str = "gate",
+        reason: str = "",
     ) -> None:
         self.path = path
         self.waited = waited
         self.attempts = attempts
         self.holders = tuple(holders)
         self.stage = stage
-        who = "; ".join(str(h) for h in self.holders) or "holder not visible in /proc/locks"
+        #: What kept it waiting when that is not a lock holder (PostgreSQL: the
+        #: server's or the network's last refusal); "" if none.
+        self.reason = reason
+        who = (
+            reason or "; ".join(str(h) for h in self.holders) or "holder not visible in /proc/locks"
+        )
         what = _STAGES.get(stage, stage)
         super().__init__(
             f"{path}: write lock not obtained after {waited:.2f}s "
@@ -90,6 +96,8 @@ _STAGES = {
     "sqlite": "SQLite's write lock",
     "journal mode switch": "the file to itself, to switch it to WAL",
     "statement": "a lock inside the transaction",
+    "connection": "a connection the server accepts, to a server that takes writes",
+    "pool": "a connection of this process's pool",
 }
 
 

@@ -117,15 +117,33 @@ def sharded_root(url_or_path: str) -> Path | None:
     return target if kind == "sharded" and isinstance(target, Path) else None
 
 
+def url_servers(url: str) -> list[tuple[str | None, int]]:
+    """The (host, port) pairs a PostgreSQL URL names, in order: one, or several in a
+    multi-host URL (``postgresql://u@h1:5432,h2:5433/db``: libpq tries them in turn,
+    for failover).  Host None: none in the URL; port 5432 where none is given.
+
+    >>> url_servers("postgresql://u:pw@db1:5433,db2/agents")
+    [('db1', 5433), ('db2', 5432)]
+    """
+    pairs: list[tuple[str | None, int]] = []
+    for entry in urlsplit(url).netloc.rpartition("@")[2].split(","):
+        one = urlsplit("//" + entry)
+        try:
+            pairs.append((one.hostname, one.port or 5432))
+        except ValueError as exc:
+            raise errors.ConfigError(f"{redact(url)}: {entry!r}: {exc}") from None
+    return pairs
+
+
 def local_base(url: str, settings: Settings) -> Path:
     """Where this host keeps a PostgreSQL store's spool and figures: the base path
-    (``<base>.spool/``, ``<base>.procs/``)."""
+    (``<base>.spool/``, ``<base>.procs/``), named after the server(s) and database."""
     if settings.local_dir:
         return Path(settings.local_dir).expanduser() / "store"
     parts = urlsplit(url)
     dbname = parts.path.lstrip("/") or (parts.username or "postgres")
-    name = f"{parts.hostname or 'local'}_{parts.port or 5432}_{dbname}"
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    servers = "_".join(f"{host or 'local'}_{port}" for host, port in url_servers(url))
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{servers}_{dbname}")
     return default_data_dir() / "postgres" / name
 
 
@@ -141,4 +159,5 @@ __all__ = [
     "resolve_target",
     "sharded_root",
     "sharded_url",
+    "url_servers",
 ]

@@ -9,8 +9,17 @@ The write path::
     body(tx)                             may run again: see run_write
     COMMIT
     retried on 40001 / 40P01 (serialization failure, deadlock), on a lost connection
-    (class 08, 57P01-57P03: the server restarted, the backend was terminated) and on a
-    unique violation met under concurrency, until the budget ends: StoreBusy.
+    (class 08, 57P01-57P03: the server restarted, the backend was terminated), on a
+    server that takes no writes (25006: a standby, reached before a failover ended) and
+    on a unique violation met under concurrency, until the budget ends: StoreBusy.
+
+Connecting (``open()``, and the pool's new connections) waits within the write budget
+for a server that cannot take a connection *now*: starting up, shutting down, out of
+connection slots, a standby not yet promoted, nothing listening while it restarts
+(``_unavailable``).  With a multi-host URL (``host1:port1,host2:port2`` and
+``target_session_attrs=read-write``) libpq picks the server that takes writes, so
+after a failover the next connection goes to the promoted standby
+(tests/store/test_pg_failover.py).
 
 SQLite's ``write()`` runs its body once; a PostgreSQL transaction may be told to
 start over, so writers hand a function to ``run_write``.  A COMMIT whose
@@ -27,6 +36,7 @@ become literals, so untyped ``? IS NULL`` needs no cast and no statement is prep
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import re
@@ -35,7 +45,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -57,6 +67,13 @@ _MIGRATION_LOCK = 0x666C65657473746F
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _RETRY_BASE = 0.002
 _RECONNECT_PAUSE = 0.05
+_MAX_RECONNECT_PAUSE = 0.5
+#: A write waits for a pooled connection in slices of this many seconds.  The pool
+#: tries a failed connection once more after a moment (``reconnect_timeout``), then
+#: stops; a waiter coming back for a new slice makes it try again.  Left to itself,
+#: psycopg_pool backs off 1, 2, 4, 8... s: writers would find a promoted standby
+#: seconds after it took writes (and past a short budget).
+_POOL_SLICE = 0.25
 #: Unique violations are retried this many times: two snapshot transactions that both
 #: found no row and inserted it (the next seq of a session, a thread's head) meet as a
 #: unique violation where one after the other would have seen the row; a retry reads
@@ -74,6 +91,43 @@ _UNIQUE_RETRIES = 8
 _ISOLATION = "REPEATABLE READ"
 
 _LOST = ("08", "57P01", "57P02", "57P03")
+_READ_ONLY = "25006"  # read_only_sql_transaction
+
+#: psycopg has no SQLSTATE for a connection refused while it was being made (libpq
+#: keeps the server's error to itself): the words tell.  These are libpq's and the
+#: server's (English, the server's lc_messages) for a refusal that passes by waiting...
+_UNAVAILABLE_WORDS = (
+    "the database system is starting up",  # 57P03
+    "the database system is shutting down",  # 57P03
+    "the database system is not yet accepting connections",  # 57P03: a standby catching up
+    "the database system is not accepting connections",  # 57P03
+    "the database system is in recovery mode",  # 57P03: after a crash
+    "too many clients already",  # 53300: max_connections
+    "remaining connection slots are reserved",  # 53300
+    "too many connections for",  # 53300: a role's or database's CONNECTION LIMIT
+    "terminating connection",  # 57P01, 57P02
+    "session is read-only",  # target_session_attrs=read-write met a standby
+    "server is in hot standby mode",  # target_session_attrs=primary met a standby
+    "connection refused",  # nothing listens (yet): a restart, a failover
+    "no such file or directory",  # the Unix socket is not there (yet)
+    "timeout expired",  # connect_timeout
+    "server closed the connection unexpectedly",
+    "connection reset by peer",
+    "connection timed out",
+    "no route to host",
+    "network is unreachable",
+    "could not receive data from server",
+    "could not send data to server",
+)
+#: ... and for one that does not: the credentials or the database, the same on every
+#: host.  Checked first: with several hosts, one refusing the password decides.  (Other
+#: words not known, a host name that does not resolve among them, are for good too.)
+_REFUSED_WORDS = (
+    "authentication failed",  # 28P01
+    "no pg_hba.conf entry",  # 28000
+    "does not exist",  # 3D000 (database), 28000 (role)
+    "permission denied",  # 42501
+)
 
 
 @lru_cache(maxsize=4096)
@@ -102,6 +156,28 @@ def _connection_lost(exc: BaseException, conn: psycopg.Connection[Any] | None) -
     return isinstance(exc, psycopg.OperationalError) and not state
 
 
+def _unavailable(exc: BaseException) -> bool:
+    """Whether a failed connection attempt may succeed if made again soon: the server
+    is starting, shutting down, recovering, out of connection slots or not there yet,
+    or only standbys answered.  Anything else (a wrong password, user, database or
+    host name, a malformed URL, words not known) is for good."""
+    state = _sqlstate(exc)
+    if state:
+        return state.startswith(_LOST) or state == "53300"
+    text = str(exc).lower()
+    if any(words in text for words in _REFUSED_WORDS):
+        return False
+    return any(words in text for words in _UNAVAILABLE_WORDS)
+
+
+def _refusal(exc: BaseException) -> str:
+    """A failed connection in one line: each host's answer when several were tried."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    # psycopg's list: "- host: 'h', port: 'p', hostaddr: 'a': connection failed: ..."
+    tried = [line.rpartition("connection failed: ")[2] for line in lines if line.startswith("- ")]
+    return "; ".join(tried) if tried else (lines[0] if lines else repr(exc))
+
+
 def _translate(exc: psycopg.Error, where: str) -> errors.FleetstoreError:
     message = f"{where}: {exc}".strip()
     state = _sqlstate(exc)
@@ -113,15 +189,42 @@ def _translate(exc: psycopg.Error, where: str) -> errors.FleetstoreError:
         )
     if state.startswith("23"):
         return errors.IntegrityError(message)
-    if state == "25006":  # read_only_sql_transaction
+    if state == _READ_ONLY:
         return errors.ReadOnlyError(message)
     if state.startswith(("XX", "58")):
         return errors.CorruptStore(message) if state == "XX001" else errors.DatabaseError(message)
     return errors.DatabaseError(message)
 
 
-def _connect_timeout(settings: Settings) -> int:
-    return max(2, min(int(settings.write_budget), 10))
+def _connect_timeout(settings: Settings, left: float | None = None) -> int:
+    """libpq's connect_timeout (whole seconds, per host; under 2 means 2): the write
+    budget, at most 10 s, and at most what is *left* of it."""
+    budget = settings.write_budget if left is None else min(left, settings.write_budget)
+    return max(2, min(math.ceil(budget), 10))
+
+
+class _PoolConnection(psycopg.Connection[Any]):
+    """The pool's connections.  A connection attempt the pool makes is told to
+    ``report`` (its error, or None once one succeeds): a write that ran out of budget
+    waiting for the pool can then say what refused it."""
+
+    @classmethod
+    def connect(  # type: ignore[override]
+        cls,
+        conninfo: str = "",
+        *,
+        report: Callable[[BaseException | None], None] | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        try:
+            conn = super().connect(conninfo, **kwargs)
+        except psycopg.Error as exc:
+            if report is not None:
+                report(exc)
+            raise
+        if report is not None:
+            report(None)
+        return conn
 
 
 class _Retry(Exception):
@@ -220,6 +323,8 @@ class PgDatabase:
         self._metrics = WriteMetrics()
         self._pid = os.getpid()
         self._write_owner: set[int] = set()
+        #: The pool's last failed connection attempt (None since one succeeded).
+        self._refused: BaseException | None = None
         _live.add(self)
 
     # -- opening -----------------------------------------------------------------------------
@@ -238,27 +343,42 @@ class PgDatabase:
         return db
 
     def _check_server(self) -> None:
-        """Connect once before anything else: a server that is starting or restarting
-        is waited for (within the write budget), a wrong URL, user, password or
-        database fails at once, with the server's own words."""
+        """Connect once before anything else.  A server that cannot take the
+        connection now (``_unavailable``: starting, shutting down, out of slots, only a
+        standby answering, nothing listening while it restarts) is tried again within
+        the write budget, then ``StoreBusy`` names its last refusal; a wrong URL, user,
+        password or database fails at once, with the server's own words."""
         started = time.monotonic()
         deadline = started + self.settings.write_budget
+        attempts = 0
         while True:
+            attempts += 1
             try:
                 with psycopg.connect(
-                    self.url, autocommit=True, connect_timeout=_connect_timeout(self.settings)
+                    self.url,
+                    autocommit=True,
+                    connect_timeout=_connect_timeout(self.settings, deadline - time.monotonic()),
                 ) as conn:
                     version = conn.info.server_version
                 break
             except psycopg.Error as exc:
-                state = _sqlstate(exc)
-                text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                transient = state in ("57P03", "53300") or (
-                    not state and ("refused" in text or "timeout" in text or "closed" in text)
-                )
-                if not transient or time.monotonic() + _RECONNECT_PAUSE >= deadline:
-                    raise errors.DatabaseError(f"{self.path}: cannot connect: {text}") from exc
-                time.sleep(_RECONNECT_PAUSE * 4)
+                if not _unavailable(exc):
+                    raise errors.DatabaseError(
+                        f"{self.path}: cannot connect: {_refusal(exc)}"
+                    ) from exc
+                # Growing, jittered: a fleet restarting at once does not storm a server
+                # that is out of connection slots.
+                pause = min(_RECONNECT_PAUSE * attempts, _MAX_RECONNECT_PAUSE)
+                pause *= 0.5 + random.random()
+                if time.monotonic() + pause >= deadline:
+                    raise errors.StoreBusy(
+                        self.path,
+                        time.monotonic() - started,
+                        attempts,
+                        stage="connection",
+                        reason=_refusal(exc),
+                    ) from exc
+                time.sleep(pause)
         if version < 120000:
             raise errors.ConfigError(
                 f"{self.path}: PostgreSQL {version // 10000} is too old; 12 or newer is needed"
@@ -273,17 +393,20 @@ class PgDatabase:
                 if self._pool is None:
                     self._pool = psycopg_pool.ConnectionPool(
                         self.url,
+                        connection_class=_PoolConnection,
                         kwargs={
                             "autocommit": True,
                             "cursor_factory": psycopg.ClientCursor,
                             "connect_timeout": _connect_timeout(self.settings),
                             "application_name": f"fleetstore pid {os.getpid()}",
+                            "report": self._connect_report,
                         },
                         min_size=0,
                         max_size=self.settings.pool_size,
                         open=True,
                         timeout=self.settings.write_budget,
                         max_idle=300.0,
+                        reconnect_timeout=_RECONNECT_PAUSE,
                         name=f"fleetstore-{os.getpid()}",
                     )
                 pool = self._pool
@@ -302,17 +425,37 @@ class PgDatabase:
         self._metrics = WriteMetrics()
         self._pid = os.getpid()
         self._write_owner = set()
+        self._refused = None
+
+    def _connect_report(self, exc: BaseException | None) -> None:
+        self._refused = exc
 
     def _getconn(self, deadline: float, started: float) -> psycopg.Connection[Any]:
+        """A connection of the pool, waited for until *deadline* (see _POOL_SLICE);
+        past it ``StoreBusy``, naming the server's refusal if the pool could not
+        connect.  Not failed at once even on a refusal for good (a password changed
+        under a running fleet): a write past its budget is spooled, and lands once
+        the server takes it again."""
         pool = self._pool_for_use()
-        try:
-            conn: psycopg.Connection[Any] = pool.getconn(
-                timeout=max(deadline - time.monotonic(), 0.001)
-            )
-            return conn
-        except psycopg_pool.PoolTimeout:
-            self._metrics.count("busy_timeouts")
-            raise errors.StoreBusy(self.path, time.monotonic() - started, 1, stage="pool") from None
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                conn: psycopg.Connection[Any] = pool.getconn(
+                    timeout=max(min(left, _POOL_SLICE), 0.001)
+                )
+                return conn
+            except psycopg_pool.PoolTimeout:
+                if time.monotonic() < deadline:
+                    continue
+                refused = self._refused
+                self._metrics.count("busy_timeouts")
+                raise errors.StoreBusy(
+                    self.path,
+                    time.monotonic() - started,
+                    1,
+                    stage="pool" if refused is None else "connection",
+                    reason="" if refused is None else _refusal(refused),
+                ) from refused
 
     def _putconn(self, conn: psycopg.Connection[Any], discard: bool = False) -> None:
         pool = self._pool
@@ -360,11 +503,13 @@ class PgDatabase:
                     self._metrics.count(retry.reason)
                     if time.monotonic() + retry.pause >= deadline:
                         self._metrics.count("busy_timeouts")
+                        lost = "connection" in retry.reason
                         raise errors.StoreBusy(
                             self.path,
                             time.monotonic() - started,
                             attempts,
-                            stage="connection" if "connection" in retry.reason else "statement",
+                            stage="connection" if lost else "statement",
+                            reason=_refusal(retry.__cause__) if lost and retry.__cause__ else "",
                         ) from retry.__cause__
                     time.sleep(retry.pause * (0.5 + random.random()))
                 except _UniqueViolation as exc:
@@ -419,6 +564,8 @@ class PgDatabase:
                     raise _Retry("ambiguous_commits", _RETRY_BASE) from cause
                 raise _Retry("connection_retries", _RECONNECT_PAUSE) from cause
             state = _sqlstate(cause) if cause is not None else ""
+            if state == _READ_ONLY:  # thrown away by _end_failed; a new one finds the primary
+                raise _Retry("connection_retries", _RECONNECT_PAUSE) from cause
             if state in ("40001", "40P01"):
                 raise _Retry(
                     "serialization_retries" if state == "40001" else "deadlock_retries",
@@ -486,7 +633,11 @@ class PgDatabase:
                 self._metrics.count("busy_timeouts")
             if discard or state in ("40001", "40P01", "55P03"):
                 raise errors.StoreBusy(
-                    self.path, time.monotonic() - started, 1, stage="statement"
+                    self.path,
+                    time.monotonic() - started,
+                    1,
+                    stage="connection" if discard else "statement",
+                    reason=_refusal(cause) if discard and cause is not None else "",
                 ) from cause
             if isinstance(exc, psycopg.Error):
                 raise _translate(exc, self.path) from exc
@@ -517,13 +668,18 @@ class PgDatabase:
         return float(row[0])
 
     def _end_failed(self, conn: psycopg.Connection[Any], cause: BaseException | None) -> bool:
-        """Roll back after a failure; True if the connection must be thrown away."""
+        """Roll back after a failure; True if the connection must be thrown away: lost,
+        left inside a transaction, or to a server that takes no writes (25006 in a
+        write transaction: a standby, or a primary made read-only by a failover; a
+        connection made now goes where ``target_session_attrs`` says)."""
         if isinstance(cause, psycopg.Error) and _connection_lost(cause, conn):
             return True
         if conn.closed or conn.broken:
             return True
         with contextlib.suppress(psycopg.Error):
             conn.execute("ROLLBACK")
+        if cause is not None and _sqlstate(cause) == _READ_ONLY:
+            return True
         return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
     # -- reading -----------------------------------------------------------------------------
@@ -555,7 +711,11 @@ class PgDatabase:
                         time.sleep(_RECONNECT_PAUSE)  # a restarting server: not a hot loop
                         continue
                     raise errors.StoreBusy(
-                        self.path, time.monotonic() - started, 1, stage="connection"
+                        self.path,
+                        time.monotonic() - started,
+                        1,
+                        stage="connection",
+                        reason=_refusal(cause),
                     ) from cause
                 if isinstance(exc, psycopg.Error):
                     raise _translate(exc, self.path) from exc

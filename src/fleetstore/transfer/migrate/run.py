@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetstore import errors
-from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
+from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target, url_servers
 from fleetstore.store.facade import open as open_store
 from fleetstore.transfer.migrate.copying import _Copier
 from fleetstore.transfer.migrate.progress import _claim, _now_text, _set_item
@@ -44,8 +44,8 @@ def identity(url_or_path: str | os.PathLike[str]) -> str:
         )
     parts = urlsplit(str(target))
     database = parts.path.lstrip("/") or parts.username or "postgres"
-    host = (parts.hostname or "localhost").lower()
-    return f"{kind}://{host}:{parts.port or 5432}/{database}"
+    hosts = ",".join(f"{(h or 'localhost').lower()}:{p}" for h, p in url_servers(str(target)))
+    return f"{kind}://{hosts}/{database}"
 
 
 def _target(url_or_path: str | os.PathLike[str], must_exist: bool, what: str) -> Path | str:
