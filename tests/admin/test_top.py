@@ -24,7 +24,14 @@ import pytest
 import fleetstore
 from fleetstore.admin import top
 from fleetstore.core.metrics import Histogram
-from fleetstore.store.procstats import Published, process_start_time, procs_dir, read_published
+from fleetstore.engine import inspect
+from fleetstore.store.procstats import (
+    Published,
+    process_start_time,
+    procs_dir,
+    read_published,
+    remove_gone,
+)
 
 WRITER = """
 import sys, time, fleetstore
@@ -115,6 +122,32 @@ def test_a_dead_or_reused_pid_is_not_alive(tmp_path: Path) -> None:
     assert {p.pid for p in found} == {dead_pid, os.getpid()}
     assert not any(p.alive for p in found)
     assert process_start_time(os.getpid()) is not None
+
+
+def test_remove_gone_keeps_live_processes_files_and_fresh_temporary_files(tmp_path: Path) -> None:
+    """``fleetstore maintain``'s procs step (tests/admin/test_doctor.py runs it whole):
+    the files of dead and reused PIDs go, and a temporary file left by a publisher
+    killed between writing and renaming it once it is a minute old."""
+    db = str(tmp_path / "p.db")
+    folder = procs_dir(db)
+    with fleetstore.open(db, publish_interval=0.05) as store:
+        store.sessions.create()
+        own = folder / f"{os.getpid()}.json"
+        wait_for("a published file", own.exists)
+        other = folder / "4000001.json"
+        other.write_text(json.dumps({"pid": 4_000_001, "start_time": 7, "published_at": 1.0}))
+        old_tmp, new_tmp = folder / ".4000002.json.tmp", folder / ".4000003.json.tmp"
+        old_tmp.write_text("{")
+        new_tmp.write_text("{")
+        age = time.time() - 120
+        os.utime(old_tmp, (age, age))
+
+        assert remove_gone(db, dry_run=True)[1] == 1
+        assert other.exists() and old_tmp.exists()
+        gone, live = remove_gone(db)
+        assert [p.pid for p in gone] == [4_000_001] and live == 1
+        assert not other.exists() and not old_tmp.exists()
+        assert own.exists() and new_tmp.exists()
 
 
 # -- frames ----------------------------------------------------------------------------------
