@@ -373,26 +373,16 @@ def _lock_findings(report: Report, proc: dict[str, Any], waited: float, wal_size
             "fleetstore writers queue behind it",
             "it is inside a long write; if it hangs, end it (the kernel frees the gate)",
         )
-    readers = [
-        lk
-        for lk in both
-        if lk["mode"] == "READ" and any(n.startswith("wal-read-") for n in lk["names"])
-    ]
-    if readers and not writing:
-        slots = sorted(
-            int(n.rsplit("-", 1)[1])
-            for lk in readers
-            for n in lk["names"]
-            if n.startswith("wal-read-")
-        )
+    slot = proc.get("wal_reader")  # inspect.wal_readers, in both looks
+    if slot is not None:
         add(
             Severity.WARNING,
             "wal-reset-blocked",
-            f"{who} held a read transaction (WAL read lock {slots[0]}) in both looks, "
+            f"{who} held a read transaction (WAL read lock {slot}) in both looks, "
             f"{waited:.1f}s apart: while it lasts the WAL cannot be reset"
             + (
                 " and no checkpoint can copy frames back at all"
-                if slots[0] == 0
+                if slot == 0
                 else ", checkpoints stop at its snapshot"
             )
             + f", so the WAL keeps growing (now {mb(wal_size)})",
