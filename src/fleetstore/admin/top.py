@@ -108,7 +108,7 @@ class Frame:
     #: A sharded store: shard files on disk, their WAL, shards open (None: one file).
     shards: dict[str, Any] | None = None
     holders: tuple[LockHolder, ...] = ()
-    #: Readers seen in this sample and the one before: pinning the WAL (``pinning``).
+    #: Readers seen in this sample and an earlier one: pinning the WAL.
     readers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:

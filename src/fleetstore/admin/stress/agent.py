@@ -290,6 +290,8 @@ def agent_main(cfg: dict[str, Any], make_target: Callable[[dict[str, Any], int],
     first = max((int(e["n"]) for e in past), default=0) + (2 if past or cfg["restart"] else 1)
     target = make_target(cfg, agent)
     figures = Figures(cfg, "agent", agent, target.figures)
+    if cfg["restart"]:
+        figures.start()  # its whole life is in the run: what its open() replayed too
     print("ready", flush=True)
     line = sys.stdin.readline().split()
     if len(line) != 3 or line[0] != "start":
@@ -302,7 +304,8 @@ def agent_main(cfg: dict[str, Any], make_target: Callable[[dict[str, Any], int],
             journal.write(json.dumps({"n": first - 1, "killed": True}) + "\n")
             journal.flush()
         _sleep_until(start)
-        figures.start()
+        if not cfg["restart"]:
+            figures.start()  # after its set-up
         n = first
         parent = os.getppid()
         while os.getppid() == parent:
@@ -405,8 +408,11 @@ class Figures:
             line["histograms"] = after["histograms"]
             line["histograms_before"] = before.get("histograms", {})
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(line))
-        os.replace(tmp, self.path)  # a reader sees the whole of one version
+        try:
+            tmp.write_text(json.dumps(line))
+            os.replace(tmp, self.path)  # a reader sees the whole of one version
+        except OSError:
+            pass  # a full disk (a fault the run may inject): the last version stays
 
 
 def read_figures(workdir: str | Path) -> list[dict[str, Any]]:
