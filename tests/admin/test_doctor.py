@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -584,6 +585,75 @@ def test_checkpoints_failing_in_another_process_are_reported(
     found = finding(report, "checkpoint-failing")
     assert f"pid {writer.pid}" in found["message"] and "StorageFull" in found["message"]
     assert found["severity"] == "warning" and rc >= doctor.EXIT_WARNINGS
+
+
+def test_a_dead_process_s_figures_are_history_not_a_warning_and_maintain_removes_them(
+    tmp_path: Path, agents: list[Proc]
+) -> None:
+    """Issue 23: after a full disk the soak's doctor kept 19 checkpoint-failing warnings
+    naming processes that had died, read from their leftover <db>.procs/ files, and
+    maintain never removed one (276 after the soak).  A dead process's figures are
+    history (an OK finding); `fleetstore maintain` removes them, a live one's stays."""
+    db = tmp_path / "store.db"
+    make_store(db)
+    writer = _child(FAILING_CHECKPOINTS, db, "failing checkpoints", agents)
+    writer.wait_line("failing", timeout=60)
+    live = _child(IDLE_PUBLISHER, db, "an idle store", agents)
+    live.wait_line("published", timeout=60)
+    folder = Path(f"{db}.procs")
+    assert (folder / f"{writer.pid}.json").exists()
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.popen.wait(timeout=30)
+    # A file naming a live PID (this test's) with another start time: a reused PID.
+    reused = folder / f"{os.getpid()}.json"
+    reused.write_text(json.dumps({"pid": os.getpid(), "start_time": -5, "published_at": 1.0}))
+
+    rc, report = doctor_json(db)
+
+    assert "checkpoint-failing" not in codes(report)
+    history = finding(report, "procs-gone")
+    assert history["severity"] == "ok" and f"pid {writer.pid}" in history["message"]
+    assert "2 process(es) that are gone" in history["message"]
+    assert rc == doctor.EXIT_HEALTHY, report["findings"]
+    shown = {p["pid"]: p["alive"] for p in report["fleetstore"]["processes"]}
+    assert shown == {writer.pid: False, os.getpid(): False, live.pid: True}
+
+    dry = maintain_json(db, "--dry-run")
+    (step,) = [s for s in dry["steps"] if s["name"] == "procs"]
+    assert step["status"] == "dry-run" and step["detail"] == {"gone": 2, "live": 1}
+    assert (folder / f"{writer.pid}.json").exists() and reused.exists()
+
+    done = maintain_json(db)
+    (step,) = [s for s in done["steps"] if s["name"] == "procs"]
+    assert step["status"] == "done" and step["detail"] == {"gone": 2, "live": 1}
+    assert sorted(p.name for p in folder.iterdir()) == [f"{live.pid}.json"]
+    _, after = doctor_json(db)
+    assert "procs-gone" not in codes(after)
+
+
+IDLE_PUBLISHER = r"""
+import os, sys, time
+import fleetstore
+store = fleetstore.open(sys.argv[1], publish_interval=0.05)
+store.sessions.list()  # starts the publisher
+while not os.path.exists(f"{sys.argv[1]}.procs/{os.getpid()}.json"):
+    time.sleep(0.01)
+print("published", flush=True)
+time.sleep(600)
+"""
+
+
+def maintain_json(db: Path, *args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetstore", "maintain", str(db), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
 
 
 FAILING_AFTER_COMMIT = r"""

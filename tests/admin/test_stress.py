@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from fleetstore.admin.stress.fleet import ExternalLock
+from fleetstore.admin.stress.procs import RestartPolicy
 from fleetstore.cli.main import main
 
 
@@ -99,6 +100,31 @@ def test_sharded_target_passes_under_kills_and_an_outside_lock(tmp_path: Path) -
 
 
 @pytest.mark.slow
+def test_writes_spooled_during_an_outside_lock_are_counted_whoever_was_killed(
+    tmp_path: Path,
+) -> None:
+    """An outside lock longer than the write budget makes every agent spool; kills
+    restart agents and workers meanwhile.  The run reports what spooled, was replayed
+    and recovered, counting the processes that were killed (issue 23: 0 spooled), and
+    every kill's replacement was started."""
+    code, report, stderr = stress(
+        tmp_path, "--agents", "3", "--duration", "6", "--workers", "1",
+        "--write-budget", "0.3", "--external-lock", "2@0.5", "--kill-rate", "0.8",
+        "--dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    (fs,) = report["targets"]
+    assert code == 0, (report["problems"], fs["crashed"], stderr)
+    assert fs["lost"] == fs["duplicated"] == fs["out_of_order"] == 0
+    engine, restarts = fs["engine"], fs["restarts"]
+    assert engine["spooled"] > 0 and engine["replayed"] + engine["recovered"] > 0, engine
+    assert engine["rejected"] == 0
+    assert fs["kills"] and restarts["attempts"] == len(fs["kills"]) + restarts["failed"]
+    # One file per process that began its run: the originals and every replacement
+    # that got that far; those killed are in it, unfinished.
+    assert engine["processes"] >= 3 + 1 and engine["processes"] > engine["finished"]
+
+
+@pytest.mark.slow
 def test_a_target_that_drops_every_100th_write_fails_the_run(tmp_path: Path) -> None:
     code, report, stderr = stress(
         tmp_path, "--agents", "3", "--duration", "3", "--think-ms", "2", "--workers", "1",
@@ -165,6 +191,107 @@ def test_sequence_check_sees_lost_duplicated_and_reordered_writes() -> None:
     clean = _Check()
     _check_sequence(clean, 0, expected, ["a", "z", "b", "c", "d"])  # extra rows are fine
     assert not clean.counts
+
+
+def test_a_restart_that_fails_before_it_is_ready_is_tried_again_until_the_run_ends() -> None:
+    """Issue 23: a restarted agent whose open() met a full disk exited before it was
+    ready and was never restarted (a soak lost 5 of 16 agents for good); one still
+    starting after a deadline equal to the write budget was dropped (a 70 s outside
+    lock).  The policy, without processes: again after a growing pause, until the end;
+    no deadline for an attempt that is alive."""
+    policy = RestartPolicy(first=0.5, cap=4.0)
+    agent = ("agent", 3)
+    end = 1000.0
+    policy.killed(agent, 10.0)
+    assert policy.due(10.0, end) == [agent]
+    policy.launched(agent)
+    # Starting for as long as it takes (an open() waiting out a 70 s lock): never due,
+    # never dropped.
+    assert policy.due(10_000.0, 20_000.0) == [] and policy.pending() == 1
+    pauses = []
+    now = 100.0
+    for _ in range(6):  # each attempt exits before it is ready: a full disk
+        pauses.append(policy.exited(agent, now, "StorageFull: disk full"))
+        assert policy.due(now, end) == []
+        now += pauses[-1]
+        assert policy.due(now, end) == [agent]
+        policy.launched(agent)
+    assert pauses == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    report = policy.report()
+    assert report["attempts"] == 7 and report["failed"] == 6
+    assert report["not_back"] == [
+        {"role": "agent", "index": 3, "attempts": 7, "failed": 6,
+         "last_error": "StorageFull: disk full"}
+    ]  # fmt: skip
+    policy.ready(agent)  # the disk was freed: it is back
+    assert policy.pending() == 0 and policy.report()["not_back"] == []
+    # A kill close to the end: its attempt fails, and the next one is not started
+    # once the run is over; it is reported as not back.
+    worker = ("worker", 0)
+    policy.killed(worker, 998.0)
+    policy.launched(worker)
+    policy.exited(worker, 999.8, "exit 1")
+    assert policy.due(1000.3, end) == [] and policy.pending() == 1
+    assert [w["role"] for w in policy.report()["not_back"]] == ["worker"]
+
+
+FIGURES = r"""
+import json, sys, time
+from fleetstore.admin.stress.agent import Figures
+from fleetstore.core.metrics import Histogram
+
+cfg, index, mode = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+waits = Histogram()
+waits.add(0.004)
+now = {"writes": 10, "busy_timeouts": 1, "spooled": 0, "replayed": 0, "recovered": 0,
+       "rejected": 0}
+def engine():
+    return {**now, "histograms": {"lock_wait": waits.export(), "lock_hold": waits.export()}}
+figures = Figures(cfg, "agent", index, engine)
+figures.start()  # the run begins: an original process's baseline
+now.update(json.loads(sys.argv[4]))  # what it did during the run
+figures.write(finished=False)  # as its thread does every half second
+print("written", flush=True)
+if mode == "kill":
+    time.sleep(600)  # killed here, before it could finish
+figures.stop()
+"""
+
+
+def test_the_run_sums_the_figures_of_every_process_killed_ones_included(tmp_path: Path) -> None:
+    """Issue 23: the run's JSON said 0 spooled although writes spooled and were
+    replayed: only the processes alive at the end reported, and in a soak with 254
+    kills those had not spooled.  Each process keeps its figures in a file of its own,
+    rewritten as it goes; the run sums them all, a SIGKILLed one's included."""
+    from fleetstore.admin.stress.agent import figures_dir, read_figures
+    from fleetstore.admin.stress.fleet import sum_figures
+
+    def run(index: int, mode: str, restart: bool, did: dict[str, int]) -> subprocess.Popen[str]:
+        cfg = {"figures": str(figures_dir(tmp_path)), "restart": restart}
+        args = [json.dumps(cfg), str(index), mode, json.dumps(did)]
+        return subprocess.Popen(
+            [sys.executable, "-c", FIGURES, *args], stdout=subprocess.PIPE, text=True
+        )
+
+    killed = run(0, "kill", False, {"writes": 30, "spooled": 7, "replayed": 2})
+    assert killed.stdout is not None and killed.stdout.readline() == "written\n"
+    killed.kill()
+    killed.wait(30)
+    killed.stdout.close()
+    # Its replacement (a whole life in the run) recovered what the killed one spooled;
+    # another agent ran to the end.
+    for proc in (run(0, "end", True, {"recovered": 5}), run(1, "end", False, {"writes": 13})):
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and out == "written\n"
+
+    rows = read_figures(tmp_path)
+    assert sorted((r["index"], r["finished"]) for r in rows) == [(0, False), (0, True), (1, True)]
+    out = sum_figures(rows, 10.0)
+    assert out["processes"] == 3 and out["finished"] == 2
+    assert (out["spooled"], out["replayed"], out["recovered"]) == (7, 2, 5)
+    # An original process's part begins at the start; a restarted one's is its life.
+    assert out["agent_writes"] == (30 - 10) + 10 + (13 - 10)
+    assert out["busy_timeouts"] == 1 and out["lock_wait_ms"]["p99"] > 0
 
 
 def test_the_workload_is_the_same_for_every_target() -> None:

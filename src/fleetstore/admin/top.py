@@ -3,7 +3,11 @@
 Each frame reads what the processes publish (``<db>.procs/<pid>.json``, see
 ``fleetstore.store.procstats``), the sizes of the database, WAL and SHM files, and the
 outbox by state; rates and the lock-wait p99 are over the last interval (the
-difference of two snapshots), not over each process's lifetime.
+difference of two snapshots), not over each process's lifetime.  A process found in
+a read transaction frame after frame (``inspect.wal_readers``, what doctor's
+``wal-reset-blocked`` reads) is named with how long it has held it and how much the
+WAL grew meanwhile: any process may pin the WAL, publishing or not (a 60 s reader let
+it reach 2.3 GB in the soak of issue 23, and top did not say who).
 
 A sharded store (``sqlite+sharded:///DIR``) publishes under ``DIR/catalog.db.procs/``
 and its files are the catalog's; a frame adds the shard files on disk (a directory
@@ -28,9 +32,22 @@ from typing import Any, TextIO
 from fleetstore.core.metrics import Histogram
 from fleetstore.core.targets import CATALOG, SHARDS, sharded_root
 from fleetstore.core.units import size as _size
+from fleetstore.engine import inspect
 from fleetstore.engine.proclocks import lock_holders
 from fleetstore.errors import LockHolder
 from fleetstore.store.procstats import Published, read_published
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """A process in a read transaction on the store's WAL, followed across samples."""
+
+    pid: int
+    #: The lowest WAL read mark it holds (0: checkpoints copy nothing back at all).
+    slot: int
+    #: When a sample first saw it in this read transaction, and the WAL's size then.
+    since: float
+    wal_then: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +62,8 @@ class Sample:
     #: Who holds the writer gate or SQLite's write lock now (a sharded store: the
     #: catalog's), with their process state.
     holders: tuple[LockHolder, ...] = ()
+    #: Processes in a read transaction now (a sharded store: on the catalog).
+    readers: tuple[Reader, ...] = ()
 
 
 @dataclass(slots=True)
@@ -89,6 +108,8 @@ class Frame:
     #: A sharded store: shard files on disk, their WAL, shards open (None: one file).
     shards: dict[str, Any] | None = None
     holders: tuple[LockHolder, ...] = ()
+    #: Readers seen in this sample and an earlier one: pinning the WAL.
+    readers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +138,7 @@ class Frame:
                 }
                 for h in self.holders
             ],
+            "wal_readers": self.readers,
             "processes": [
                 {
                     "pid": r.pid,
@@ -196,9 +218,10 @@ def shard_files(directory: Path) -> dict[str, Any]:
     }
 
 
-def sample(path: str, outbox: Any = None) -> Sample:
+def sample(path: str, outbox: Any = None, previous: Sample | None = None) -> Sample:
     """One reading of a store (its file's path, or a sharded store's URL).  *outbox*: a
-    callable returning the outbox counts (or None)."""
+    callable returning the outbox counts (or None); *previous*: the sample before,
+    whose readers still in the same read transaction keep when they were first seen."""
     counts: dict[str, int] | None = None
     error = None
     if outbox is not None:
@@ -209,9 +232,32 @@ def sample(path: str, outbox: Any = None) -> Sample:
     db, directory = layout(path)
     shards = shard_files(directory) if directory is not None else None
     holders = tuple(lock_holders(db))
+    at, sizes = time.time(), _file_sizes(db)
     return Sample(
-        time.time(), tuple(read_published(db)), _file_sizes(db), counts, error, shards, holders
+        at,
+        tuple(read_published(db)),
+        sizes,
+        counts,
+        error,
+        shards,
+        holders,
+        _readers(db, at, sizes["wal"], previous),
     )
+
+
+def _readers(db: str, at: float, wal: int, previous: Sample | None) -> tuple[Reader, ...]:
+    roles = {role: inspect.FileFacts.of(db + suffix).ident for role, suffix in _ROLES}
+    known = {(r.pid, r.slot): r for r in previous.readers} if previous is not None else {}
+    found = []
+    for pid, slot in sorted(inspect.wal_readers(inspect.locks_on(roles)).items()):
+        # The same read mark in consecutive samples: taken as one read transaction
+        # (as doctor takes its two looks); it began before the first sample saw it.
+        first = known.get((pid, slot))
+        found.append(first if first is not None else Reader(pid, slot, at, wal))
+    return tuple(found)
+
+
+_ROLES = (("database", ""), ("wal", "-wal"), ("shm", "-shm"))
 
 
 def _delta_hist(new: Published, old: Published | None, name: str) -> Histogram:
@@ -239,6 +285,19 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
     previous = {p.pid: p for p in old.procs} if old is not None else {}
     result = Frame(path, new.at, interval, new.files, new.outbox, new.outbox_error)
     result.holders = new.holders
+    result.readers = [
+        {
+            "pid": r.pid,
+            "command": " ".join(inspect.command_line(r.pid).split()),  # one line
+            "read_mark": r.slot,
+            "held_s": round(new.at - r.since, 3),  # at least: it began before
+            "wal_bytes_then": r.wal_then,
+            "wal_bytes": new.files["wal"],
+            "wal_grew": max(new.files["wal"] - r.wal_then, 0),
+        }
+        for r in new.readers
+        if r.since < new.at  # seen in an earlier sample too: not a short read
+    ]
     merged = Histogram()
     total_rate = total_items = 0.0
     shards_open = 0
@@ -337,6 +396,12 @@ def render(f: Frame, width: int | None = None, height: int | None = None) -> lis
         )
     for holder in f.holders:
         lines.append(f"lock       {holder}")
+    for rd in f.readers:
+        lines.append(
+            f"reader     pid {rd['pid']} ({rd['command'] or '?'}) has held a read transaction "
+            f"for {rd['held_s']:.0f}+ s (WAL read lock {rd['read_mark']}): the WAL cannot be "
+            f"reset, and grew {_size(rd['wal_grew'])} meanwhile, to {_size(rd['wal_bytes'])}"
+        )
     if f.outbox is not None:
         states = ("pending", "running", "succeeded", "dead", "cancelled", "expired")
         lines.append("outbox     " + "   ".join(f"{s} {f.outbox.get(s, 0):,}" for s in states))
@@ -424,7 +489,7 @@ def run(
                     return
             elif shown:
                 time.sleep(interval)
-            new = sample(path, outbox)
+            new = sample(path, outbox, old)
             _show(frame(path, new, old), out, live, as_json)
             old = new
             shown += 1
@@ -442,4 +507,4 @@ def _show(f: Frame, out: TextIO, live: bool, as_json: bool) -> None:
     out.flush()
 
 
-__all__ = ["Frame", "Sample", "frame", "layout", "render", "run", "sample", "shard_files"]
+__all__ = ["Frame", "Reader", "Sample", "frame", "layout", "render", "run", "sample", "shard_files"]

@@ -126,7 +126,8 @@ def maintain_command(
     Steps, in order: retention (--archive-older-than, --delete-older-than; top-level
     sessions with their subagents, deleted in batches), pruning of old applied_ops
     rows, blob garbage collection (rows and files nothing refers to, older than
-    --blob-grace), PRAGMA optimize, incremental vacuum in small batches, and a
+    --blob-grace), the figures files (<db>.procs/) of processes that are gone,
+    PRAGMA optimize, incremental vacuum in small batches, and a
     checkpoint (passive; the WAL is truncated only when no reader blocks it). Every
     step writes in short transactions through the normal write path; the report
     gives each step's transactions and longest lock hold. PATH is the store's file,

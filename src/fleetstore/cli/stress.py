@@ -156,7 +156,8 @@ Exit codes:
     envvar="FLEETSTORE_STRESS_KILL_RATE",
     show_envvar=True,
     help="SIGKILLs per second (a Poisson process on its own clock), of a random agent "
-    "or worker, each restarted at once; the rate achieved is reported.",
+    "or worker, each restarted at once (a restart that fails before it is ready is "
+    "tried again until the run ends); the rate achieved is reported.",
 )
 @click.option(
     "--maintain",

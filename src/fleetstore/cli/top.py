@@ -44,8 +44,9 @@ Exit codes:
 )
 def top(path: str | None, interval: float, count: int | None, as_json: bool) -> None:
     """A live view of a store: the processes using it, writes/s, lock-wait p99,
-    retries and spooled writes per process, the database and WAL sizes, and the
-    outbox by state.
+    retries and spooled writes per process, the database and WAL sizes, the
+    outbox by state, who holds the write lock, and any process whose read
+    transaction keeps the WAL from being reset (how long, how much it grew).
 
     Processes publish their figures beside the store about once a second
     (`publish_interval`); rates and p99 are over the last interval. PATH: the

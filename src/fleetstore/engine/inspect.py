@@ -34,7 +34,7 @@ import os
 import re
 import struct
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -450,6 +450,28 @@ def locks_on(files: dict[str, tuple[int, int, int] | None]) -> list[Lock]:
     return found
 
 
+def wal_readers(locks: Iterable[Lock]) -> dict[int, int]:
+    """The processes in a read transaction on a WAL database, from one look at its
+    locks (``locks_on``, roles ``shm`` or ``*:shm``, and ``database``): pid -> the
+    lowest WAL read mark it holds (0: it reads the database file alone, so no
+    checkpoint copies anything back while it lasts; any: the WAL cannot be reset, and
+    grows).  A process holding SQLite's write lock is left out: a write transaction
+    reads too.  Doctor (seen in both looks) and top (seen frame after frame) judge
+    long readers from this one reading of the locks."""
+    reading: dict[int, int] = {}
+    writing: set[int] = set()
+    for lk in locks:
+        if lk.mode == "WRITE" and {"wal-write", "reserved", "pending", "exclusive"} & set(lk.names):
+            writing.add(lk.pid)
+        if lk.mode != "READ":
+            continue
+        for name in lk.names:
+            if name.startswith("wal-read-"):
+                slot = int(name.rsplit("-", 1)[1])
+                reading[lk.pid] = min(slot, reading.get(lk.pid, slot))
+    return {pid: slot for pid, slot in reading.items() if pid not in writing and pid > 0}
+
+
 @dataclass(frozen=True, slots=True)
 class OpenFile:
     """A file descriptor of another process on one of the watched files."""
@@ -624,4 +646,5 @@ __all__ = [
     "sqlite_libraries",
     "users_of",
     "wal_reset_bug",
+    "wal_readers",
 ]

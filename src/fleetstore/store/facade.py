@@ -142,6 +142,8 @@ class Store:
         self._counts_lock = threading.Lock()
         self._op_counts: collections.Counter[str] = collections.Counter()
         self._rejected = 0
+        #: Operations of dead processes' journals this process replayed.
+        self._recovered = 0
         self._failures = 0
         # _cond guards _streams, _thread, _running and _stop, and is notified
         # whenever the spool shrinks (flush() waits on it).
@@ -152,6 +154,9 @@ class Store:
         #: When the background thread plans to wake (monotonic; 0: not sleeping).
         self._wake_at = 0.0
         self._stop = self._closed
+        #: Set by a close() that found the background thread still inside the engine:
+        #: the thread runs it as it leaves, so the engine never closes under it.
+        self._last_out: Callable[[], None] | None = None
         #: Journals of processes that died could not all be replayed at open (the store
         #: was busy): this process's writes queue behind them, or a restarted agent's
         #: new turns would land before its old spooled ones (found by `fleetstore stress
@@ -426,6 +431,9 @@ class Store:
             with self._cond:
                 if self._thread is threading.current_thread():
                     self._running = False
+                last_out, self._last_out = self._last_out, None
+            if last_out is not None:
+                last_out()  # close() came while this thread was inside the engine
 
     def _background_loop(self) -> None:
         """Replay the spool in order, one operation per transaction, and flush
@@ -488,7 +496,8 @@ class Store:
         except errors.TransientError:
             return _RETRY_PAUSE  # still locked: the next attempt waits for the lock again
         except Exception as exc:
-            if not is_rejectable(exc):
+            if not is_rejectable(exc) or self._stop:
+                # (A failure met while closing may be the close's: never a rejection.)
                 # The store itself failed (I/O error, disk full, closed): the
                 # operation is fine and keeps its place; back off and retry.
                 self._failures += 1
@@ -564,12 +573,18 @@ class Store:
         for path in journals(self.spool_dir):
             if path == own:
                 continue
+            if not stopped and self._stop:
+                stopped = "the store is closing"
             if stopped:
                 results.append(Recovered(str(path), 0, "unfinished", f"not tried: {stopped}"))
                 continue
-            result = recover_journal(path, self.apply, self._check_blobs)
+            # Stops between two operations once close() begins: the rest waits for the
+            # next open or `fleetstore recover` (issue 23, cause 7).
+            result = recover_journal(path, self.apply, self._check_blobs, lambda: self._stop)
             if result.status == "unfinished":
                 stopped = f"the replay of {path.name} stopped"
+            with self._counts_lock:
+                self._recovered += result.replayed
             if result.rejected:
                 with self._counts_lock:
                     self._rejected += result.rejected
@@ -599,7 +614,7 @@ class Store:
     def metrics(self) -> dict[str, Any]:
         """This process's figures: the engine's, plus operations, spool and streams."""
         with self._counts_lock:
-            counts, rejected = dict(self._op_counts), self._rejected
+            counts, rejected, recovered = dict(self._op_counts), self._rejected, self._recovered
         engine = self.backend.metrics()
         return {
             **engine,
@@ -607,6 +622,7 @@ class Store:
             "spool_pending": len(self.spool),
             "spooled": self.spool.spooled_total,
             "replayed": self.spool.replayed_total,
+            "recovered": recovered,
             "rejected": rejected,
             "open_streams": len(self._streams),
         }
@@ -620,9 +636,10 @@ class Store:
 
     def close(self, timeout: float | None = None) -> None:
         """Flush open streams, wait (up to *timeout*, default the write budget) for the
-        spool to drain, and close.  Writes still spooled stay in the journal, for
-        ``fleetstore recover`` or the next ``fleetstore.open``; a replay attempt
-        under way may add up to one write budget to the wait.  Idempotent."""
+        spool to drain, and close.  Writes still spooled stay in the journal, and
+        journals of dead processes not yet replayed stay too, for ``fleetstore
+        recover`` or the next ``fleetstore.open``; the operation being replayed may
+        add up to one write budget to the wait.  Idempotent."""
         check_opt_timeout(timeout)
         if self._closed:
             return
@@ -631,31 +648,51 @@ class Store:
             drained = self._drain(timeout)
             if not drained:
                 log.error(
-                    "%s: closing with %d write(s) still in the spool journal %s; "
+                    "%s: closing with %d write(s) still in the spool journal %s%s; "
                     "`fleetstore recover` or the next open applies them",
                     self.path,
                     len(self.spool),
                     self.spool.path,
+                    " and journals of processes that died not all replayed" if self._behind else "",
                 )
         finally:
             with self._cond:
-                self._stop = True
+                self._stop = True  # the replay stops before its next operation
                 self._cond.notify_all()
             thread = self._thread
-            if thread is not None and thread is not threading.current_thread():
-                # An attempt under way ends within one write budget; the database
-                # must not close under it.  tests/store/test_spool.py::test_close_while_locked_*
+            here = thread is threading.current_thread()
+            if thread is not None and not here:
+                # The operation under way ends within one write budget.
+                # tests/store/test_spool.py::test_close_while_locked_*
                 thread.join(self.settings.write_budget + 5)
-                if thread.is_alive():
-                    log.error("%s: the background thread did not stop; closing anyway", self.path)
             self._closed = True
             if self._publisher is not None:
                 self._publisher.stop()
-            self.spool.close()
             # A sharded store's index refresh may wait for the catalog's lock: not when
             # the caller asked not to wait, nor when the spool says it is locked.
-            self.backend.close(sync=drained and (timeout is None or timeout > 0))
-            _live.discard(self)
+            sync = drained and (timeout is None or timeout > 0)
+
+            def last_out() -> None:
+                self.spool.close()
+                self.backend.close(sync=sync)
+                _live.discard(self)
+
+            with self._cond:
+                # Still inside the engine (an operation stuck longer than that): the
+                # thread closes it as it leaves.  Closing it here met the operation in
+                # flight with a closed gate, and it went to rejected.jsonl as a bug
+                # (issue 23, cause 7; tests/store/test_spool.py::test_close_during_the_*).
+                inside = self._running and not here
+                if inside:
+                    self._last_out = last_out
+            if inside:
+                log.error(
+                    "%s: closing while the background thread is still inside an operation; "
+                    "it closes the database when that operation ends",
+                    self.path,
+                )
+            else:
+                last_out()
 
     def __enter__(self) -> Store:
         return self

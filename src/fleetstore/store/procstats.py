@@ -5,7 +5,9 @@ latency histograms) to ``<db>.procs/<pid>.json`` about once a second, from a
 daemon thread: one small file written and renamed into place, so a reader sees
 the whole previous snapshot or the whole new one, never half.  The file is
 removed when the store closes; one left by a process that died is recognised by
-its PID (and the process start time, against PID reuse) and ignored.
+its PID and the process start time (``same_process``: a PID reused by another
+process does not make it live again), shown as history, never judged as current,
+and removed by ``fleetstore maintain`` (``remove_gone``).
 
 Cost, measured on the development machine: about 0.4 ms of one thread per
 second per process (a ~1 KB JSON file written and renamed); nothing on the write
@@ -49,6 +51,13 @@ def process_start_time(pid: int) -> int | None:
         return int(rest[19])
     except (IndexError, ValueError):
         return None
+
+
+def same_process(pid: int, start_time: object) -> bool:
+    """Is the process that recorded (*pid*, *start_time*) still running?  The PID
+    alone is not enough: a PID is reused, and a dead process's leftover file would
+    pass for a live one (doctor, maintain, the sharded layout's intents)."""
+    return start_time is not None and process_start_time(pid) == start_time
 
 
 def _command_line(pid: int) -> str:
@@ -151,12 +160,47 @@ def read_published(db_path: str | os.PathLike[str], now: float | None = None) ->
             pid = int(record["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        started = record.get("start_time")
-        alive = started is not None and process_start_time(pid) == started
+        alive = same_process(pid, record.get("start_time"))
         age = now - float(record.get("published_at", 0.0))
         found.append(Published(pid, str(record.get("command", "")), alive, age, record))
     found.sort(key=lambda p: (not p.alive, p.pid))
     return found
 
 
-__all__ = ["Publisher", "Published", "procs_dir", "process_start_time", "read_published"]
+#: A publisher's temporary file is renamed into place within milliseconds: one
+#: older than this was left by a process killed in between.
+_TMP_LEFT_AFTER = 60.0
+
+
+def remove_gone(
+    db_path: str | os.PathLike[str], *, dry_run: bool = False, now: float | None = None
+) -> tuple[list[Published], int]:
+    """Remove the files of processes that are gone from ``<db>.procs/`` (each one a
+    process killed before it could remove its own: the soak of issue 23 left 276),
+    and their temporary files.  Returns (the files removed, or that a dry run would
+    remove; how many live processes' files were kept)."""
+    now = time.time() if now is None else now
+    folder = procs_dir(db_path)
+    found = read_published(db_path, now)
+    gone = [p for p in found if not p.alive]
+    if not dry_run:
+        for p in gone:
+            with contextlib.suppress(FileNotFoundError):
+                (folder / f"{p.pid}.json").unlink()
+        with contextlib.suppress(OSError):
+            for tmp in folder.glob(".[0-9]*.json.tmp"):
+                with contextlib.suppress(OSError):
+                    if now - tmp.stat().st_mtime > _TMP_LEFT_AFTER:
+                        tmp.unlink()
+    return gone, len(found) - len(gone)
+
+
+__all__ = [
+    "Publisher",
+    "Published",
+    "procs_dir",
+    "process_start_time",
+    "read_published",
+    "remove_gone",
+    "same_process",
+]

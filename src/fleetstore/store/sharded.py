@@ -55,6 +55,7 @@ from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.sharded import ShardSet, shard_key
 from fleetstore.engine.sqlite import Database
 from fleetstore.store.backend import OPS_TAG, OpItem, blobs_durable, migrations, op_applier
+from fleetstore.store.procstats import process_start_time, same_process
 from fleetstore.store.spool import decode_line, encode_line, is_rejectable
 
 T = TypeVar("T")
@@ -67,24 +68,14 @@ _HOMES_CACHED = 4096
 CRASH_ENV = "FLEETSTORE_TEST_CRASH_SHARDED"
 
 
-def _start_ticks(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # Field 22 (starttime); the command name (field 2) may hold spaces, so split after it.
-    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
-
-
 def owner_alive(owner: str) -> bool:
-    """Is the process that wrote an intent still running (same PID, same start)?"""
+    """Is the process that wrote an intent (``PID:START``) still running?"""
     pid_text, _, ticks = owner.partition(":")
     try:
-        pid = int(pid_text)
+        pid, start = int(pid_text), int(ticks)
     except ValueError:
         return False
-    return _start_ticks(pid) == ticks
+    return same_process(pid, start)
 
 
 def _crash_point(name: str) -> None:
@@ -119,7 +110,7 @@ class Router:
     def _init_process(self) -> None:
         """The state of this process (a forked child starts its own: threads, locks
         and writes under way do not survive a fork)."""
-        self.owner = f"{os.getpid()}:{_start_ticks(os.getpid())}"
+        self.owner = f"{os.getpid()}:{process_start_time(os.getpid())}"
         self._lock = threading.Lock()
         self._dirty: set[str] = set()
         #: Shards whose refresh is under way (taken from _dirty, not yet committed).

@@ -411,6 +411,7 @@ def recover_journal(
     path: Path,
     apply: Callable[[Operation], object],
     check: Callable[[Operation], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Recovered:
     """Replay the journal at *path* if its process is gone, then delete it.
     An operation that fails for good goes to ``rejected.jsonl``; a store still
@@ -418,7 +419,10 @@ def recover_journal(
     *check* runs before each operation is applied: one it refuses with
     ``BlobCorrupt`` (a blob file it refers to is missing or damaged) stops the
     replay there, as damage, and keeps the file: applied, it would leave rows
-    that no read or export gets past."""
+    that no read or export gets past.  *stop* (the store is closing) is asked
+    before each operation: once it says so, the replay stops there, "unfinished",
+    and an operation that failed meanwhile is kept, never rejected (issue 23,
+    cause 7: a close met mid-replay was written to rejected.jsonl as a bug)."""
     name = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -439,6 +443,16 @@ def recover_journal(
         done = 0
         rejections: list[Rejection] = []
         for op in read.ops:
+            if stop is not None and stop():
+                return Recovered(
+                    name,
+                    done,
+                    "unfinished",
+                    f"stopped before operation {done + 1} of {len(read.ops)}: the store is "
+                    "closing; the file is kept for the next open or `fleetstore recover`",
+                    len(rejections),
+                    tuple(rejections),
+                )
             if check is not None:
                 try:
                     check(op)
@@ -456,7 +470,7 @@ def recover_journal(
             try:
                 apply(op)
             except Exception as exc:
-                if not is_rejectable(exc):
+                if not is_rejectable(exc) or (stop is not None and stop()):
                     return Recovered(
                         name,
                         done,

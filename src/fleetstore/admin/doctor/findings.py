@@ -395,26 +395,16 @@ def _lock_findings(report: Report, proc: dict[str, Any], waited: float, wal_size
             "fleetstore writers queue behind it",
             "it is inside a long write; if it hangs, end it (the kernel frees the gate)",
         )
-    readers = [
-        lk
-        for lk in both
-        if lk["mode"] == "READ" and any(n.startswith("wal-read-") for n in lk["names"])
-    ]
-    if readers and not writing:
-        slots = sorted(
-            int(n.rsplit("-", 1)[1])
-            for lk in readers
-            for n in lk["names"]
-            if n.startswith("wal-read-")
-        )
+    slot = proc.get("wal_reader")  # inspect.wal_readers, in both looks
+    if slot is not None:
         add(
             Severity.WARNING,
             "wal-reset-blocked",
-            f"{who} held a read transaction (WAL read lock {slots[0]}) in both looks, "
+            f"{who} held a read transaction (WAL read lock {slot}) in both looks, "
             f"{waited:.1f}s apart: while it lasts the WAL cannot be reset"
             + (
                 " and no checkpoint can copy frames back at all"
-                if slots[0] == 0
+                if slot == 0
                 else ", checkpoints stop at its snapshot"
             )
             + f", so the WAL keeps growing (now {mb(wal_size)})",
@@ -453,15 +443,26 @@ def _store_findings(report: Report, store: dict[str, Any]) -> None:
 def _background_findings(report: Report, processes: list[dict[str, Any]]) -> None:
     """What processes that have the store open publish (``<db>.procs/``): checkpoints
     that failed, and work after a commit that failed.  A process learns of these only
-    in its own figures, so doctor, another process, reads them there."""
+    in its own figures, so doctor, another process, reads them there.  Only live
+    processes' figures say what is wrong now: a process that is gone left its last
+    figures behind, which are history (after a full disk the soak of issue 23 kept
+    19 checkpoint-failing warnings naming processes that had died)."""
+    gone: list[str] = []
     for proc in processes:
         figures = (proc.get("figures") or {}).get("metrics") or {}
         failed, after = figures.get("checkpoint_errors", 0), figures.get("post_commit_errors", 0)
+        if not proc.get("alive"):
+            if failed or after:
+                gone.append(
+                    f"pid {proc['pid']}: {failed} failed checkpoint(s), {after} failed "
+                    "step(s) after a commit"
+                )
+            continue
         if not failed and not after:
             continue
         last = figures.get("last_error") or {}
         said = f"; the last: {last.get('what')}: {last.get('error')}" if last else ""
-        who = _who(proc) + ("" if proc.get("alive") else ", since gone")
+        who = _who(proc)
         if failed:
             report.add(
                 Severity.WARNING,
@@ -478,6 +479,16 @@ def _background_findings(report: Report, processes: list[dict[str, Any]]) -> Non
                 f"{who}: {after} step(s) after a commit failed (the commits stand){said}",
                 "read that process's log (logger 'fleetstore'); report it if it persists",
             )
+    stale = [p for p in processes if not p.get("alive")]
+    if stale:
+        more = f"; and {len(gone) - 3} more" if len(gone) > 3 else ""
+        report.add(
+            Severity.OK,
+            "procs-gone",
+            f"{len(stale)} process(es) that are gone left their last figures in <db>.procs/ "
+            "(`fleetstore maintain` removes them)"
+            + (f"; history, not a current problem: {'; '.join(gone[:3])}{more}" if gone else ""),
+        )
 
 
 def _schema_findings(report: Report, store: dict[str, Any]) -> None:

@@ -63,7 +63,17 @@ class Looks:
         }
         files = {pid: fs for pid, fs in files.items() if fs}
         pids = sorted({lk.pid for lk in first + second if lk.pid > 0} | set(files))
-        return _processes(pids, files, first, second, self.libraries)
+        procs = _processes(pids, files, first, second, self.libraries)
+        # A read transaction seen in both looks, on the same read mark (fleetstore top
+        # follows the same reading frame after frame).
+        seen_first = inspect.wal_readers(first)
+        seen_second = inspect.wal_readers(second)
+        for proc in procs:
+            slot = seen_first.get(proc["pid"])
+            proc["wal_reader"] = (
+                slot if slot is not None and seen_second.get(proc["pid"]) == slot else None
+            )
+        return procs
 
 
 def _processes(

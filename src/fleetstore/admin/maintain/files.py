@@ -1,5 +1,5 @@
 """A store's database files (its one file, or a sharded store's catalog and shards),
-and the size of a file."""
+the size of a file, and the ``procs`` step: the figures files of processes that are gone."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from fleetstore.admin.maintain.report import Step
 from fleetstore.engine.sqlite import Database
+from fleetstore.store.procstats import procs_dir, remove_gone
 
 
 def each_file(store: Any, fn: Callable[[str | None, Database], None]) -> None:
@@ -31,4 +33,24 @@ def file_size(path: str) -> int:
         return 0
 
 
-__all__ = ["each_file", "file_count", "file_size"]
+def gone_processes(db_path: str, step: Step, dry_run: bool) -> None:
+    """The ``procs`` step: remove ``<db>.procs/<pid>.json`` of every process that is
+    gone (its PID and start time no longer name a running process), which doctor
+    would otherwise keep showing; live processes' files are kept."""
+    gone, live = remove_gone(db_path, dry_run=dry_run)
+    step.detail.update(gone=len(gone), live=live)
+    where = procs_dir(db_path)
+    if not gone:
+        step.status = "nothing"
+        step.summary = f"no figures of a process that is gone in {where} ({live} live)"
+    elif dry_run:
+        step.status = "dry-run"
+        step.summary = f"would remove the figures of {len(gone)} process(es) that are gone"
+    else:
+        step.summary = (
+            f"removed the figures of {len(gone)} process(es) that are gone from {where} "
+            f"({live} live kept)"
+        )
+
+
+__all__ = ["each_file", "file_count", "file_size", "gone_processes"]

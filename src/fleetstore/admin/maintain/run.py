@@ -2,7 +2,8 @@
 fleetstore store from a foreign database, then run the steps in order and report.
 
 On a fleetstore store: retention (``archive``, ``delete``), ``ops`` (applied_ops
-pruning) and ``blobs`` (garbage collection), then the generic steps (``optimize``,
+pruning), ``blobs`` (garbage collection) and ``procs`` (the figures files of
+processes that are gone), then the generic steps (``optimize``,
 ``vacuum``, ``checkpoint``).  A dry run writes nothing: no migration, no replay of
 dead journals (the store is composed without ``open``), each step saying what it
 would do.
@@ -30,6 +31,7 @@ from fleetstore import errors, sql
 from fleetstore.admin.maintain.applied_ops import prune_ops
 from fleetstore.admin.maintain.blobs import collect_blobs, default_blob_grace
 from fleetstore.admin.maintain.config import Config, NotConfirmed
+from fleetstore.admin.maintain.files import gone_processes
 from fleetstore.admin.maintain.generic import generic_steps, generic_steps_each
 from fleetstore.admin.maintain.report import Progress, Report, Step, timed
 from fleetstore.admin.maintain.retention import archive, delete_old
@@ -214,6 +216,7 @@ def _store_steps(store: Any, config: Config, report: Report, progress: Progress 
         Step("blobs"),
         lambda s: collect_blobs(store, s, grace, config.dry_run, progress),
     )
+    timed(report, Step("procs"), lambda s: gone_processes(str(store.path), s, config.dry_run))
 
 
 __all__ = ["maintain", "resolve"]

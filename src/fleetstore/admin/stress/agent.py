@@ -26,6 +26,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -161,8 +162,13 @@ class _Fleetstore(_Target):
         self.store = fleetstore.open(cfg["url"], **cfg["settings"])
         self.drop_every: int = cfg.get("drop_every") or 0
         self.counted = 0
-        with contextlib_suppress_exists():
-            self.store.sessions.create(title=f"stress agent {agent}", id=self.sid)
+        try:
+            # A restarted agent's session is there: reading it writes nothing, so a
+            # restart is ready even while the disk is full (its turns wait or fail).
+            self.store.sessions.get(self.sid)
+        except fleetstore.NotFound:
+            with contextlib_suppress_exists():
+                self.store.sessions.create(title=f"stress agent {agent}", id=self.sid)
 
     def _dropped(self) -> bool:
         # --drop-every: a deliberately broken target that acknowledges a write it
@@ -229,16 +235,15 @@ class _Fleetstore(_Target):
         self.store.close()
 
 
+#: The counters of ``store.metrics()`` a run sums over every process.
+COUNTERS = ("writes", "busy_timeouts", "spooled", "replayed", "recovered", "rejected")
+
+
 def store_figures(store: Any) -> dict[str, Any]:
     """A fleetstore's write counters and raw lock histograms in this process (every
     file of a sharded store: they share one set of figures)."""
     m = store.metrics()
-    return {
-        "writes": int(m.get("writes", 0)),
-        "busy_timeouts": int(m.get("busy_timeouts", 0)),
-        "spooled": int(m.get("spooled", 0)),
-        "histograms": store.db.histograms(),
-    }
+    return {**{k: int(m.get(k, 0)) for k in COUNTERS}, "histograms": store.db.histograms()}
 
 
 @contextmanager
@@ -284,6 +289,9 @@ def agent_main(cfg: dict[str, Any], make_target: Callable[[dict[str, Any], int],
     # A restarted agent skips the turn it was killed in: it may be half written.
     first = max((int(e["n"]) for e in past), default=0) + (2 if past or cfg["restart"] else 1)
     target = make_target(cfg, agent)
+    figures = Figures(cfg, "agent", agent, target.figures)
+    if cfg["restart"]:
+        figures.start()  # its whole life is in the run: what its open() replayed too
     print("ready", flush=True)
     line = sys.stdin.readline().split()
     if len(line) != 3 or line[0] != "start":
@@ -296,8 +304,8 @@ def agent_main(cfg: dict[str, Any], make_target: Callable[[dict[str, Any], int],
             journal.write(json.dumps({"n": first - 1, "killed": True}) + "\n")
             journal.flush()
         _sleep_until(start)
-        cpu_began = time.process_time()
-        before = target.figures()
+        if not cfg["restart"]:
+            figures.start()  # after its set-up
         n = first
         parent = os.getppid()
         while os.getppid() == parent:
@@ -324,37 +332,98 @@ def agent_main(cfg: dict[str, Any], make_target: Callable[[dict[str, Any], int],
             journal.write(json.dumps(entry) + "\n")
             journal.flush()
             n += 1
-    _write_figures(cfg, "agent", agent, time.process_time() - cpu_began, before, target.figures())
+    figures.stop()
     target.close()
     return 0
 
 
-def figures_path(journal: str | Path) -> Path:
-    """Where the processes of a target append their figures (one JSON line per
-    process that finished its run; a process killed by --kill-rate writes none)."""
-    return Path(journal).with_name("figures.jsonl")
+def figures_dir(workdir: str | Path) -> Path:
+    """Where each process of a target keeps its figures, one file per process."""
+    return Path(workdir) / "figures"
 
 
-def _write_figures(
-    cfg: dict[str, Any],
-    role: str,
-    index: int,
-    cpu_s: float,
-    before: dict[str, Any] | None,
-    after: dict[str, Any] | None,
-) -> None:
-    """This process's CPU time over the run and, on fleetstore, its engine's write
-    figures (lock wait and hold histograms, counters) accrued over the run."""
-    line: dict[str, Any] = {"role": role, "index": index, "pid": os.getpid(), "cpu_s": cpu_s}
-    if before is not None and after is not None:
-        line["writes"] = after["writes"] - before["writes"]
-        line["busy_timeouts"] = after["busy_timeouts"] - before["busy_timeouts"]
-        line["spooled"] = after["spooled"] - before["spooled"]
-        line["histograms"] = after["histograms"]
-        line["histograms_before"] = before["histograms"]
-    path = figures_path(cfg["journal"]) if "journal" in cfg else Path(cfg["figures"])
-    with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
+#: Seconds between rewrites of a process's figures file: what a process killed by
+#: --kill-rate had done until then is in it (all but its last half second).
+FIGURES_EVERY = 0.5
+
+
+class Figures:
+    """This process's CPU time over its part of the run and, on fleetstore, its
+    engine's write figures (counters, lock wait and hold histograms) accrued over it,
+    in a file of its own (``figures/ROLE-INDEX-PID.json``) rewritten every half second
+    and at its end.  Every process of the run is counted, killed ones too: when only
+    the processes alive at the end reported, a soak whose agents had all been
+    restarted since their writes spooled said 0 spooled (issue 23).  A restarted
+    process's part of the run is its whole life; an original one's begins at the
+    common start, after its set-up."""
+
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        role: str,
+        index: int,
+        figures: Callable[[], dict[str, Any] | None],
+    ) -> None:
+        self._figures = figures
+        folder = Path(cfg["figures"])
+        folder.mkdir(exist_ok=True)
+        self.path = folder / f"{role}-{index}-{os.getpid()}.json"
+        self._base: dict[str, Any] = {"role": role, "index": index, "pid": os.getpid()}
+        self._restart = bool(cfg.get("restart"))
+        self._before: dict[str, Any] | None = None
+        self._cpu_began = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """The run begins for this process: take the baseline, write the file."""
+        self._cpu_began = 0.0 if self._restart else time.process_time()
+        self._before = None if self._restart else self._figures()
+        self.write(finished=False)
+        self._thread = threading.Thread(target=self._run, name="stress-figures", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(FIGURES_EVERY):
+            self.write(finished=False)
+
+    def stop(self) -> None:
+        """This process's run ended: its last figures, marked finished."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.write(finished=True)
+
+    def write(self, *, finished: bool) -> None:
+        line = {
+            **self._base,
+            "cpu_s": time.process_time() - self._cpu_began,
+            "finished": finished,
+        }
+        after = self._figures()
+        if after is not None:
+            before = self._before or {}
+            for key in COUNTERS:
+                line[key] = after[key] - before.get(key, 0)
+            line["histograms"] = after["histograms"]
+            line["histograms_before"] = before.get("histograms", {})
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(line))
+            os.replace(tmp, self.path)  # a reader sees the whole of one version
+        except OSError:
+            pass  # a full disk (a fault the run may inject): the last version stays
+
+
+def read_figures(workdir: str | Path) -> list[dict[str, Any]]:
+    """The figures of every process of a target's run, killed ones included."""
+    rows = []
+    for path in sorted(figures_dir(workdir).glob("*.json")):
+        try:
+            rows.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return rows
 
 
 def worker_main(cfg: dict[str, Any]) -> int:
@@ -374,13 +443,12 @@ def worker_main(cfg: dict[str, Any]) -> int:
         worker = fleetstore.Worker(
             store, {EFFECT_KIND: notify}, concurrency=WORKER_CONCURRENCY, lease=WORKER_LEASE
         )
-        before, cpu_began = store_figures(store), time.process_time()
+        figures = Figures(cfg, "worker", cfg.get("worker", 0), lambda: store_figures(store))
+        figures.start()
         print("ready", flush=True)
         code = worker.run()
         note_stats(cfg, "worker", dict(worker.stats))
-        if "figures" in cfg:
-            cpu = time.process_time() - cpu_began
-            _write_figures(cfg, "worker", cfg.get("worker", 0), cpu, before, store_figures(store))
+        figures.stop()
         return code
 
 

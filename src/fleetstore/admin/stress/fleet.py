@@ -9,15 +9,16 @@ think, a user message, a streamed reply with a tool call (heavy-tailed output
 sizes, up to ``--large-bytes``), usage, a state checkpoint and an outbox effect that
 ``--workers`` processes settle.  Faults on demand: outside write locks
 (``--external-lock HOLD@AT``), SIGKILL of agents and workers with restarts
-(``--kill-rate``), ``fleetstore maintain`` during the load (``--maintain``).
+(``--kill-rate``; ``procs.RestartPolicy``), ``fleetstore maintain`` during the load
+(``--maintain``).
 
 Afterwards a separate process reads every target back from disk against the agents'
 journals: every acknowledged turn present exactly once, in order, its tool output
 intact, its state checkpoint and effect there; no effect ``running`` past its lease;
 ``integrity_check`` of every file (a sharded store: the catalog and each shard) and,
-on a sharded store, the catalog's index equal to the shards.  The processes that
-finish their run also report their CPU time and fleetstore's write figures (lock
-wait and hold histograms), summed per target.
+on a sharded store, the catalog's index equal to the shards.  Every process, killed
+ones too, also reports its CPU time and fleetstore's write figures (spooled, replayed,
+recovered; lock wait and hold histograms), summed per target.
 The verdict (and exit code) is fleetstore's; the other targets are shown beside it.
 """
 
@@ -36,7 +37,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fleetstore import Settings
-from fleetstore.admin.stress.agent import WORKER_LEASE, figures_path, read_journal
+from fleetstore.admin.stress.agent import (
+    COUNTERS,
+    WORKER_LEASE,
+    figures_dir,
+    read_figures,
+    read_journal,
+)
 from fleetstore.admin.stress.config import (
     PEER_NOTES,
     ExternalLock,
@@ -164,7 +171,7 @@ def _run_target(
     tdir.mkdir(parents=True, exist_ok=True)
     for old in [
         *tdir.glob("agent-*.jsonl"),
-        figures_path(tdir / "agent-0.jsonl"),
+        *figures_dir(tdir).glob("*.json"),
         tdir / "executions.log",
         tdir / "outbox-stats.jsonl",
     ]:
@@ -267,7 +274,9 @@ def _drive(fleet: Fleet, rng: random.Random, progress: Progress) -> None:
         else math.inf
     )
     target = fleet.cfg["target"]
-    while fleet.agents_running():
+    # An agent whose restart failed is not running until its next attempt: the run
+    # goes on for it (a lone agent's failed restart ended the run at once).
+    while fleet.agents_running() or fleet.restarting():
         now = time.monotonic()
         while pending and now >= fleet.start + pending[0].at:
             fleet.launch_lock(LockRun(pending.pop(0)))
@@ -412,6 +421,7 @@ def _summarize(
         "per_agent": per_agent,
         "crashed": crashed,
         "kills": fleet.kills,
+        "restarts": fleet.restarts.report(),
         "kill_rate_achieved": round(len(fleet.kills) / config.duration, 3),
         "version": version_of(target),
         "maintenance": fleet.maintenance,
@@ -421,12 +431,21 @@ def _summarize(
 
 
 def _engine_figures(fleet: Fleet, elapsed: float) -> dict[str, Any]:
-    """What the processes that finished their run reported (figures.jsonl): their CPU
-    time over the run and, for fleetstore, the write transactions they committed and
-    the lock wait and hold of those writes (histograms summed across processes, so
-    the percentiles are the fleet's).  A process killed by --kill-rate reports nothing."""
-    rows = read_journal(figures_path(fleet.journal(0)))
-    out: dict[str, Any] = {"processes": len(rows)}
+    """What every process of the run reported (``agent.Figures``), killed ones
+    included (their figures up to half a second before the kill): their CPU time over
+    the run and, for fleetstore, the write transactions they committed, the writes
+    that spooled, were replayed from a spool or recovered from a dead process's
+    journal, and the lock wait and hold of the agents' writes (histograms summed
+    across processes, so the percentiles are the fleet's)."""
+    return sum_figures(read_figures(fleet.workdir), elapsed)
+
+
+def sum_figures(rows: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
+    """The run's figures from each process's (``agent.read_figures``)."""
+    out: dict[str, Any] = {
+        "processes": len(rows),
+        "finished": sum(1 for r in rows if r.get("finished")),
+    }
     for role in ("agent", "worker"):
         out[f"{role}_cpu_s"] = round(sum(float(r["cpu_s"]) for r in rows if r["role"] == role), 3)
     engine = [r for r in rows if "histograms" in r]
@@ -437,12 +456,14 @@ def _engine_figures(fleet: Fleet, elapsed: float) -> dict[str, Any]:
     out["agent_writes"] = writes
     out["worker_writes"] = sum(int(r["writes"]) for r in engine if r["role"] == "worker")
     out["writes_per_s"] = round(writes / elapsed, 1) if elapsed > 0 else 0.0
-    out["busy_timeouts"] = sum(int(r["busy_timeouts"]) for r in engine)
-    out["spooled"] = sum(int(r["spooled"]) for r in engine)
+    for key in COUNTERS:
+        if key != "writes":  # (above, by role)
+            out[key] = sum(int(r.get(key, 0)) for r in engine)
     for name in ("lock_wait", "lock_hold"):
         hist = Histogram()
         for r in agents:
-            hist.merge_export(_run_part(r["histograms"][name], r["histograms_before"][name]))
+            before = r["histograms_before"].get(name, {})
+            hist.merge_export(_run_part(r["histograms"][name], before))
         out[f"{name}_ms"] = {
             "p50": _ms(hist.quantile(0.50)),
             "p99": _ms(hist.quantile(0.99)),
