@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.files import private_dirs
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.targets import CATALOG, SHARDS
 from fleetstore.engine.base import Applier
@@ -55,7 +56,7 @@ class ShardSet:
         self.migrations = list(migrations)
         self.settings = settings
         self.max_open = max(1, max_open)
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(root)
         self.catalog = Database.open(root / CATALOG, self.migrations, **settings)
         self._share(self.catalog)
         if serve is not None:

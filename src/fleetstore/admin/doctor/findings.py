@@ -121,6 +121,14 @@ def _permission_findings(
                 + (": session history often carries secrets" if is_store else ""),
                 f"chmod o-rwx {facts.path} (fleetstore creates its files 0600)",
             )
+        elif is_store and role != "gate" and facts.mode & (stat.S_IRGRP | stat.S_IWGRP):
+            add(
+                Severity.PROBLEM,
+                "group-access",
+                f"{facts.path} can be read or written by its group (mode {facts.mode:04o}): "
+                "fleetstore.open refuses it (UnsafeFile); a store is one user's",
+                f"chmod g-rwx {facts.path} (fleetstore creates its files 0600)",
+            )
     directory = os.path.dirname(report.path)
     dmode = FileFacts.of(directory).mode
     if dmode & stat.S_IWOTH and not dmode & stat.S_ISVTX and not shard:
