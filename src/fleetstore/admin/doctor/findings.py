@@ -613,7 +613,9 @@ def _shard_file_findings(report: Report, section: dict[str, Any], url: str) -> N
             f"{len(missing)} shard file(s) that the catalog lists sessions in are missing: "
             f"{named}; reading those sessions fails (NotFound)",
             "put the file back at its path (shards/<last 2 characters>/<key>.db) if it was "
-            "moved by hand, or restore it from a backup; if it is lost, `fleetstore sessions "
+            "moved by hand, or restore it from a backup (a key ending in '..' names no file "
+            "now: versions before issue 23 put its file in the store's directory, at the "
+            "path shown in --json); if it is lost, `fleetstore sessions "
             f"rm ID --yes --store {url}` on its top-level session drops the catalog's rows",
         )
     orphans = section["orphans"]
