@@ -151,7 +151,8 @@ class UnsafeFile(PermanentError):
 class UnsafeSidecar(UnsafeFile):
     """A file or directory beside the store (its blob directory, spool journals, gate,
     -wal, -shm...) is a symbolic link, belongs to another user or can be written by
-    others: someone may have planted it.  Nothing was opened or replayed."""
+    others (SQLite's -wal, -shm and -journal: or read): someone may have planted it.
+    Nothing was opened or replayed."""
 
 
 class InvalidInput(PermanentError, ValueError):

@@ -85,7 +85,7 @@ def check_private_file(path: str, st: os.stat_result) -> None:
 
 
 def _access(mode: int) -> str:
-    """ "readable by others", "readable and writable by its group and others"..."""
+    """What *mode* lets its group and others do, e.g. ``readable by others``."""
     what = " and ".join(
         name
         for name, bits in (
