@@ -150,10 +150,17 @@ class NotAStore(PermanentError):
     nothing to it."""
 
 
-class UnsafeSidecar(PermanentError):
+class UnsafeFile(PermanentError):
+    """The database file is not a regular file, belongs to another user, or its group
+    or others can read or write it: someone may have planted it to read what is
+    written into it.  Nothing was opened, created or changed."""
+
+
+class UnsafeSidecar(UnsafeFile):
     """A file or directory beside the store (its blob directory, spool journals, gate,
     -wal, -shm...) is a symbolic link, belongs to another user or can be written by
-    others: someone may have planted it.  Nothing was opened or replayed."""
+    others (SQLite's -wal, -shm and -journal: or read): someone may have planted it.
+    Nothing was opened or replayed."""
 
 
 class InvalidInput(PermanentError, ValueError):
@@ -280,6 +287,7 @@ __all__ = [
     "StoreBusy",
     "StoreClosed",
     "TransientError",
+    "UnsafeFile",
     "UnsafeSidecar",
     "VersionConflict",
 ]

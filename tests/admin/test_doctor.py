@@ -301,6 +301,18 @@ def test_world_readable_store_file_is_a_problem(tmp_path: Path) -> None:
     assert rc == doctor.EXIT_PROBLEMS
 
 
+def test_a_store_file_its_group_can_read_is_a_problem_open_refuses(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    make_store(db)
+    os.chmod(db, 0o640)
+    rc, report = doctor_json(db)
+    bad = finding(report, "group-access")
+    assert bad["severity"] == "problem" and "UnsafeFile" in bad["message"]
+    assert rc == doctor.EXIT_PROBLEMS
+    with pytest.raises(fleetstore.errors.UnsafeFile):
+        fleetstore.open(db)
+
+
 def test_world_readable_foreign_file_is_a_warning(tmp_path: Path) -> None:
     db = tmp_path / "foreign.db"
     make_foreign(db, wal=True)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -594,6 +595,22 @@ def test_a_foreign_database_gets_only_the_generic_steps_and_only_with_yes(tmp_pa
     after_names, after_free, after_mode = foreign(path, "look")[:3]
     assert after_names == names  # no fleetstore table added
     assert int(after_free) == 0 and after_mode == "wal"
+
+
+def test_a_store_others_can_read_is_refused_and_left_alone(tmp_path: Path) -> None:
+    """Another program's file keeps its mode (above); a store is held to what
+    fleetstore.open requires (issue 23), in a dry run too, before anything is made."""
+    path = tmp_path / "copied.db"
+    with fleetstore.open(path) as store:
+        store.sessions.create("s")
+    for side in tmp_path.glob("copied.db?*"):
+        shutil.rmtree(side) if side.is_dir() else side.unlink()
+    path.chmod(0o644)  # as `cp` leaves a copy
+    digest = file_digest(path)
+    for extra in ("--yes", "--dry-run"):
+        done = cli("maintain", str(path), extra)
+        assert done.returncode == 1 and "chmod 600" in done.stderr, done.stderr
+        assert file_digest(path) == digest and [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_a_foreign_database_not_in_wal_mode_is_left_alone(tmp_path: Path) -> None:

@@ -285,6 +285,12 @@ def test_import_into_another_programs_file_only_when_asked(tmp_path: Path) -> No
     refused = run(["import", str(exported), "--store", path])
     assert refused.returncode == 1 and "--add-to-foreign-db" in refused.stderr, refused.stderr
     assert snapshot(here) == before
+    # Made under umask 022, the other program's file is 0644: fleetstore writes no
+    # session into a file others can read (issue 23), even when asked to add to it.
+    readable = run(["import", str(exported), "--store", path, "--add-to-foreign-db"])
+    assert readable.returncode == 1 and "chmod 600" in readable.stderr, readable.stderr
+    assert snapshot(here) == before
+    os.chmod(path, 0o600)
     done = run(["import", str(exported), "--store", path, "--add-to-foreign-db"])
     assert done.returncode == 0, done.stderr
     with fleetstore.open(path) as store:

@@ -260,8 +260,8 @@ def test_bad_paths_are_typed_errors(tmp_path: Path) -> None:
     with pytest.raises(errors.CorruptStore):
         Database.open(junk)
     assert junk.read_bytes() == before
-    with pytest.raises(errors.DatabaseError):
-        Database.open(tmp_path)  # a directory
+    with pytest.raises(errors.UnsafeFile, match="not a regular file \\(a directory\\)"):
+        Database.open(tmp_path)
 
 
 def test_existing_rollback_journal_file_is_switched_to_wal(tmp_path: Path) -> None:
@@ -271,6 +271,7 @@ def test_existing_rollback_journal_file_is_switched_to_wal(tmp_path: Path) -> No
         c.close()
     """)
     finish(proc)
+    path.chmod(0o600)  # the umask made it 0644: fleetstore uses no file others can read
     with Database.open(path) as db:
         assert {r["journal_mode"] for r in db.connection_report()} == {"wal"}
 
@@ -283,6 +284,7 @@ def test_wal_switch_waits_under_the_gate_and_never_fails_silently(tmp_path: Path
         c = apsw.Connection({str(path)!r}); c.execute("CREATE TABLE old(x)")
         c.execute("BEGIN"); c.execute("SELECT * FROM old").fetchall()
     """)
+    path.chmod(0o600)
     try:
         started = time.monotonic()
         with pytest.raises(fleetstore.StoreBusy) as caught:

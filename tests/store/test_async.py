@@ -576,7 +576,7 @@ def fds_on(path: str) -> list[str]:
 
 def test_cancelled_open_closes_the_store_it_opened(tmp_path: Path, spawn: Spawn) -> None:
     path = str(tmp_path / "s.db")
-    Path(path).touch()  # an empty file: opening it must wait for the lock to migrate
+    Path(path).touch(mode=0o600)  # an empty file: opening it must wait for the lock to migrate
 
     async def main() -> None:
         holder = await hold_lock(spawn, path)

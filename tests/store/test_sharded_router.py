@@ -1,21 +1,29 @@
-"""The sharded layout's routing: which file each write lands in, the bounded cache of
-open shards, store-wide session ids, a moved shard file, a catalog+shard write that
-stopped half-way in a live process.  (Crashes and fleets: test_sharded.py.)"""
+"""The sharded layout's routing: which file each write lands in (a shard key names a
+file in shards/ whatever the id), the bounded cache of open shards, store-wide
+session ids, a moved shard file, a catalog+shard write that stopped half-way in a
+live process or failed.  (Crashes and fleets: test_sharded.py.)"""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fleetstore
-from fleetstore import NewEffect, Store, errors
-from fleetstore.engine.sharded import shard_key
+from fleetstore import NewEffect, Operation, Store, errors
+from fleetstore.core.ids import is_valid_id
+from fleetstore.core.validate import check_id
+from fleetstore.engine.sharded import is_key, shard_files, shard_key, shard_path
 from fleetstore.engine.sqlite import Database
 from fleetstore.store import sharded as sharding
+from fleetstore.store.spool import encode_line
 from tests.fix_stores import read_everywhere
 
 
@@ -251,3 +259,171 @@ def test_a_listing_does_not_wait_out_a_locked_catalog(tmp_path: Path) -> None:
             outside.close()
         assert store.sync_catalog(timeout=30) is True
         assert store.sessions.list()[0].updated_at == store.sessions.get(s.id).updated_at
+
+
+# -- shard keys: a file in shards/, whatever the id (issue 23, cause 8) ---------------------
+
+#: The key rule before issue 23, kept here to prove no key it gave a file is renamed.
+_OLD_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def _old_key_was_name(name: str) -> bool:
+    return bool(_OLD_SAFE.fullmatch(name)) and not name.endswith((".db", "-wal", "-shm"))
+
+
+#: Ids as they come: any printable text, and names made of the characters a key may
+#: hold (so that dots at either end, "..", "." and near-keys are drawn often).
+_IDS = st.one_of(
+    st.text(alphabet="aZ09._-", min_size=1, max_size=8),
+    st.text(alphabet="aZ09._-", min_size=95, max_size=105),
+    st.text(min_size=1, max_size=128),
+).filter(is_valid_id)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_IDS)
+def test_a_shard_key_names_a_plain_file_in_its_own_directory_of_shards(name: str) -> None:
+    assert check_id(name, "id") == name
+    key = shard_key(name)
+    assert is_key(key) and shard_key(key) == key
+    if _old_key_was_name(name) and not name.endswith(".."):
+        assert key == name  # a store's existing files keep their names
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        path = shard_path(root, key)
+        directory = path.parent
+        assert directory.parent == root / "shards" and directory.name == key[-2:]
+        assert directory.name not in (".", "..") and not path.name.startswith(".")
+        assert path.name == f"{key}.db" and os.path.normpath(path) == str(path)
+        # On disk: the file is where its path says, and the listing every tool uses
+        # (stats, doctor, maintain, reshard, top) finds it.
+        directory.mkdir(parents=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        assert os.path.realpath(path).startswith(os.path.realpath(root / "shards") + os.sep)
+        assert shard_files(root) == [(key, path)]
+        assert sorted(os.listdir(root)) == ["shards"]
+
+
+_ODD_IDS = ["Ab", "x..", "..", "...", "0..", "a.", "-..-", "..x"]
+
+
+def test_ids_ending_in_dots_keep_their_trees_in_shards_and_every_tool_sees_them(
+    tmp_path: Path,
+) -> None:
+    """Issue 23: "x.." made shards/../x...db (the store's own directory); stats,
+    doctor and maintain missed the file and reshard failed."""
+    from fleetstore.admin import doctor
+    from fleetstore.admin.maintain.config import Config
+    from fleetstore.admin.maintain.run import maintain
+    from fleetstore.admin.stats import store_stats
+    from fleetstore.transfer import reshard
+
+    directory = tmp_path / "st"
+    with sharded(tmp_path) as store:
+        for sid in _ODD_IDS:
+            store.sessions.create(sid, id=sid)
+            store.messages.append(sid, "user", f"in {sid}")
+        keys = sorted(shard_key(sid) for sid in _ODD_IDS)
+        assert store.router is not None and store.router.shards.keys() == keys
+        figures = store_stats(store, 10)
+        assert figures["database_files"] == 1 + len(_ODD_IDS)
+        assert figures["counts"]["messages"] == len(_ODD_IDS)
+    made = {str(p.relative_to(directory)) for p in directory.rglob("*.db")}
+    assert made == {"catalog.db"} | {f"shards/{k[-2:]}/{k}.db" for k in keys}
+    report = doctor.diagnose(f"sqlite+sharded://{directory}", interval=0)
+    section = report.data["sharded"]
+    assert section["shard_files"] == len(_ODD_IDS)
+    assert section["missing"] == [] and section["orphans"] == []
+    done = maintain(Config(f"sqlite+sharded://{directory}", yes=True))
+    (checkpoint,) = [s for s in done.steps if s.name == "checkpoint"]
+    assert sum(checkpoint.detail["files_by_status"].values()) == 1 + len(_ODD_IDS)
+    assert reshard.reshard(f"sqlite+sharded://{directory}", tmp_path / "one.db").ok
+    assert reshard.reshard(tmp_path / "one.db", tmp_path / "again").ok
+    with fleetstore.open(f"sqlite+sharded://{tmp_path / 'again'}") as again:
+        for sid in _ODD_IDS:
+            assert [m.text for m in again.messages.list(sid)] == [f"in {sid}"]
+
+
+def test_a_catalog_row_naming_no_shard_key_is_shown_by_doctor_and_dropped_by_open(
+    tmp_path: Path,
+) -> None:
+    """What the old rule left in a catalog when shards/ did not exist yet: create("x..")
+    raised, its reservation and intent stayed.  Doctor names it with the place the old
+    rule gave its file; the next open drops both, and the id can be used again."""
+    from fleetstore.admin import doctor
+
+    with sharded(tmp_path) as store:
+        op = Operation("create_session", {"id": "x..", "title": "t", "metadata": {}}, "op-1")
+        text = encode_line(op).decode()
+        with store.db.write() as tx:  # as a process that died left them
+            tx.execute("INSERT INTO shard_sessions VALUES ('x..', 'x..')")
+            tx.execute("INSERT INTO shard_intents VALUES ('op-1', 'x..', ?, '1:1', 0)", (text,))
+    report = doctor.diagnose(f"sqlite+sharded://{tmp_path / 'st'}", interval=0)
+    old_place = str(tmp_path / "st" / "x...db")
+    assert report.data["sharded"]["missing"] == [{"key": "x..", "path": old_place, "sessions": 1}]
+    with sharded(tmp_path) as store:
+        assert store.router is not None
+        assert _catalog_counts(store) == (0, 0)
+        assert store.sessions.create("again", id="x..").id == "x.."
+        assert store.router.home("x..") == shard_key("x..") != "x.."
+
+
+# -- a catalog+shard write that failed leaves nothing to finish (issue 23) ------------------
+
+
+def _catalog_counts(store: Store) -> tuple[int, int]:
+    rows = store.db.read(
+        lambda tx: tx.execute(
+            "SELECT (SELECT count(*) FROM shard_sessions), (SELECT count(*) FROM shard_intents)"
+        )
+    )
+    return rows[0][0], rows[0][1]
+
+
+def test_a_create_refused_by_a_planted_shard_file_leaves_no_catalog_entry(tmp_path: Path) -> None:
+    with sharded(tmp_path) as store:
+        assert store.router is not None
+        store.sessions.create("first")
+        before = _catalog_counts(store)
+        planted = store.router.shards.path_of(shard_key("victim"))
+        planted.parent.mkdir(mode=0o700, exist_ok=True)
+        planted.touch()
+        planted.chmod(0o666)  # someone else's, for whatever is written into it
+        with pytest.raises(errors.UnsafeFile, match="writable by its group and others"):
+            store.sessions.create("mine", id="victim")
+        assert _catalog_counts(store) == before
+        assert "victim" not in {s.id for s in store.sessions.list()}
+        assert planted.stat().st_size == 0 and sorted(os.listdir(planted.parent)) == [planted.name]
+        planted.unlink()
+        assert store.sessions.create("mine", id="victim").id == "victim"
+        assert store.router.recover(own=True) == 0
+
+
+def test_a_write_refused_by_a_busy_shard_is_not_finished_later(tmp_path: Path) -> None:
+    """The caller is told StoreBusy (on_busy="raise"): nothing was written, and
+    nothing is, when the shard is free again (the intent used to stay, and this
+    process's background recovery applied the message and its effect later)."""
+    import subprocess
+    import sys
+
+    with sharded(tmp_path, write_budget=0.3, on_busy="raise") as store:
+        assert store.router is not None
+        s = store.sessions.create("s")
+        shard = store.router.shards.path_of(shard_key(s.id))
+        before = _catalog_counts(store)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetstore", "lock", str(shard), "--hold", "30"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        with proc:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith("locked ")
+            with pytest.raises(errors.StoreBusy):
+                store.messages.append(s.id, "user", "hi", effects=[NewEffect("t", "k")])
+            assert _catalog_counts(store) == before
+            proc.terminate()
+            assert proc.wait(30) == 0
+        assert store.router.recover(own=True) == 0
+        store.router.sync_dirty()
+        assert store.messages.list(s.id) == [] and store.effects.list(thread_key="t") == []

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fleetstore.core.metrics import Histogram
-from fleetstore.core.targets import CATALOG, SHARDS, sharded_root
+from fleetstore.core.targets import CATALOG, sharded_root
 from fleetstore.core.units import size as _size
 from fleetstore.engine import inspect
 from fleetstore.engine.proclocks import lock_holders
+from fleetstore.engine.sharded import shard_files as listed_shards
 from fleetstore.errors import LockHolder
 from fleetstore.store.procstats import Published, read_published
 
@@ -186,30 +187,17 @@ def shard_files(directory: Path) -> dict[str, Any]:
 
     count = db_bytes = wal_bytes = 0
     largest: dict[str, Any] | None = None
-    base = directory / SHARDS
-    try:
-        subdirs = [d for d in os.scandir(base) if d.is_dir()]
-    except OSError:
-        subdirs = []
-    for sub in subdirs:
+    for key, path in listed_shards(directory):
+        count += 1
+        with contextlib.suppress(OSError):
+            db_bytes += os.stat(path).st_size
         try:
-            names = os.listdir(sub.path)
+            wal = os.stat(f"{path}-wal").st_size
         except OSError:
             continue
-        for name in names:
-            if not name.endswith(".db") or name.startswith("."):
-                continue
-            count += 1
-            full = os.path.join(sub.path, name)
-            with contextlib.suppress(OSError):
-                db_bytes += os.stat(full).st_size
-            try:
-                wal = os.stat(full + "-wal").st_size
-            except OSError:
-                continue
-            wal_bytes += wal
-            if largest is None or wal > largest["bytes"]:
-                largest = {"key": name[:-3], "bytes": wal}
+        wal_bytes += wal
+        if largest is None or wal > largest["bytes"]:
+            largest = {"key": key, "bytes": wal}
     return {
         "on_disk": count,
         "db_bytes": db_bytes,

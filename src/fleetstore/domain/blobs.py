@@ -27,6 +27,7 @@ from typing import Any
 import zstandard
 
 from fleetstore import errors
+from fleetstore.core.files import private_dirs
 from fleetstore.engine.base import Engine
 
 CODEC = "zstd"
@@ -156,9 +157,7 @@ class BlobStore:
         renamed into place.  On an ``OSError`` the temporary file is gone; *target* is
         either absent or whole (a rename done before a directory fsync failed)."""
         if not target.parent.is_dir():
-            # mkdir(parents=True) would create the top directory with the umask's mode.
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            target.parent.mkdir(mode=0o700, exist_ok=True)
+            private_dirs(target.parent)
         tmp = target.parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:

@@ -1,7 +1,7 @@
 """Many SQLite files as one store: a catalog database plus one database per shard.
 
 This layer knows files and keys, not what is in them: a shard is named by an
-opaque key, lives at ``<dir>/shards/<last two characters>/<key>.db``, is
+opaque key (``is_key``), lives at ``<dir>/shards/<last two characters>/<key>.db``, is
 created and migrated on first use (``Database.open`` applies each migration
 once across processes starting together) and kept open in a bounded cache.
 Which rows go to which shard is decided above (``fleetstore.store.sharded``).
@@ -20,20 +20,54 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.files import private_dirs
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.targets import CATALOG, SHARDS
 from fleetstore.engine.base import Applier
 from fleetstore.engine.sqlite import Database, Migration
 
 _SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+#: Endings no key has: ``..`` would make the key's directory (its last two
+#: characters) ``shards/..``, the store's own directory (issue 23: a session id
+#: ending in ``..`` put its file outside ``shards/``); the others end like SQLite's
+#: files.
+_NOT_KEY_ENDINGS = ("..", ".db", "-wal", "-shm")
+
+
+def is_key(name: str) -> bool:
+    """Is *name* a shard key?  Then ``shards/<its last two characters>/<name>.db`` is
+    a plain file in a plain directory of ``shards/``: ASCII letters, digits, ``_``,
+    ``-`` and ``.``, a letter or digit first (no ``.``, ``..`` or hidden file), up to
+    100 characters, never ending in ``..``."""
+    return bool(_SAFE_KEY.fullmatch(name)) and not name.endswith(_NOT_KEY_ENDINGS)
 
 
 def shard_key(name: str) -> str:
-    """A file-safe shard key for *name* (a root session id): the name itself when it
-    is a plain file name, else a hash of it (ids may hold any printable character)."""
-    if _SAFE_KEY.fullmatch(name) and not name.endswith((".db", "-wal", "-shm")):
+    """The shard key for *name* (a root session id): the name itself when it is a key
+    (so every key a store has used stays its file's name), else a hash of it (ids may
+    hold any printable character).  tests/store/test_sharded_router.py"""
+    if is_key(name):
         return name
     return "h" + hashlib.sha256(name.encode()).hexdigest()[:40]
+
+
+def shard_path(root: Path, key: str) -> Path:
+    """Where shard *key*'s file is in the sharded store at *root*; ``InvalidInput``
+    for a name that is no key (one from a damaged catalog or an archive's name)."""
+    if not is_key(key):
+        raise errors.InvalidInput(f"not a shard key: {key!r}")
+    return root / SHARDS / key[-2:] / f"{key}.db"
+
+
+def shard_files(root: Path) -> list[tuple[str, Path]]:
+    """(key, path) of every shard file of the sharded store at *root*, by key: each
+    file at the path its key names (another file there is not a shard)."""
+    found = []
+    for path in (root / SHARDS).glob("*/*.db"):
+        key = path.name[:-3]
+        if is_key(key) and path.parent.name == key[-2:]:
+            found.append((key, path))
+    return sorted(found)
 
 
 class ShardSet:
@@ -55,7 +89,7 @@ class ShardSet:
         self.migrations = list(migrations)
         self.settings = settings
         self.max_open = max(1, max_open)
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(root)
         self.catalog = Database.open(root / CATALOG, self.migrations, **settings)
         self._share(self.catalog)
         if serve is not None:
@@ -70,22 +104,19 @@ class ShardSet:
         self._closed = False
 
     def path_of(self, key: str) -> Path:
-        if not _SAFE_KEY.fullmatch(key):
-            raise errors.InvalidInput(f"not a shard key: {key!r}")
-        return self.root / SHARDS / key[-2:] / f"{key}.db"
+        return shard_path(self.root, key)
 
     def keys(self) -> list[str]:
         """The keys of the shard files on disk, sorted."""
-        base = self.root / SHARDS
-        if not base.is_dir():
-            return []
-        return sorted(p.name[:-3] for p in base.glob("*/*.db") if _SAFE_KEY.fullmatch(p.name[:-3]))
+        return [key for key, _ in shard_files(self.root)]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
 
     def exists(self, key: str) -> bool:
-        return self.path_of(key).is_file()
+        """Is there a file for shard *key*?  (Never, for a name that is no key: a
+        catalog row written before such names were refused names no file of ours.)"""
+        return is_key(key) and self.path_of(key).is_file()
 
     @contextlib.contextmanager
     def use(self, key: str, *, create: bool = True) -> Iterator[Database]:
@@ -98,6 +129,10 @@ class ShardSet:
             self._release(key)
 
     def _acquire(self, key: str, create: bool) -> Database:
+        if not is_key(key):
+            # A catalog row of a version that let an id ending in ".." be a key: its
+            # file is not in shards/, so there is none (doctor shows where it was).
+            raise errors.NotFound(f"no shard {key!r} in {self.root}: not a shard key")
         path = self.path_of(key)
         with self._lock:
             if self._closed:
@@ -166,6 +201,8 @@ class ShardSet:
     def discard(self, key: str) -> None:
         """Close and remove shard *key*'s files: only for a shard this process just
         created and nothing refers to (a first write into it was refused)."""
+        if not is_key(key):
+            return  # names no file (a catalog row of an older version)
         with self._lock:
             if self._users[key]:
                 return

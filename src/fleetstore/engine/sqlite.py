@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import threading
 import time
 import weakref
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import apsw
 
 from fleetstore import errors
+from fleetstore.core.files import check_private_file, private_dirs
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
 from fleetstore.core.validate import check_bool, check_path, check_str, check_timeout
@@ -39,6 +41,7 @@ from fleetstore.engine.checkpoints import CatchUp, Checkpointer, Checkpoints
 from fleetstore.engine.combine import Combiner
 from fleetstore.engine.forkguard import GUARD
 from fleetstore.engine.gate import GateTimeout, WriterGate
+from fleetstore.engine.inspect import HEADER_BYTES, SQLITE_MAGIC
 from fleetstore.engine.proclocks import lock_holders
 from fleetstore.engine.translate import bad_params, commit_error, translate
 
@@ -163,6 +166,53 @@ _guard = GUARD
 _live: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
+def _own_file(path: str, foreign: bool) -> os.stat_result:
+    """Make or check the database file at *path* before anything else is made beside
+    it (the gate, SQLite's journals): its ``fstat``.
+
+    Sessions carry secrets: the file is created 0600 here, before SQLite would create
+    it 0644 (SQLite gives -wal and -shm the database's mode), in directories made 0700.
+    A file that exists must be empty or a SQLite database (a text file given by
+    mistake is refused as it is: SQLite left a gate and a journal beside one, and took
+    a 1-byte file for an empty database and wrote over it), and this user's alone
+    (``check_private_file``: another user may have planted it, issue 23)."""
+    try:
+        found: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:
+        raise errors.DatabaseError(f"{path}: cannot open: {exc.strerror}") from exc
+
+    def check(st: os.stat_result) -> None:
+        if not (foreign and stat.S_ISREG(st.st_mode)):
+            check_private_file(path, st)
+
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        check(found)  # a link, a FIFO, a device: not even opened
+    try:
+        if found is None:
+            private_dirs(os.path.dirname(os.path.abspath(path)))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if found is not None:
+            check(found)  # another user's file we may not open: say so
+        raise errors.DatabaseError(f"{path}: cannot open: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        head = os.pread(fd, HEADER_BYTES, 0) if st.st_size else b""
+    finally:
+        os.close(fd)
+    if st.st_size and not head.startswith(SQLITE_MAGIC) and not os.path.lexists(path + "-journal"):
+        # (A -journal beside it: a first write was cut short, page 1 perhaps torn;
+        # SQLite rolls it back, or says what the file is.)
+        raise errors.CorruptStore(
+            f"{path}: file is not a database (it does not begin with SQLite's header: "
+            f"{head[:16]!r}); it was not opened and nothing was made beside it"
+        )
+    check(st)  # what was opened: another process may have made it
+    return st
+
+
 def _after_fork_in_child() -> None:
     _guard.after_fork_in_child()
     for db in list(_live):
@@ -248,12 +298,24 @@ class Database(Checkpoints):
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], migrations: Sequence[Migration] = (), **settings: Any
+        cls,
+        path: str | os.PathLike[str],
+        migrations: Sequence[Migration] = (),
+        *,
+        foreign: bool = False,
+        **settings: Any,
     ) -> Database:
-        """Open (creating if needed, mode 0600) the database at *path*, switch it to WAL
-        if it is not already, and apply the *migrations* it lacks, exactly once across
-        every process opening it at the same time.  *settings* are ``Settings`` fields,
-        each also readable from ``FLEETSTORE_<NAME>``."""
+        """Open (creating if needed, mode 0600, in directories made 0700) the database
+        at *path*, switch it to WAL if it is not already, and apply the *migrations* it
+        lacks, exactly once across every process opening it at the same time.  A file
+        that is not this user's alone is refused (``UnsafeFile``), one that is neither
+        empty nor a SQLite database too (``CorruptStore``), before anything is made
+        beside it.  *foreign*: the file is another program's, opened to maintain what
+        it holds (``fleetstore maintain`` on a foreign file), not to write secrets into:
+        who may read it is that program's business, and only its kind is checked.
+        *settings* are ``Settings`` fields, each also readable from
+        ``FLEETSTORE_<NAME>``."""
+        check_bool(foreign, "foreign")
         config = Settings.load(**settings)
         path = check_path(path)
         ordered_migrations(migrations)  # checked before the file is made
@@ -261,20 +323,11 @@ class Database(Checkpoints):
             raise errors.ConfigError(
                 f"a file path is required, not {path!r}: processes share files"
             )
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        # Sessions carry secrets: create the file 0600 ourselves, before SQLite
-        # would create it 0644; SQLite gives -wal and -shm the database's mode.
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise errors.DatabaseError(f"{path}: cannot open: {exc.strerror}") from exc
-        st = os.fstat(fd)
-        fresh = st.st_size == 0
-        os.close(fd)
+        st = _own_file(path, foreign)
         db = cls(path, config)
         db._identity = (st.st_dev, st.st_ino)
         try:
+            fresh = st.st_size == 0
             db._wait_for_space(lambda: db._prepare(fresh, migrations))
         except BaseException:
             db.close()

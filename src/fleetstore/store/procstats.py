@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleetstore.core.files import private_dirs
 from fleetstore.core.metrics import Histogram
 
 #: Files older than this many publish intervals are reported as stale.
@@ -111,7 +112,7 @@ class Publisher:
         record["published_at"] = time.time()
         record["interval"] = self.interval
         record.update(self._figures())
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        private_dirs(self.dir)
         tmp = self.dir / f".{self._pid}.json.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:

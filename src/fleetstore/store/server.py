@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fleetstore import errors
+from fleetstore.core.files import private_dirs
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import local_base, redact
 from fleetstore.domain.blobs import DbBlobStore
@@ -41,7 +42,7 @@ def open_server(url: str, settings: Settings, queries: Mapping[str, str]) -> Ser
     pg = PgDatabase.open(url, migrations("postgresql"), **dataclasses.asdict(settings))
     try:
         local = local_base(url, settings)
-        local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(local.parent)
         return ServerBackend(pg, queries, settings, local)
     except BaseException:
         pg.close()

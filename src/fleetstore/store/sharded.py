@@ -52,7 +52,7 @@ from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Scope, check_effects, earlier_result
 from fleetstore.domain.outbox import enqueue_effect
 from fleetstore.engine.base import Engine, Tx
-from fleetstore.engine.sharded import ShardSet, shard_key
+from fleetstore.engine.sharded import ShardSet, is_key, shard_key
 from fleetstore.engine.sqlite import Database
 from fleetstore.store.backend import OPS_TAG, OpItem, blobs_durable, migrations, op_applier
 from fleetstore.store.procstats import process_start_time, same_process
@@ -240,7 +240,9 @@ class Router:
             raise errors.InvalidInput(f"{op.name}: text that is not valid Unicode: {exc}") from None
         created = _created_id(op)
 
-        def begin(tx: Tx) -> None:
+        def begin(tx: Tx) -> tuple[bool, str | None]:
+            """(whether the intent is new, the session id this call reserved)."""
+            reserved = None
             if created is not None:
                 # Session ids are unique across the store: reserve this one for the
                 # shard now (a clash with a session of another tree is refused here;
@@ -250,17 +252,36 @@ class Router:
                     not home and tx.execute(self.q["session_exists"], (created,))
                 ):
                     raise errors.AlreadyExists(f"a session {created!r} exists")
+                if not home:
+                    reserved = created
                 tx.execute(self.q["shard_index_put"], (created, key))
+            new = not tx.execute(self.q["shard_intent_get"], (op.op_id,))
             tx.execute(self.q["shard_intent_add"], (op.op_id, key, text, self.owner, time.time()))
+            return new, reserved
 
         with self._lock:
             self._active.add(op.op_id)
         begun = False
         try:
-            self.catalog.run_write(begin)
+            new, reserved = self.catalog.run_write(begin)
             begun = True
             _crash_point("after-intent")
-            result, applied = self._shard_part(key, op)
+            existed = self.shards.exists(key)
+            try:
+                result, applied = self._shard_part(key, op)
+            except Exception as exc:
+                # A new intent is this call's alone: nothing else can have applied it,
+                # and a shard part that raised wrote nothing (but for a COMMIT that
+                # cannot tell), so the write is abandoned whatever the error (a file
+                # that cannot be opened, a full disk, a busy shard: the caller is told
+                # it failed, or spools it, and a later retry starts afresh).  An
+                # intent found (a retry of a write that stopped half-way) may have
+                # been applied by its first try: only an error the operation itself
+                # always meets abandons it.
+                if is_rejectable(exc) or (new and not isinstance(exc, errors.CommitUncertain)):
+                    self._abandon(key, op, existed, reserved)
+                    begun = False  # nothing of it is left to finish
+                raise
             _crash_point("after-shard")
             self._catalog_part(key, op, applied)
         except BaseException:
@@ -292,27 +313,37 @@ class Router:
             result = registry.apply(tx, q, shard_op, tx.now)
             return result, result
 
-        existed = self.shards.exists(key)
-        try:
-            # Only a write that starts a tree makes its file; any other finding no file
-            # (a tree archived, a file removed by hand) is NotFound, not a new empty shard.
-            created = _created_id(op)
-            new_tree = created is not None and shard_key(created) == key
-            with self.shards.use(key, create=new_tree) as db:
-                outcome: tuple[dict[str, Any], dict[str, Any]] = db.run_write(run)
-                return outcome
-        except Exception as exc:
-            if is_rejectable(exc):
-                # It can never apply: nothing was written, and nothing will be.
-                def abandon(tx: Tx) -> bool:
-                    self._sync_index(tx, key)  # drops a reservation the shard lacks
-                    tx.execute(self.q["shard_intent_done"], (op.op_id,))
-                    return not tx.execute(self.q["shard_index_ids"], (key,))
+        # Only a write that starts a tree makes its file; any other finding no file
+        # (a tree archived, a file removed by hand) is NotFound, not a new empty shard.
+        created = _created_id(op)
+        new_tree = created is not None and shard_key(created) == key
+        with self.shards.use(key, create=new_tree) as db:
+            outcome: tuple[dict[str, Any], dict[str, Any]] = db.run_write(run)
+            return outcome
 
-                if self.catalog.run_write(abandon) and not existed:
-                    # The file this refused write created: bad input leaves no trace.
-                    self.shards.discard(key)
-            raise
+    def _abandon(self, key: str, op: Operation, existed: bool, reserved: str | None = None) -> None:
+        """Forget a catalog+shard write whose shard part raised (nothing was written):
+        its intent, the catalog's index rows of sessions the shard lacks (the
+        reservation of the session it was to make) and, if this write made the file
+        and nothing else is in it, the file: a refused write leaves no trace."""
+        q = self.q
+
+        def run(tx: Tx) -> bool:
+            try:
+                rows = self._shard_sessions(key)
+            except errors.FleetstoreError:
+                # The shard cannot be read (the file that could not be opened: not
+                # ours, damaged): only the session this write reserved goes.
+                if reserved is None:
+                    raise
+                tx.execute(q["shard_index_drop"], (reserved,))
+            else:
+                self._sync_index(tx, key, rows)  # drops a reservation the shard lacks
+            tx.execute(q["shard_intent_done"], (op.op_id,))
+            return not tx.execute(q["shard_index_ids"], (key,))
+
+        if self.catalog.run_write(run) and not existed:
+            self.shards.discard(key)
 
     def _catalog_part(self, key: str, op: Operation, applied: dict[str, Any]) -> None:
         q = self.q
@@ -332,16 +363,13 @@ class Router:
         with self._lock:
             self._dirty.discard(key)
 
-    def _sync_index(self, tx: Tx, key: str) -> None:
+    def _sync_index(self, tx: Tx, key: str, rows: list[Any] | None = None) -> None:
         """Inside a catalog write: make the catalog's index of shard *key* equal the
-        shard's sessions now (read under the catalog's write lock, so the last sync
-        to commit copied the newest rows)."""
+        shard's sessions now, *rows* if given (read under the catalog's write lock, so
+        the last sync to commit copied the newest rows)."""
         q = self.q
-        if self.shards.exists(key):
-            with self.shards.use(key, create=False) as db:
-                rows = db.read(lambda rtx: rtx.execute(q["shard_session_rows"]))
-        else:
-            rows = []
+        if rows is None:
+            rows = self._shard_sessions(key)
         present = {str(r[0]) for r in rows}
         indexed = {str(r[0]) for r in tx.execute(q["shard_index_ids"], (key,))}
         for sid in sorted(indexed - present):
@@ -355,6 +383,13 @@ class Router:
                 self._homes.pop(sid, None)
         for sid in present:
             self._remember(sid, key)
+
+    def _shard_sessions(self, key: str) -> list[Any]:
+        """Shard *key*'s session rows, as the index copies them (none: no file)."""
+        if not self.shards.exists(key):
+            return []
+        with self.shards.use(key, create=False) as db:
+            return db.read(lambda rtx: rtx.execute(self.q["shard_session_rows"]))
 
     # -- the catalog's copy of updated_at ----------------------------------------------
 
@@ -508,9 +543,10 @@ class Router:
             with self.shards.use(key, create=False) as db:
                 return db.read(fn)
         except errors.NotFound as exc:
+            where = self.shards.path_of(key) if is_key(key) else "not a shard key"
             raise errors.NotFound(
                 f"{self.shards.root}: the shard {key!r} of this session is missing "
-                f"({self.shards.path_of(key)}); was it archived?"
+                f"({where}); was it archived?"
             ) from exc
 
     def read_first(self, fn: Callable[[Tx], list[T]]) -> list[T]:
@@ -557,11 +593,14 @@ class Router:
             elif not all_owners and owner_alive(str(owner)):
                 continue
             op = decode_line(str(text).encode("utf-8"))
+            existed = self.shards.exists(str(key))
             try:
                 _, applied = self._shard_part(str(key), op)
             except Exception as exc:
                 if not is_rejectable(exc):
                     raise
+                # It can never apply: nothing was written, and nothing will be.
+                self._abandon(str(key), op, existed)
                 log.error(
                     "%s: %s (op %s) of a process that died could not be applied and was "
                     "dropped: %s",

@@ -7,7 +7,9 @@ replays (a ``delete_session`` of theirs), a ``.gate``, ``-wal`` or ``-shm`` of t
 Every sidecar that exists must be of the kind expected (a directory or a regular
 file, never a symbolic link), belong to this process's user (root: also to the
 database file's owner) and be writable by nobody else; each journal in the spool
-directory too.  ``UnsafeSidecar`` names the first that is not, and why.
+directory too.  SQLite's own files (``-wal``, ``-shm``, ``-journal``) hold the
+database's pages, so, like the database file itself (``Database.open``), nobody else
+may read them either.  ``UnsafeSidecar`` names the first that is not, and why.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from pathlib import Path
 
 from fleetstore import errors
 
-_FILES = (".gate", "-wal", "-shm", "-journal")
+_FILES = (".gate",)
+#: SQLite's files beside the database: what is written into it passes through them.
+_PAGES = ("-wal", "-shm", "-journal")
 _DIRS = (".blobs", ".spool", ".procs")
 
 
@@ -35,6 +39,8 @@ def check_sidecars(db: Path) -> None:
         _check(Path(base + suffix), owners, directory=True)
     for suffix in _FILES:
         _check(Path(base + suffix), owners, directory=False)
+    for suffix in _PAGES:
+        _check(Path(base + suffix), owners, directory=False, private=True)
     spool = Path(base + ".spool")
     try:
         names = sorted(os.listdir(spool))
@@ -44,7 +50,7 @@ def check_sidecars(db: Path) -> None:
         _check(spool / name, owners, directory=None)
 
 
-def _check(path: Path, owners: set[int], *, directory: bool | None) -> None:
+def _check(path: Path, owners: set[int], *, directory: bool | None, private: bool = False) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -61,6 +67,9 @@ def _check(path: Path, owners: set[int], *, directory: bool | None) -> None:
     elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         who = "others" if st.st_mode & stat.S_IWOTH else "its group"
         why = f"writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    elif private and st.st_mode & (stat.S_IRGRP | stat.S_IROTH):
+        who = "others" if st.st_mode & stat.S_IROTH else "its group"
+        why = f"readable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
     else:
         return
     raise errors.UnsafeSidecar(

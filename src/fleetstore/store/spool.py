@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetstore import errors
+from fleetstore.core.files import private_dirs
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import fsync_dir
 from fleetstore.domain.operations import Operation
@@ -208,7 +209,7 @@ class Spool:
             self.spooled_total += 1
 
     def _open_journal(self) -> None:
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(self.directory)
         name = f"{os.getpid()}-{os.urandom(6).hex()}"
         new = self.directory / (name + _NEW_SUFFIX)
         path = self.directory / (name + _SUFFIX)
@@ -380,7 +381,7 @@ def reject(
     """Keep an operation that can never apply (its session was deleted, a
     version moved on...) in ``rejected.jsonl`` with the reason: never dropped."""
     rejection = Rejection(op.name, op.op_id, op.session_id, f"{type(exc).__name__}: {exc}")
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dirs(directory)
     record = {
         "at": time.time(),
         "pid": os.getpid(),

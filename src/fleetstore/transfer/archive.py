@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.files import private_dirs
 from fleetstore.domain.blobs import BlobStore, fsync_dir
 from fleetstore.engine.sharded import shard_key
 from fleetstore.engine.sqlite import Database
@@ -233,7 +234,7 @@ def _copy_blobs(rows: Sequence[Any], src: BlobStore, dst: BlobStore) -> tuple[in
         if not (target.exists() and dst.verify(sha)):
             with contextlib.suppress(FileNotFoundError):
                 target.unlink()
-            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dirs(target.parent)
             try:
                 os.link(src.path(sha), target)
             except OSError:
@@ -319,7 +320,7 @@ def archive_tree(store: Store, session_id: str, dest: str | os.PathLike[str]) ->
                 f"a write to the tree of shard {key} is under way (in the catalog's "
                 "shard_intents); nothing was moved: try again"
             )
-        target_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(target_dir)
         _archive_file(store, key, path, archive, manifest)
     info = json.loads(manifest.read_text(encoding="utf-8"))
     ids = sorted(info["sessions"])
@@ -488,7 +489,7 @@ def _restore_file(store: Store, key: str, archive: Path, path: Path, blobs_dir: 
         _copy_blobs(blobs, BlobStore(blobs_dir, store.settings.max_payload_bytes), store.blobs)
         _unblock(db)
         _checkpoint_all(db, archive, store.settings.write_budget)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(path.parent)
         with db.write():
             _move(archive, path)
         _crash_point("after-restore-move")

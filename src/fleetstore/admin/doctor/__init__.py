@@ -49,6 +49,7 @@ from fleetstore.admin.doctor.report import (
 )
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
 from fleetstore.engine import inspect
+from fleetstore.engine.sharded import shard_path
 
 
 def diagnose(
@@ -145,7 +146,7 @@ def _shard_entries(
     entries: list[dict[str, Any]] = []
     flagged: dict[tuple[Severity, str], list[tuple[str, Finding]]] = {}
     for shard in found:
-        entry: dict[str, Any] = {"key": shard.key, "path": str(shards.shard_path(root, shard.key))}
+        entry: dict[str, Any] = {"key": shard.key, "path": str(shard_path(root, shard.key))}
         if shard.probe is None:
             entry.update(bytes=None, findings=[])
             hits = [

@@ -122,6 +122,14 @@ def _permission_findings(
                 + (": session history often carries secrets" if is_store else ""),
                 f"chmod o-rwx {facts.path} (fleetstore creates its files 0600)",
             )
+        elif is_store and role != "gate" and facts.mode & (stat.S_IRGRP | stat.S_IWGRP):
+            add(
+                Severity.PROBLEM,
+                "group-access",
+                f"{facts.path} can be read or written by its group (mode {facts.mode:04o}): "
+                "fleetstore.open refuses it (UnsafeFile); a store is one user's",
+                f"chmod g-rwx {facts.path} (fleetstore creates its files 0600)",
+            )
     directory = os.path.dirname(report.path)
     dmode = FileFacts.of(directory).mode
     if dmode & stat.S_IWOTH and not dmode & stat.S_ISVTX and not shard:
@@ -638,7 +646,9 @@ def _shard_file_findings(report: Report, section: dict[str, Any], url: str) -> N
             f"{len(missing)} shard file(s) that the catalog lists sessions in are missing: "
             f"{named}; reading those sessions fails (NotFound)",
             "put the file back at its path (shards/<last 2 characters>/<key>.db) if it was "
-            "moved by hand, or restore it from a backup; if it is lost, `fleetstore sessions "
+            "moved by hand, or restore it from a backup (a key ending in '..' names no file "
+            "now: versions before issue 23 put its file in the store's directory, at the "
+            "path shown in --json); if it is lost, `fleetstore sessions "
             f"rm ID --yes --store {url}` on its top-level session drops the catalog's rows",
         )
     orphans = section["orphans"]

@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore.admin.doctor.probe import Probe, probe_file, read_contents
-from fleetstore.core.targets import SHARDS
-from fleetstore.engine import inspect
-from fleetstore.engine.sharded import shard_key
+from fleetstore.engine import inspect, sharded
 from fleetstore.store.sharded import owner_alive
 from fleetstore.store.spool import decode_line
 
@@ -31,15 +29,7 @@ class Shard:
 
 def shard_files(root: Path) -> list[tuple[str, str]]:
     """(key, path) of every shard file under *root*, by key."""
-    return [
-        (p.name[:-3], str(p))
-        for p in sorted((root / SHARDS).glob("*/*.db"))
-        if shard_key(p.name[:-3]) == p.name[:-3]
-    ]
-
-
-def shard_path(root: Path, key: str) -> Path:
-    return root / SHARDS / key[-2:] / f"{key}.db"
+    return [(key, str(path)) for key, path in sharded.shard_files(root)]
 
 
 def probe_shards(files: list[tuple[str, str]]) -> list[Shard]:
@@ -113,7 +103,12 @@ def shard_section(
         for key, count in sorted(index.items()):
             if key in on_disk:
                 continue
-            path = shard_path(root, key)
+            if not sharded.is_key(key):
+                # A session id ending in ".." before issue 23: fleetstore put its
+                # tree's file in DIR itself, where no shard is looked for now.
+                missing.append({"key": key, "path": str(root / f"{key}.db"), "sessions": count})
+                continue
+            path = sharded.shard_path(root, key)
             if not path.is_file():  # not made since the listing
                 missing.append({"key": key, "path": str(path), "sessions": count})
         for key, e in sorted(on_disk.items()):
@@ -190,7 +185,6 @@ __all__ = [
     "read_shards",
     "shard_figures",
     "shard_files",
-    "shard_path",
     "shard_section",
     "watch",
 ]

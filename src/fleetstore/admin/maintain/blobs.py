@@ -53,6 +53,7 @@ from fleetstore.admin.maintain.files import each_file, file_count, file_size
 from fleetstore.admin.maintain.journals import read_journals
 from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch, Writer
+from fleetstore.core.files import private_dirs
 from fleetstore.core.settings import Settings
 from fleetstore.core.units import size as _size
 from fleetstore.domain.blobs import COLLECTING, TOUCH_AFTER
@@ -92,7 +93,7 @@ def _collecting(directory: Path) -> Iterator[None]:
     """A shared flock on the blob directory's COLLECTING file, taken before the
     collection notes its start: a writer that settles meanwhile touches its files
     (``BlobStore.settle``)."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dirs(directory)
     fd = os.open(directory / COLLECTING, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)

@@ -42,7 +42,7 @@ from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target, resol
 from fleetstore.engine.sharded import ShardSet
 from fleetstore.engine.sqlite import Database
 from fleetstore.store.backend import migrations
-from fleetstore.store.facade import Store
+from fleetstore.store.facade import Store, check_store_file
 from fleetstore.store.facade import open as open_store
 from fleetstore.store.sharded import Router
 from fleetstore.store.single import FileBackend
@@ -69,6 +69,16 @@ def resolve(path: str | os.PathLike[str] | None) -> str:
     return str(target)
 
 
+def _foreign(path: str) -> bool:
+    """Is the file at *path* another program's database (read without opening it for
+    writing: a store's file must pass ``Database.open``'s checks before it is)?"""
+    try:
+        check_store_file(Path(path))
+    except errors.CorruptStore:
+        return True
+    return False
+
+
 def _is_store(db: Database) -> bool:
     q = sql.queries("sqlite")
     has_migrations, has_sessions = db.read(lambda tx: tx.execute(q["mnt_is_store"])[0])
@@ -90,7 +100,9 @@ def maintain(config: Config, progress: Progress | None = None) -> Report:
             "journal mode (a fleetstore store is always in WAL mode)"
         )
     settings = Settings.load(**config.settings)
-    db = Database.open(path, **dataclasses.asdict(settings))
+    # Another program's file gets the generic steps whoever may read it (they write
+    # nothing of ours into it); a store is held to what fleetstore.open requires.
+    db = Database.open(path, foreign=_foreign(path), **dataclasses.asdict(settings))
     try:
         is_store = _is_store(db)
     except BaseException:

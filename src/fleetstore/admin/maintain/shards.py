@@ -17,10 +17,10 @@ from fleetstore.admin.maintain.journals import read_journals
 from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch
 from fleetstore.core.settings import Settings
-from fleetstore.core.targets import CATALOG, SHARDS
+from fleetstore.core.targets import CATALOG
 from fleetstore.engine import foreign, inspect
 from fleetstore.engine.base import Tx
-from fleetstore.engine.sharded import shard_key
+from fleetstore.engine.sharded import shard_files
 from fleetstore.engine.sqlite import Database
 
 log = logging.getLogger("fleetstore")
@@ -81,11 +81,7 @@ def empty_shards(
     back, never over a file made meanwhile.  This process holds none of them: the
     store was closed before this step."""
 
-    files = [
-        _ShardFile(p.name[:-3], p)
-        for p in sorted((directory / SHARDS).glob("*/*.db"))
-        if shard_key(p.name[:-3]) == p.name[:-3]
-    ]
+    files = [_ShardFile(key, path) for key, path in shard_files(directory)]
     step.detail.update(files=len(files))
     found = read_journals(directory / f"{CATALOG}.spool")
     if found.doubt:

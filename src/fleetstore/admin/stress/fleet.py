@@ -67,6 +67,7 @@ from fleetstore.admin.stress.procs import (
     tail,
 )
 from fleetstore.admin.stress.table import format_report
+from fleetstore.core.files import private_dirs
 from fleetstore.core.metrics import Histogram
 from fleetstore.core.targets import redact
 
@@ -114,7 +115,7 @@ def run(config: StressConfig, progress_stream: TextIO | None = None) -> dict[str
     effective = Settings.load(**explicit)  # what the agents will get, env included
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**31)
     run_dir = Path(config.directory).expanduser().resolve() if config.directory else default_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dirs(run_dir)
     targets = ["fleetstore", *peers_to_run(config)]
     progress.note(f"fleetstore stress: results under {run_dir}")
     results = []
@@ -168,7 +169,7 @@ def _run_target(
     progress: Progress,
 ) -> dict[str, Any]:
     tdir = run_dir / target
-    tdir.mkdir(parents=True, exist_ok=True)
+    private_dirs(tdir)
     for old in [
         *tdir.glob("agent-*.jsonl"),
         *figures_dir(tdir).glob("*.json"),
