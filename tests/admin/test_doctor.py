@@ -479,6 +479,7 @@ def test_json_report_has_the_documented_shape(tmp_path: Path) -> None:
         "wal",
         "processes",
         "locks_interval",
+        "board",
         "fleetstore",
         "findings",
     }

@@ -172,17 +172,12 @@ def decode_results(data: bytes, count: int) -> list[tuple[int, bytes]] | None:
 
 @dataclass(slots=True)
 class Taken:
-    """A slot a holder took: its items, and which of them must be applied whatever
-    their deadline because an earlier holder may have committed them (an orphan's
-    decisions)."""
+    """A slot a holder took, and its items."""
 
     slot: int
     ticket: int
     level: int
     items: list[tuple[float, bytes]]
-    uncertain: list[bool]
-    #: Items an orphan's holder had left out of its COMMIT: never applied.
-    excluded: list[bool]
 
 
 def owner_alive(owner: int) -> bool:
@@ -391,42 +386,38 @@ class Board:
 
     def take(self, tag: int, level: int, room: int) -> tuple[list[Taken], list[int]]:
         """Mark every posted slot of *tag* whose durability is at most *level* ``TAKEN``
-        (and orphans of earlier holders), up to *room* items; quarantine those that do
-        not decode.  Returns what was taken and the slots quarantined (to be woken)."""
+        (and orphans an earlier holder died with before deciding), up to *room* items.
+        Returns what was taken and the slots to wake: those quarantined (they do not
+        decode) and orphans that had been decided (``COMMITTING``: some items may be in
+        the file; handed back as ``RETRY``, for their owner to apply again, where they
+        are found if they are there; applied here, a failure of this COMMIT would tell
+        the owner they are not: the model test found both)."""
         taken: list[Taken] = []
-        bad: list[int] = []
+        woken: list[int] = []
         for i in self.active():
             if room <= 0:
                 break
             state = self.state(i)
             if self.tag(i) != tag:
                 continue  # another version's: its owner applies it itself (kicked)
+            if state == COMMITTING:
+                self.set_state(i, RETRY)
+                woken.append(i)
+                continue
             try:
                 ticket, items = self.request(i)
                 slot_level = self.level(i)
-                if slot_level > level:
-                    continue  # asks for more durability than this COMMIT gives: kicked
-                count = len(items)
-                uncertain = [False] * count
-                excluded = [False] * count
-                if state == COMMITTING:
-                    decided = self.decisions(i, ticket, count)
-                    if decided is None:
-                        raise BadSlot("committing without decisions")
-                    uncertain = decided
-                    excluded = [not d for d in decided]
             except BadSlot:
                 self.quarantine(i)
-                bad.append(i)
+                woken.append(i)
                 continue
-            if state not in (TAKEN, COMMITTING):
-                # An orphan COMMITTING stays so: some of its items may be in the file,
-                # and TAKEN would tell its owner past its deadline that none is (the
-                # model test found this).
+            if slot_level > level:
+                continue  # asks for more durability than this COMMIT gives: kicked
+            if state != TAKEN:
                 self.set_state(i, TAKEN)
-            taken.append(Taken(i, ticket, slot_level, items, uncertain, excluded))
+            taken.append(Taken(i, ticket, slot_level, items))
             room -= len(items)
-        return taken, bad
+        return taken, woken
 
     def quarantine(self, i: int) -> None:
         self.set_state(i, BAD)

@@ -77,6 +77,17 @@ _instances = 0
 _instances_lock = threading.Lock()
 
 _PENDING = object()
+#: What an operation itself raises (its arguments, its rows); anything else is the
+#: transaction's (the lock, the disk, a closed store, a bug).
+_ITEM_ERRORS = (
+    errors.InvalidInput,
+    errors.NotFound,
+    errors.AlreadyExists,
+    errors.VersionConflict,
+    errors.LeaseLost,
+    errors.IntegrityError,
+    errors.BlobCorrupt,
+)
 
 
 class Request:
@@ -109,12 +120,10 @@ class Request:
         self.result = value
 
     def fail(self, exc: BaseException) -> None:
-        if (
-            self.unknown
-            and isinstance(exc, errors.TransientError | errors.StorageError)
-            and not isinstance(exc, errors.CommitUncertain)
-        ):
+        if self.unknown and not isinstance(exc, (*_ITEM_ERRORS, errors.CommitUncertain)):
             # An earlier attempt may have committed it: "not written" would be false.
+            # (An error of the operation itself is definite: applied again, one that had
+            # been written is found there, and raises nothing.)
             uncertain = errors.CommitUncertain(
                 f"the write may be in the file or not: an earlier attempt's outcome is "
                 f"unknown, and trying again failed: {exc}"
@@ -684,8 +693,8 @@ class Combiner:
             # transaction (cause 4: an unguarded decode of the board left the holder
             # inside BEGIN IMMEDIATE, holding SQLite's lock, and the fleet with it).
             if board is not None and self._applier is not None:
-                taken, bad = board.take(self._tag, level, _MAX_BATCH - len(own))
-                self._to_wake.extend(bad)
+                taken, woken = board.take(self._tag, level, _MAX_BATCH - len(own))
+                self._to_wake.extend(woken)
                 if taken:
                     board.full_barrier()
             count += sum(len(t.items) for t in taken)
@@ -750,9 +759,9 @@ class Combiner:
         board.full_barrier()
         now = self.clock()
         late = any(
-            kind != bd.EXPIRED and not t.uncertain[j] and deadline <= now
+            kind != bd.EXPIRED and deadline <= now
             for t, out in zip(taken, results, strict=True)
-            for j, ((deadline, _p), (kind, _b)) in enumerate(zip(t.items, out, strict=True))
+            for (deadline, _p), (kind, _b) in zip(t.items, out, strict=True)
         )
         if late:
             # An item's deadline passed while the batch was applied (a holder stopped,
@@ -772,8 +781,8 @@ class Combiner:
         results = []
         for t in taken:
             out: list[tuple[int, bytes]] = []
-            for j, (deadline, payload) in enumerate(t.items):
-                if t.excluded[j] or (deadline <= now and not t.uncertain[j]):
+            for deadline, payload in t.items:
+                if deadline <= now:
                     out.append((bd.EXPIRED, b""))
                     continue
                 try:

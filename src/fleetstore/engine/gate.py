@@ -116,6 +116,16 @@ def futex_available() -> bool:
     return _syscall is not None
 
 
+def _allocated(fd: int, offset: int, length: int) -> bool:
+    """Whether the bytes [offset, offset + length) of *fd* have blocks (no hole): then
+    nothing is allocated, and the file is not changed (its mtime included).  A file
+    system that cannot tell says it is all data."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_HOLE) >= offset + length
+    except OSError:
+        return False
+
+
 class GateTimeout(Exception):
     """The gate was not obtained before the deadline."""
 
@@ -154,7 +164,8 @@ class WriterGate:
                 # 23: 5 of 6 writers killed): every page written through the mapping is
                 # allocated first, these here and each board slot when it is claimed.
                 # Where that fails the gate works unmapped (waiters poll).
-                os.posix_fallocate(self._fd, 0, BOARD_OFFSET)
+                if not _allocated(self._fd, 0, BOARD_OFFSET):
+                    os.posix_fallocate(self._fd, 0, BOARD_OFFSET)
                 self._map = mmap.mmap(self._fd, GATE_FILE_BYTES, mmap.MAP_SHARED)
                 self.mapping = self._map
                 self._bell = ctypes.c_uint32.from_buffer(self._map)
@@ -254,7 +265,8 @@ class WriterGate:
         if self._fd <= 0 or self._map is None:
             return False
         try:
-            os.posix_fallocate(self._fd, offset, length)
+            if not _allocated(self._fd, offset, length):
+                os.posix_fallocate(self._fd, offset, length)
         except OSError:
             return False
         return True

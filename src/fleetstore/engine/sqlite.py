@@ -18,7 +18,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import apsw
@@ -43,11 +43,10 @@ from fleetstore.engine.forkguard import GUARD
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.inspect import HEADER_BYTES, SQLITE_MAGIC
 from fleetstore.engine.proclocks import lock_holders
-from fleetstore.engine.translate import bad_params, commit_error, translate
+from fleetstore.engine.translate import commit_error, translate
+from fleetstore.engine.tx import ReadTx, WriteTx, _Tx
 
 T = TypeVar("T")
-Row = tuple[Any, ...]
-Params = Sequence[Any] | dict[str, Any]
 
 log = logging.getLogger("fleetstore")
 
@@ -61,12 +60,6 @@ _MAX_IDLE_READERS = 4
 _LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 
 
-def _sql(sql: object) -> str:
-    if not isinstance(sql, str) or "\x00" in sql:
-        raise errors.InvalidInput(f"sql must be SQL text (without NUL), not {sql!r:.80}")
-    return sql
-
-
 def _callable(fn: object) -> None:
     if not callable(fn):
         raise errors.InvalidInput(f"fn must be a function of the transaction, not {fn!r:.80}")
@@ -75,91 +68,6 @@ def _callable(fn: object) -> None:
 def _pragma(conn: apsw.Connection, name: str) -> int:
     value = conn.execute(f"PRAGMA {name}").fetchall()[0][0]
     return int(value) if isinstance(value, int | str) else 0
-
-
-class _Tx:
-    __slots__ = ("_conn", "_cursor_", "_open", "_path", "now", "uncertain")
-
-    def __init__(self, conn: apsw.Connection, path: str) -> None:
-        self._conn = conn
-        self._path = path
-        self._open = True
-        #: One cursor for the transaction's statements (a cursor per statement cost
-        #: about a tenth of a lone agent's turn); replaced after any error.
-        self._cursor_: apsw.Cursor | None = None
-        #: This host's clock when the transaction began (the engines agree on the name;
-        #: PostgreSQL gives the database's clock).
-        self.now = time.time()
-        #: Never set here: a SQLite COMMIT whose outcome is unknown (its WAL sync
-        #: failed) raises CommitUncertain instead (see Database.submit).
-        self.uncertain = False
-
-    def execute(self, sql: str, params: Params = ()) -> list[Row]:
-        """Run *sql* and return every row it produces, read to the end.
-
-        Reading whole is what keeps a write statement from staying active: an
-        ``UPDATE … RETURNING`` read in part makes COMMIT fail with "SQL
-        statements in progress" and leaves the lock held
-        (tests/engine/test_engine.py::test_returning_read_in_part_wedges_raw_apsw_but_not_the_api).
-        """
-        cursor = self._cursor()
-        try:
-            return cursor.execute(_sql(sql), params).fetchall()
-        except apsw.Error as exc:
-            self._drop_cursor()
-            raise translate(exc, self._path, self._conn) from exc
-        except (TypeError, ValueError, OverflowError) as exc:
-            self._drop_cursor()
-            raise bad_params(exc, self._path) from exc
-        except BaseException:
-            self._drop_cursor()
-            raise
-
-    def executemany(self, sql: str, seq_of_params: Iterable[Params]) -> None:
-        """Run *sql* once per parameter set (rows produced are read and dropped)."""
-        cursor = self._cursor()
-        try:
-            for _ in cursor.executemany(_sql(sql), seq_of_params):
-                pass
-        except apsw.Error as exc:
-            self._drop_cursor()
-            raise translate(exc, self._path, self._conn) from exc
-        except (TypeError, ValueError, OverflowError) as exc:
-            self._drop_cursor()
-            raise bad_params(exc, self._path) from exc
-        except BaseException:
-            self._drop_cursor()
-            raise
-
-    def _cursor(self) -> apsw.Cursor:
-        if not self._open:
-            raise errors.StoreClosed(
-                "this transaction has ended; use a new db.write() or db.read()"
-            )
-        cursor = self._cursor_
-        if cursor is None:
-            cursor = self._cursor_ = self._conn.cursor()
-        return cursor
-
-    def _drop_cursor(self) -> None:
-        """Close the cursor (resetting any statement it left active): after an error,
-        and when the transaction ends."""
-        cursor, self._cursor_ = self._cursor_, None
-        if cursor is not None:
-            with contextlib.suppress(apsw.Error):
-                cursor.close(True)
-
-
-class WriteTx(_Tx):
-    """The transaction of one ``with db.write() as tx:`` block."""
-
-    __slots__ = ()
-
-
-class ReadTx(_Tx):
-    """A read transaction: one consistent snapshot; writes raise ``ReadOnlyError``."""
-
-    __slots__ = ()
 
 
 _guard = GUARD

@@ -1,0 +1,111 @@
+"""The transactions of the SQLite engine (engine/sqlite.py): every statement's rows
+read whole, a cursor per transaction, driver errors translated."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import apsw
+
+from fleetstore import errors
+from fleetstore.engine.translate import bad_params, translate
+
+Row = tuple[Any, ...]
+Params = Sequence[Any] | dict[str, Any]
+
+
+def _sql(sql: object) -> str:
+    if not isinstance(sql, str) or "\x00" in sql:
+        raise errors.InvalidInput(f"sql must be SQL text (without NUL), not {sql!r:.80}")
+    return sql
+
+
+class _Tx:
+    __slots__ = ("_conn", "_cursor_", "_open", "_path", "now", "uncertain")
+
+    def __init__(self, conn: apsw.Connection, path: str) -> None:
+        self._conn = conn
+        self._path = path
+        self._open = True
+        #: One cursor for the transaction's statements (a cursor per statement cost
+        #: about a tenth of a lone agent's turn); replaced after any error.
+        self._cursor_: apsw.Cursor | None = None
+        #: This host's clock when the transaction began (the engines agree on the name;
+        #: PostgreSQL gives the database's clock).
+        self.now = time.time()
+        #: Never set here: a SQLite COMMIT whose outcome is unknown (its WAL sync
+        #: failed) raises CommitUncertain instead (see Database.submit).
+        self.uncertain = False
+
+    def execute(self, sql: str, params: Params = ()) -> list[Row]:
+        """Run *sql* and return every row it produces, read to the end.
+
+        Reading whole is what keeps a write statement from staying active: an
+        ``UPDATE … RETURNING`` read in part makes COMMIT fail with "SQL
+        statements in progress" and leaves the lock held
+        (tests/engine/test_engine.py::test_returning_read_in_part_wedges_raw_apsw_but_not_the_api).
+        """
+        cursor = self._cursor()
+        try:
+            return cursor.execute(_sql(sql), params).fetchall()
+        except apsw.Error as exc:
+            self._drop_cursor()
+            raise translate(exc, self._path, self._conn) from exc
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._drop_cursor()
+            raise bad_params(exc, self._path) from exc
+        except BaseException:
+            self._drop_cursor()
+            raise
+
+    def executemany(self, sql: str, seq_of_params: Iterable[Params]) -> None:
+        """Run *sql* once per parameter set (rows produced are read and dropped)."""
+        cursor = self._cursor()
+        try:
+            for _ in cursor.executemany(_sql(sql), seq_of_params):
+                pass
+        except apsw.Error as exc:
+            self._drop_cursor()
+            raise translate(exc, self._path, self._conn) from exc
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._drop_cursor()
+            raise bad_params(exc, self._path) from exc
+        except BaseException:
+            self._drop_cursor()
+            raise
+
+    def _cursor(self) -> apsw.Cursor:
+        if not self._open:
+            raise errors.StoreClosed(
+                "this transaction has ended; use a new db.write() or db.read()"
+            )
+        cursor = self._cursor_
+        if cursor is None:
+            cursor = self._cursor_ = self._conn.cursor()
+        return cursor
+
+    def _drop_cursor(self) -> None:
+        """Close the cursor (resetting any statement it left active): after an error,
+        and when the transaction ends."""
+        cursor, self._cursor_ = self._cursor_, None
+        if cursor is not None:
+            with contextlib.suppress(apsw.Error):
+                cursor.close(True)
+
+
+class WriteTx(_Tx):
+    """The transaction of one ``with db.write() as tx:`` block."""
+
+    __slots__ = ()
+
+
+class ReadTx(_Tx):
+    """A read transaction: one consistent snapshot; writes raise ``ReadOnlyError``."""
+
+    __slots__ = ()
+
+
+__all__ = ["Params", "ReadTx", "Row", "WriteTx"]
