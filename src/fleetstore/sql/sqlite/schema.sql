@@ -150,6 +150,8 @@ CREATE TABLE effects (
     finished_at      REAL,
     -- The claim operation that took a running effect (migration 0006).
     claim_op         TEXT,
+    -- When its worker gives up on the attempt running now (migration 0009).
+    deadline         REAL,
     UNIQUE (thread_key, seq),
     CHECK ((state = 'running') = (lease_owner IS NOT NULL)),
     CHECK (is_head = 0 OR state IN ('pending', 'running'))
