@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from fleetstore import errors
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
+from fleetstore.domain import session_jobs
 from fleetstore.store.facade import open as open_store
 from fleetstore.transfer.migrate.copying import _Copier
 from fleetstore.transfer.migrate.progress import STALE, _claim, _now_text, _set_item
@@ -100,6 +101,10 @@ def _opened(target: Path | str, settings: dict[str, Any]) -> Iterator[Any]:
         settings["max_open_shards"] = max(64, min(4096, _open_files() // 20))
     store = open_store(target, **settings)
     try:
+        # Deletes and forks a crashed process left half done are finished first: the
+        # store's job thread would otherwise purge rows under the copy (its verification
+        # then failed on every run).
+        session_jobs.finish_jobs(store)
         yield store
     finally:
         store.close()
