@@ -4,9 +4,9 @@ the write transaction.  Arguments are checked here again (spool journals and
 export files are input too); ids come from the client, so a retry names the
 same rows (docs/design.md, "Operations and exactly-once").
 
-A delete or a fork of a large session is not one transaction: deleting 100,000
-messages held the write lock 0.86 s, forking them 4.3 s, and every other writer of
-the store waited that long.  ``delete_session`` hides the session and its
+A delete or a fork of a large session is not one transaction: as one, deleting
+100,000 messages held the write lock 0.7 s and forking them 4 s, and every other
+writer of the store waited that long (benchmarks/bench_fork_delete.py).  ``delete_session`` hides the session and its
 subagents (``sessions.job = 'delete'``: every read takes it for one that does
 not exist) and ``purge_session`` removes their rows in short transactions;
 ``fork_session`` makes the fork hidden (``job = 'fork'``) and copies the first
@@ -133,8 +133,9 @@ def delete_session(tx: Tx, q: Queries, a: Args) -> Result:
     """Hide the session and its subagents from every read, at once; their rows are
     removed after, by ``purge_session`` (``purge: True`` says so)."""
     sid = arg_id(a, "id")
+    owner = arg_str(a, "owner", limit=512)
     session_row(tx, q, sid)
-    tx.execute(q["session_mark_deleted"], {"id": sid, "owner": a.get("owner")})
+    tx.execute(q["session_mark_deleted"], {"id": sid, "owner": owner})
     return {"id": sid, "purge": True}
 
 

@@ -364,8 +364,9 @@ class Worker:
             if len(self._abandoned) >= self.concurrency:
                 self._hung = True
                 log.error(
-                    "every handler slot (%d) is held by a handler that ran past its timeout "
-                    "and has not returned: stopping; restart the process to free them",
+                    "every handler slot (%d) is held by a handler the worker gave up on (past "
+                    "its timeout, or its lease lost) that has not returned: stopping; restart "
+                    "the process to free them",
                     self.concurrency,
                 )
                 return
