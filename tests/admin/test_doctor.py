@@ -345,6 +345,36 @@ def test_fleetstore_store_reports_schema_settings_and_stuck_effects(tmp_path: Pa
     assert done.returncode == doctor.EXIT_WARNINGS
 
 
+def test_effects_running_long_past_their_deadline_or_with_none_are_reported(
+    tmp_path: Path,
+) -> None:
+    """The soak's hung handler: its worker renewed the lease, so no lease expired and
+    doctor said nothing.  A running effect whose lease is alive but whose deadline
+    (claim time + its handler timeout) is long past, or which has run longer than the
+    default timeout with no deadline at all, is now reported."""
+    db = tmp_path / "store.db"
+    with fleetstore.open(db) as store:
+        store.effects.enqueue("thread-1", "timed")
+        store.effects.enqueue("thread-2", "untimed")
+        claims = store.effects.claim("hung-worker", limit=2, lease=3600, timeouts={"timed": 60})
+        assert len(claims) == 2
+        # Two hours ago (the test cannot wait for it): the lease is renewed, still alive.
+        with store.db.write() as tx:
+            tx.execute(
+                "UPDATE effects SET started_at = started_at - 7200, deadline = deadline - 7200"
+            )
+
+    rc, report = doctor_json(db)
+
+    outbox = report["fleetstore"]["outbox"]
+    assert outbox["stuck_running"] == 0
+    assert (outbox["overdue_running"], outbox["long_running"]) == (1, 1)
+    assert finding(report, "effects-overdue")["severity"] == "warning"
+    assert "no handler timeout" in finding(report, "effects-long-running")["message"]
+    assert "outbox" not in codes(report, "ok")
+    assert rc == doctor.EXIT_WARNINGS
+
+
 def test_invalid_fleetstore_environment_is_reported(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     make_store(db)

@@ -156,6 +156,7 @@ def worker_main(args: argparse.Namespace) -> int:
         backoff=args.backoff,
         max_backoff=1.0,
         until_idle=args.until_idle,
+        handler_timeout=args.handler_timeout or None,
     )
     done = threading.Event()
     watcher = threading.Thread(target=watch_stats, args=(worker, done), daemon=True)
@@ -215,6 +216,7 @@ def main(argv: list[str]) -> int:
     w.add_argument("--poll", type=float, default=0.05)
     w.add_argument("--backoff", type=float, default=0.01)
     w.add_argument("--until-idle", action="store_true")
+    w.add_argument("--handler-timeout", type=float, default=600.0, help="0: no limit")
     w.add_argument("--barrier", help="a file to take a shared flock of before starting")
     s = sub.add_parser("stale")
     s.add_argument("path")

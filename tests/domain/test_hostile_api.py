@@ -533,12 +533,19 @@ METHODS: list[Method] = [
     Method("effects.active", lambda w: {"kinds": None}, {"kinds": h.ITERABLE_OF_STR}),
     Method(
         "effects.claim",
-        lambda w: {"owner": "w2", "limit": 1, "lease": 30.0, "kinds": ["k"]},
+        lambda w: {"owner": "w2", "limit": 1, "lease": 30.0, "kinds": ["k"], "timeouts": None},
         {
             "owner": h.nonempty(256, optional=False),
             "limit": h.integer(1, 1000),
             "lease": h.number(0.001, MAX_LEASE),
             "kinds": h.ITERABLE_OF_STR,
+            "timeouts": kind(
+                [
+                    *(5, "k", [("k", 1.0)], {"k": 0}, {"k": -1}, {"k": math.nan}),
+                    *({"k": math.inf}, {"k": "60"}, {"k": None}, {5: 1.0}, {"": 1.0}),
+                    *({h.LONE: 1.0}, {"k": True}),
+                ]
+            ),
         },
     ),
     Method("effects.retry", lambda w: {"effect_id": w.effect.id}, {"effect_id": h.ID}),
@@ -588,6 +595,12 @@ METHODS: list[Method] = [
         {"error": h.NOT_STR | kind([None]), "interrupted": h.BOOL},
         root="fresh_claim",
     ),
+    Method(
+        "timed_out",
+        lambda w: {"error": "e", "delay": 0.0},
+        {"error": h.NOT_STR | kind([None]), "delay": h.number(0.0, MAX_DELAY)},
+        root="fresh_claim",
+    ),
     # -- Worker
     Method(
         "Worker",
@@ -604,6 +617,7 @@ METHODS: list[Method] = [
             "max_backoff": 300.0,
             "owner": None,
             "until_idle": False,
+            "handler_timeout": 600.0,
         },
         {
             "store": kind([None, 5, "store", h.Opaque()]),
@@ -632,6 +646,9 @@ METHODS: list[Method] = [
             "max_backoff": h.number(0.0, MAX_DELAY),
             "owner": h.nonempty(256),
             "until_idle": h.BOOL,
+            "handler_timeout": kind(
+                [0, -1.0, 0.0005, math.nan, -math.inf, "60", b"1", [1.0], True, MAX_DELAY * 2]
+            ),
         },
         root="module",
         mirrored=False,
@@ -949,7 +966,7 @@ def test_every_public_method_has_a_row() -> None:
     """A new public method of the API must get a row (or be listed here as taking
     no argument)."""
     no_arguments = {
-        "Store": {"recover", "metrics"},
+        "Store": {"recover", "metrics", "finish_jobs"},
         "Sessions": set(),
         "Messages": set(),
         "Stream": {"open", "due", "flush"},
@@ -997,6 +1014,7 @@ OP_KEYS = sorted(
     | {"expected_version", "at_seq", "archived", "thread_key", "kind", "events", "messages"}
     | {"values", "thread_id", "checkpoint_ns", "checkpoint_id", "body", "now", "created_at"}
     | {"effects", "result", "app_name", "user_id", "adk_session_id", "revision", "event"}
+    | {"timeouts"}
 )
 OP_VALUES = st.sampled_from(
     [None, 5, -1, "x", "", [1], {"a": 1}, [{"a": 1}], math.nan, 2**64, True, "\x00", h.LONE]

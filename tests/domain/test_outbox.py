@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -323,6 +324,72 @@ def test_a_late_success_lands_on_an_effect_the_sweep_buried(store: Store) -> Non
     running.succeed()
 
 
+def stale_copy(claim: fleetstore.Claim) -> fleetstore.Claim:
+    """The claim as the abandoned attempt still holds it: its token, unsettled."""
+    return fleetstore.Claim(claim._store, claim.effect, claim.owner, claim.lease)
+
+
+def test_a_timed_out_attempt_runs_again_and_its_claim_settles_nothing_after(
+    store: Store,
+) -> None:
+    eid = store.effects.enqueue("t", "k")
+    nxt = store.effects.enqueue("t", "k")
+    c = claim_one(store, timeouts={"k": 30, "other": 5})
+    ((span,),) = rows(store, f"SELECT deadline - started_at FROM effects WHERE id = '{eid}'")
+    assert span == pytest.approx(30)
+    assert c.timed_out("the handler hung", delay=0) is True
+    got = store.effects.get(eid)
+    assert (got.state, got.attempt, got.fence, got.last_error) == (
+        "pending",
+        1,
+        c.fence + 1,
+        "the handler hung",
+    )
+    late = stale_copy(c)
+    for settle in (late.heartbeat, lambda: late.succeed({"late": True})):
+        with pytest.raises(errors.LeaseLost) as caught:
+            settle()  # pending under a newer token: not taken back
+        assert caught.value.state == "pending"
+    again = claim_one(store)  # still its thread's head: the next effect waits
+    assert (again.id, again.effect.attempt) == (eid, 2)
+    ((deadline,),) = rows(store, f"SELECT deadline FROM effects WHERE id = '{eid}'")
+    assert deadline is None  # claimed without timeouts: no deadline for this attempt
+    with pytest.raises(errors.LeaseLost) as caught:
+        stale_copy(c).succeed({"late": True})
+    assert caught.value.state == "running"
+    again.succeed({"by": 2})
+    assert store.effects.get(eid).result == {"by": 2}
+    assert claim_one(store).id == nxt
+
+
+def test_a_timed_out_attempt_that_must_not_run_twice_is_buried_and_stays_so(
+    store: Store,
+) -> None:
+    """Not replay-safe: ``dead`` (``timed_out``); on its last attempt: ``dead``
+    (``attempts_exhausted``); buried by a sweep meanwhile: left so.  In each case the
+    token is raised, so the late success of the abandoned handler lands nowhere (a
+    late success lands on an effect a sweep buried, and on one a retry ran out of
+    attempts: not after a timeout)."""
+    store.effects.declare({"turn": False})
+    unsafe = store.effects.enqueue("u", "turn")
+    after = store.effects.enqueue("u", "k")
+    spent = store.effects.enqueue("l", "k", max_attempts=1)
+    swept = store.effects.enqueue("s", "turn")
+    claims = {c.id: c for c in store.effects.claim("w", limit=10)}
+    assert set(claims) == {unsafe, spent, swept}
+    expire(store, swept)
+    assert [str(s.state) for s in store.effects.sweep()] == ["dead"]
+    for eid, reason in ((unsafe, "timed_out"), (spent, "attempts_exhausted"), (swept, None)):
+        assert claims[eid].timed_out("hung") is True
+        got = store.effects.get(eid)
+        assert got.state == "dead"
+        assert got.dead_reason == (reason or "not_replay_safe")
+        with pytest.raises(errors.LeaseLost):
+            stale_copy(claims[eid]).succeed({"late": True})
+        assert store.effects.get(eid).state == "dead"
+    assert claim_one(store).id == after  # the thread went on
+
+
 def test_a_retry_or_release_ends_the_claim(store: Store) -> None:
     store.effects.enqueue("t", "k")
     c = claim_one(store)
@@ -612,6 +679,55 @@ def test_worker_hard_stop_interrupts_by_replay_safety(store: Store) -> None:
     assert "stopped hard" in (u.last_error or "")
 
 
+def test_worker_gives_up_on_a_hung_handler_and_its_thread_goes_on(store: Store) -> None:
+    """A thread that hangs is abandoned at the timeout (it runs on, holding its slot), a
+    coroutine is cancelled; both attempts are settled as timed out and run again; a
+    kind whose Handler says ``timeout=math.inf`` has none."""
+    gate = threading.Event()
+
+    def hang_once(e: Effect) -> dict[str, int]:
+        if e.payload == "hang" and e.attempt == 1:
+            gate.wait(60)
+        return {"attempt": e.attempt}
+
+    async def sleep_once(e: Effect) -> dict[str, int]:
+        if e.attempt == 1:
+            await asyncio.sleep(60)
+        return {"attempt": e.attempt}
+
+    def slow(e: Effect) -> str:
+        time.sleep(0.6)
+        return "slow"
+
+    hung = store.effects.enqueue("a", "thread", "hang")
+    after = store.effects.enqueue("a", "thread")
+    cancelled = store.effects.enqueue("b", "coroutine")
+    unlimited = store.effects.enqueue("c", "slow")
+    worker = Worker(
+        store,
+        {"thread": hang_once, "coroutine": sleep_once, "slow": Handler(slow, timeout=math.inf)},
+        concurrency=3,
+        poll_interval=0.01,
+        backoff=0.01,
+        handler_timeout=0.3,
+        until_idle=True,
+    )
+    assert worker.timeouts == {"thread": 0.3, "coroutine": 0.3}
+    try:
+        assert worker.run() == fleetstore.domain.worker.EXIT_OK
+    finally:
+        gate.set()
+    for eid in (hung, cancelled):
+        got = store.effects.get(eid)
+        assert (got.state, got.attempt, got.result) == ("succeeded", 2, {"attempt": 2})
+        (error,) = got.errors
+        assert error.attempt == 1 and "timeout of 0.3s" in error.error
+    assert store.effects.get(after).state == "succeeded"
+    got = store.effects.get(unlimited)
+    assert (got.state, got.attempt) == ("succeeded", 1)
+    assert worker.stats["timed_out"] == 2 and worker.stats["succeeded"] == 4
+
+
 def test_worker_rejects_bad_configuration(store: Store) -> None:
     with pytest.raises(errors.ConfigError):
         Worker(store, {})
@@ -621,6 +737,13 @@ def test_worker_rejects_bad_configuration(store: Store) -> None:
         Worker(store, {"k": print}, concurrency=0)
     with pytest.raises(errors.ConfigError):
         Worker(store, {"k": print}, lease=0)
+    for bad in (0, -1, "60", math.nan):
+        with pytest.raises(errors.ConfigError):
+            Worker(store, {"k": print}, handler_timeout=bad)  # type: ignore[arg-type]
+        with pytest.raises(errors.ConfigError):
+            Worker(store, {"k": Handler(print, timeout=bad)})  # type: ignore[arg-type]
+    assert Worker(store, {"k": print}, handler_timeout=None).timeouts == {}
+    assert Worker(store, {"k": print}).timeouts == {"k": 600.0}
 
 
 # -- the CLI --------------------------------------------------------------------------------------

@@ -478,6 +478,96 @@ def test_kill9_mid_effect_replays_a_replay_safe_one_and_buries_the_other(env: En
         assert runs(events, eid) == [("start", heir.pid, 1, None), ("end", heir.pid, 1, "ok")]
 
 
+# -- a handler that hangs -----------------------------------------------------------------------
+
+
+def test_a_hung_handler_times_out_its_thread_goes_on_and_its_late_outcome_is_refused(
+    env: Env,
+) -> None:
+    """The soak's handler that never returns blocked its thread for ever: its worker kept
+    renewing the lease.  Now the worker gives up on the attempt at its timeout: the
+    replay-safe effect runs again (attempt 2) while the abandoned thread still hangs, the
+    not replay-safe one is buried (``timed_out``), one on its last attempt too
+    (``attempts_exhausted``), and each thread's next effect runs.  When the hung handlers
+    finally return, their outcomes are offered with the old token and refused
+    (``LeaseLost``): the newer outcome stands."""
+    hold_x, x_payload = env.hold("x")
+    hold_u, u_payload = env.hold("u")
+    hold_l, l_payload = env.hold("l")
+    with fleetstore.open(env.path) as store:
+        x = store.effects.enqueue("X", "fx", x_payload)
+        x2 = store.effects.enqueue("X", "fx", {})
+        u = store.effects.enqueue("U", "unsafe", u_payload)
+        u2 = store.effects.enqueue("U", "fx", {})
+        last = store.effects.enqueue("L", "fx", l_payload, max_attempts=1)
+        last2 = store.effects.enqueue("L", "fx", {})
+        worker = env.worker(
+            "--handler-timeout", "1", "--concurrency", "4", "--lease", "10", name="worker"
+        )
+        wait_for("every effect final", lambda: all_final(store))
+        events = env.read_events()
+        # The hung attempts never ended, yet every thread went on.
+        for eid in (x, u, last):
+            assert [r for r in runs(events, eid) if r[2] == 1] == [("start", worker.pid, 1, None)]
+        done = store.effects.get(x)
+        assert (done.state, done.attempt) == ("succeeded", 2)
+        assert done.result == {"pid": worker.pid, "attempt": 2}
+        (timed_out,) = done.errors
+        assert timed_out.attempt == 1 and "timeout of 1s" in timed_out.error
+        buried = store.effects.get(u)
+        assert (buried.state, buried.dead_reason, buried.attempt) == ("dead", "timed_out", 1)
+        spent = store.effects.get(last)
+        assert (spent.state, spent.dead_reason) == ("dead", "attempts_exhausted")
+        for eid in (x2, u2, last2):
+            assert store.effects.get(eid).state == "succeeded"
+        # The next attempt of x ran while the abandoned one still held its marker: a
+        # timed-out attempt of a replay-safe kind may still run, as after a lost lease.
+        second = next(e for e in events if e["id"] == x and e["attempt"] == 2)
+        assert second["overlap"] is not None
+        stats = wait_stats(worker, "timed_out", 3)
+        assert stats.get("late", 0) == 0
+        for hold in (hold_x, hold_u, hold_l):
+            hold.touch()
+        stats = wait_stats(worker, "lost", 3)
+        assert stats["late"] == 3 and stats["timed_out"] == 3, stats
+        for eid, state in ((x, "succeeded"), (u, "dead"), (last, "dead")):
+            assert states(store, eid) == [state]  # the late success landed nowhere
+        assert store.effects.get(x).result == {"pid": worker.pid, "attempt": 2}
+        refused = [line for _, line in worker.seen if "late outcome is refused" in line]
+        assert len(refused) == 3 and all("lease of token 1 is lost" in r for r in refused)
+    rep = stop(worker)
+    assert rep["in_transaction"] == [] and rep["spool"] == 0, rep
+    assert spool_files(env.path) == []
+    events = env.read_events()
+    for eid in (x, u, last):
+        assert ("end", worker.pid, 1, "ok") in runs(events, eid)  # it did come back
+
+
+def test_a_worker_whose_every_slot_hangs_exits_4_and_another_runs_the_effects(
+    env: Env,
+) -> None:
+    """Abandoned handlers keep their slots (a thread cannot be stopped): with all of them
+    hung the worker can do nothing, so it stops (exit 4) rather than hold effects, and
+    the process exits though the hung threads still run; another worker takes over."""
+    hold, payload = env.hold("x")
+    with fleetstore.open(env.path) as store:
+        x = store.effects.enqueue("X", "fx", payload)
+        y = store.effects.enqueue("Y", "fx", {})
+        hung = env.worker("--handler-timeout", "0.5", "--concurrency", "1", name="hung")
+        hung.wait_line(f"started {x} 1", timeout=WAIT)
+        assert hung.finish(timeout=WAIT) == 4, (hung.seen, hung.stderr_tail())
+        rep = report(hung)
+        assert rep["code"] == 4 and rep["stats"]["timed_out"] == 1, rep
+        assert any("every handler slot (1) is held" in line for _, line in hung.seen)
+        assert states(store, x, y) == ["pending", "pending"]  # y never claimed, x retried
+        heir = env.worker("--until-idle", name="heir")
+        assert heir.finish(timeout=WAIT) == 0
+        effect = store.effects.get(x)
+        assert (effect.state, effect.result) == ("succeeded", {"pid": heir.pid, "attempt": 2})
+        assert states(store, y) == ["succeeded"]
+    hold.touch()
+
+
 # -- a stale worker -----------------------------------------------------------------------------
 
 

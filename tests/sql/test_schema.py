@@ -361,6 +361,7 @@ _NAMED_TYPES = {
             "max_attempts",
             "replay_safe",
             "after_seq",
+            "upto",
         ],
         "bigint",
     ),

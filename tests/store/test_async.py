@@ -291,6 +291,7 @@ STORE_INTERNALS = {
     "spans_files",
     "notify_wait",
     "spool_pending",
+    "finish_jobs",
 }
 MIRRORS = [
     (Sessions, AsyncSessions),

@@ -235,6 +235,153 @@ def test_killed_mid_copy_the_reshard_carries_on_and_ends_equal(tmp_path: Path) -
         assert len(d.router.shards.keys()) == 10  # type: ignore[union-attr]
 
 
+LIVE_WRITER = """
+import os, sys, time, fleetstore
+path, stop, go = sys.argv[1], sys.argv[2], sys.argv[3:]
+print("started", flush=True)
+while go and not os.path.exists(go[0]):
+    time.sleep(0.001)
+with fleetstore.open(path) as s:
+    print("ready", flush=True)
+    i = 0
+    while not os.path.exists(stop):
+        sid = s.sessions.create(title=f"live {i}").id
+        s.messages.append(sid, "user", f"written while the reshard ran {i}")
+        i += 1
+        time.sleep(0.02)
+"""
+
+
+def live_writer(src: Path, stop: Path, go: Path | None = None) -> subprocess.Popen[str]:
+    """A process that writes to *src* (a new session and a message every 20 ms) until
+    the file *stop* exists; returned once it has the store open, or with *go*, once
+    it has started: it opens the store when the file *go* exists."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(src), str(stop), *([str(go)] if go else [])],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "started"
+    if go is None:
+        assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def stopped(proc: subprocess.Popen[str], stop: Path) -> None:
+    stop.touch()
+    assert proc.wait(timeout=60) == 0
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+def reshard_mid_messages(src: Path, dst: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """``fleetstore reshard SRC DST --batch-rows 5`` started, returned once it is part
+    way through the messages table (its progress record says so)."""
+    code = "from fleetstore.cli.reshard import reshard_command; reshard_command()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(src), str(dst), "--batch-rows", "5"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ),
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        state = progress_items(dst / "catalog.db").get("table:messages")
+        if state and state["rows"] > 0 and not state["done"]:
+            return proc, state
+        time.sleep(0.005)
+    proc.kill()
+    _, err = proc.communicate()
+    raise AssertionError(f"the copy ended before it reached the messages: {err.decode()}")
+
+
+def test_a_live_source_is_refused_naming_its_writer_and_dst_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    """The soak's failure: a reshard against a source a fleet writes to stopped with
+    "FOREIGN KEY constraint failed" (a message whose session came after the sessions
+    table was copied), and every run after stopped there again."""
+    src, dst, stop = tmp_path / "one.db", tmp_path / "dir", tmp_path / "stop"
+    with opened(src) as s:
+        fill(s, messages=40)
+    writer = live_writer(src, stop)
+    try:
+        refused = cli(str(src), str(dst))
+        with pytest.raises(migrate.SourceInUse) as raised:
+            reshard.reshard(src, dst)
+    finally:
+        stopped(writer, stop)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "is in use" in refused.stderr and f"pid {writer.pid} " in refused.stderr
+    assert "nothing was written" in refused.stderr
+    assert writer.pid in raised.value.writers
+    assert not dst.exists()
+    done = cli(str(src), str(dst), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] and not report["resumed"] and report["restarted"] is None
+    with opened(src) as s, opened(sharded(dst)) as d:
+        assert digests(d) == digests(s)
+
+
+def test_a_writer_that_starts_mid_copy_stops_it_and_the_next_run_starts_over(
+    tmp_path: Path,
+) -> None:
+    src, dst, stop, go = (tmp_path / n for n in ("one.db", "dir", "stop", "go"))
+    with opened(src) as s:
+        fill(s, messages=3000)
+    writer = live_writer(src, stop, go)  # started, not yet using SRC
+    try:
+        proc, _ = reshard_mid_messages(src, dst)
+        go.touch()
+        assert writer.stdout is not None
+        assert writer.stdout.readline().strip() == "ready"
+        assert proc.poll() is None, "the copy ended before the writer came: make it longer"
+        _, err = proc.communicate(timeout=120)
+    finally:
+        stopped(writer, stop)
+    assert proc.returncode == 1, err.decode()
+    assert f"pid {writer.pid} " in err.decode() and "copied again" in err.decode()
+    assert progress_items(dst / "catalog.db")["state"] == "stale"
+    done = cli(str(src), str(dst), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["restarted"] and not report["resumed"]
+    with opened(src) as s, opened(sharded(dst)) as d:
+        assert digests(d) == digests(s)
+        assert len(digests(s)) > 8  # the writer's sessions are in the copy
+
+
+def test_killed_mid_copy_then_written_to_the_reshard_starts_over_and_ends_equal(
+    tmp_path: Path,
+) -> None:
+    """A reshard killed mid-copy, then SRC written (new sessions with messages, a
+    message in an old session, a session deleted): carrying on would copy messages
+    whose sessions the copied sessions table lacks.  It used to stop at "FOREIGN KEY
+    constraint failed" on every run; now it sees the copy no longer fits and starts over."""
+    src, dst = tmp_path / "one.db", tmp_path / "dir"
+    with opened(src) as s:
+        ids = fill(s, messages=600)
+    proc, _ = reshard_mid_messages(src, dst)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    with opened(src) as s:
+        for i in range(5):
+            s.messages.append(s.sessions.create(title=f"later {i}").id, "user", f"later {i}")
+        s.messages.append(ids["root"], "user", "one more in an old session")
+        s.sessions.delete(ids["early"])
+    done = cli(str(src), str(dst), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] and "no longer fits" in report["restarted"]
+    with opened(src) as s, opened(sharded(dst)) as d:
+        assert digests(d) == digests(s)
+    again = cli(str(src), str(dst), "--json")  # done: verified again, nothing copied
+    assert again.returncode == 0 and json.loads(again.stdout)["restarted"] is None
+
+
 def progress_items(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}

@@ -24,7 +24,9 @@ Exit codes:
   0  every table copied (or already copied by an earlier run) and verified equal, every
      session's content digest equal; with --verify-only: the two stores are equal
   1  the stores differ (the table or session is named), a blob is missing or damaged,
-     a store failed or stayed busy past the write budget (run it again: it carries on)
+     a store failed or stayed busy past the write budget (run it again: it carries on);
+     another process could write to SRC (each pid is named; stop them and run it
+     again: a copy this run began is then thrown away and made again)
   2  bad usage: SRC does not exist (nothing is created), SRC or DST is PostgreSQL (use
      fleetstore migrate), SRC and DST are the same store, DST exists and is neither
      empty nor an interrupted reshard of SRC (nothing is written), a bad --batch-rows"""
@@ -70,7 +72,9 @@ def reshard_command(src: str, dst: str, batch_rows: int, verify_only: bool, as_j
     carries on. Then per table the row count and a digest of every row, every blob
     of DST, every session's content digest (read through the store API on both
     sides) and the catalog's index of each shard are checked. Stop the fleet writing
-    to SRC first.
+    to SRC first: a reshard refuses to start while another process could write to
+    SRC, and stops if one comes; a copy that no longer fits SRC (written since an
+    interrupted run) is thrown away and made again, never carried on.
     """
     run_copy(
         "reshard",

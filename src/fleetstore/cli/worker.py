@@ -25,7 +25,9 @@ Exit codes:
   0  stopped after its running effects finished (or, with --until-idle, nothing was left)
   1  the store could not be opened or failed
   2  bad usage: MODULE:HANDLERS cannot be imported or is not a mapping, no store at --store
-  3  stopped hard: effects were interrupted""",
+  3  stopped hard: effects were interrupted
+  4  every slot (--concurrency) was held by a handler that ran past --handler-timeout
+     and had not returned: restart the process (a thread cannot be stopped)""",
 )
 @click.argument("handlers", metavar="MODULE:HANDLERS")
 @click.option(
@@ -43,6 +45,17 @@ Exit codes:
     show_default=True,
     help="Seconds a claim lasts unless renewed (heartbeats renew it every third).",
     **_env("worker", "lease"),
+)
+@click.option(
+    "--handler-timeout",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds an attempt of a handler may run (0: no limit; fleetstore.Handler(timeout=...) "
+    "sets it per kind). Past it the attempt is settled as timed out (retried if the kind is "
+    "replay-safe, else dead) and the handler abandoned: its thread runs on, holding its slot.",
+    **_env("worker", "handler-timeout"),
 )
 @click.option(
     "--grace",
@@ -80,6 +93,7 @@ def worker(
     handlers: str,
     concurrency: int,
     lease: float,
+    handler_timeout: float,
     grace: float,
     prefetch: int,
     poll_interval: float,
@@ -107,6 +121,7 @@ def worker(
             table,  # type: ignore[arg-type]
             concurrency=concurrency,
             lease=lease,
+            handler_timeout=handler_timeout or None,
             grace=grace,
             prefetch=prefetch,
             poll_interval=poll_interval,

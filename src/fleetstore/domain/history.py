@@ -35,6 +35,7 @@ from fleetstore.core.validate import (
     check_str,
     dump_json,
 )
+from fleetstore.domain import session_jobs
 from fleetstore.domain.codec import (
     decode_part,
     encode_part,
@@ -320,9 +321,18 @@ class Sessions:
             "source_id": check_id(session_id, "session_id"),
             "at_seq": at_seq,
             "title": title,
+            "owner": session_jobs.job_owner(),
+            "limit": session_jobs.FORK_MESSAGES,
             "created_at": time.time(),
         }
-        return self._unspooled(Operation("fork_session", args, new_id()), new)
+        # The first batch of messages goes with the fork's row, hidden; a large
+        # session's next batches each in a transaction of their own, and the fork is
+        # seen once the last one is in (never half copied).
+        op = Operation("fork_session", args, new_id())
+        result = self._store.submit(op, spool=False)
+        if result is not None and not result.get("done"):
+            session_jobs.copy_fork(self._store, new, session_id)
+        return self.get(new)
 
     def archive(self, session_id: str, archived: bool = True) -> Session:
         """Archive a session (``archived=False`` restores it); its history is kept.
@@ -334,9 +344,12 @@ class Sessions:
         return self._unspooled(Operation("archive_session", args, new_id()), session_id)
 
     def delete(self, session_id: str) -> None:
-        """Delete a session with its subagent sessions, messages, parts, usage and state."""
+        """Delete a session with its subagent sessions, messages, parts, usage and state.
+        Gone for every reader at once; its rows are then removed in short transactions
+        before this returns (past the write budget, by the store's job thread)."""
         args = {"id": check_id(session_id, "session_id")}
-        self._store.submit(Operation("delete_session", args, new_id()))
+        if self._store.submit(Operation("delete_session", args, new_id())) is not None:
+            session_jobs.purge(self._store, session_id)
 
     def usage(self, session_id: str) -> Usage:
         """Tokens and cost summed over the session's messages."""

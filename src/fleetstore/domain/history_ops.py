@@ -2,7 +2,17 @@
 delete) and messages (append, stream chunks, parts, finish), as applied inside
 the write transaction.  Arguments are checked here again (spool journals and
 export files are input too); ids come from the client, so a retry names the
-same rows (docs/design.md, "Operations and exactly-once")."""
+same rows (docs/design.md, "Operations and exactly-once").
+
+A delete or a fork of a large session is not one transaction: as one, deleting
+100,000 messages held the write lock 0.7 s and forking them 4 s, and every other
+writer of the store waited that long (benchmarks/bench_fork_delete.py).  ``delete_session`` hides the session and its
+subagents (``sessions.job = 'delete'``: every read takes it for one that does
+not exist) and ``purge_session`` removes their rows in short transactions;
+``fork_session`` makes the fork hidden (``job = 'fork'``) and copies the first
+batch of messages, ``fork_copy`` the next ones, and the last batch clears the
+job in the same transaction: the fork is seen whole or not at all
+(docs/design.md, "Deleting and forking large sessions")."""
 
 from __future__ import annotations
 
@@ -32,11 +42,30 @@ from fleetstore.models import PART_KINDS, STREAMED_KINDS, USAGE_FIELDS
 OPERATIONS = Declarations()
 
 
+#: Rows one purge transaction removes at most (chunks, messages with their parts and
+#: usage, or state values): about 10 ms of the write lock (docs/design.md).
+PURGE_ROWS = 1000
+#: Messages one fork transaction copies at most, with their parts, chunks and usage.
+FORK_MESSAGES = 100
+MAX_BATCH = 100_000
+
+
 def session_row(tx: Tx, q: Queries, session_id: str) -> tuple[Any, ...]:
     rows = tx.execute(q["session_for_write"], (session_id,))
     if not rows:
         raise errors.NotFound(f"no session {session_id!r}")
     return rows[0]
+
+
+def _job_in_the_way(tx: Tx, q: Queries, session_id: str) -> None:
+    """``AlreadyExists`` if a session of this id is being deleted or forked: hidden
+    from reads, its row still holds the id."""
+    rows = tx.execute(q["session_job"], (session_id,))
+    if rows and rows[0][0] is not None:
+        doing = "deleted" if rows[0][0] == "delete" else "forked"
+        raise errors.AlreadyExists(
+            f"session {session_id!r} is being {doing}; its id is free again once that ends"
+        )
 
 
 # -- sessions --------------------------------------------------------------------------------
@@ -52,6 +81,7 @@ def create_session(tx: Tx, q: Queries, a: Args) -> Result:
     title = arg_str(a, "title")
     metadata = arg_meta(a)
     now = arg_time(a, "created_at")
+    _job_in_the_way(tx, q, sid)
     existing = tx.execute(q["session_identity"], (sid,))
     if existing:
         if existing[0] == (parent, project, title, metadata):
@@ -61,7 +91,8 @@ def create_session(tx: Tx, q: Queries, a: Args) -> Result:
     if parent is not None:
         root = session_row(tx, q, parent)[1]
     tx.execute(
-        q["session_insert"], (sid, parent, root, None, None, project, title, metadata, now, now)
+        q["session_insert"],
+        (sid, parent, root, None, None, project, title, metadata, now, now, None, None),
     )
     return {"id": sid}
 
@@ -99,30 +130,118 @@ def archive_session(tx: Tx, q: Queries, a: Args) -> Result:
 
 @OPERATIONS.declare("delete_session", scope=Scope.TREE, session_args=("id",))
 def delete_session(tx: Tx, q: Queries, a: Args) -> Result:
+    """Hide the session and its subagents from every read, at once; their rows are
+    removed after, by ``purge_session`` (``purge: True`` says so)."""
     sid = arg_id(a, "id")
+    owner = arg_str(a, "owner", limit=512)
     session_row(tx, q, sid)
-    # Subagent sessions go with their parent (ON DELETE CASCADE on parent_id).
-    tx.execute(q["session_delete"], (sid,))
-    return {"id": sid}
+    tx.execute(q["session_mark_deleted"], {"id": sid, "owner": owner})
+    return {"id": sid, "purge": True}
+
+
+def _limit(a: Args, default: int) -> int:
+    return int(arg_int(a, "limit", False, 1, MAX_BATCH, default))
+
+
+@OPERATIONS.declare("purge_session", scope=Scope.TREE, session_args=("id",), logged=False)
+def purge_session(tx: Tx, q: Queries, a: Args) -> Result:
+    """Remove at most ``limit`` rows of the deleted session ``id`` and its subagents,
+    subagents first: the streamed chunks, then the messages (their parts and usage
+    cascade), then the state values of one session, then its row.  ``done`` once the
+    session's row is gone.  Idempotent; touches only a session hidden for deletion."""
+    sid = arg_id(a, "id")
+    limit = _limit(a, PURGE_ROWS)
+    leaf = tx.execute(q["purge_leaf"], {"id": sid})
+    if not leaf:
+        return {"id": sid, "done": True, "rows": 0}
+    target = str(leaf[0][0])
+    rows = len(tx.execute(q["purge_chunks"], {"id": target, "limit": limit}))
+    for name in ("purge_messages", "purge_state"):
+        if rows < limit:
+            rows += len(tx.execute(q[name], {"id": target, "limit": limit - rows}))
+    if rows >= limit:
+        return {"id": sid, "done": False, "rows": rows}
+    tx.execute(q["purge_session_row"], (target,))
+    return {"id": sid, "done": target == sid, "rows": rows + 1}
+
+
+def _copy_batch(
+    tx: Tx, q: Queries, sid: str, source: str, upto: int, limit: int, now: float
+) -> Result:
+    """The next messages (at most *limit*) of *source* up to seq *upto* into the hidden
+    fork *sid*; the fork is seen once the last is in.  A source deleted meanwhile
+    abandons the fork (its rows are purged; the caller gets ``NotFound``)."""
+    if not tx.execute(q["session_exists"], (source,)):
+        tx.execute(q["session_fork_abandon"], (sid,))
+        return {"id": sid, "abandoned": True}
+    after = int(tx.execute(q["message_last_seq"], (sid,))[0][0])
+    ids = tx.execute(
+        q["fork_message_ids"], {"source": source, "after": after, "upto": upto, "limit": limit}
+    )
+    for (old_id,) in ids:
+        new = derived_id("fork", sid, old_id)
+        tx.execute(q["fork_copy_message"], (new, sid, old_id))
+        tx.execute(q["fork_copy_parts"], (new, sid, old_id))
+        tx.execute(q["fork_copy_chunks"], (new, old_id))
+        tx.execute(q["fork_copy_usage"], (new, sid, old_id))
+    if len(ids) < limit:
+        tx.execute(q["session_fork_done"], (now, sid))
+        return {"id": sid, "done": True, "copied": len(ids)}
+    tx.execute(q["session_touch"], (now, sid))  # progress: not a fork left for dead
+    return {"id": sid, "done": False, "copied": len(ids)}
+
+
+@OPERATIONS.declare("fork_copy", scope=Scope.TREE, session_args=("id",), logged=False)
+def fork_copy(tx: Tx, q: Queries, a: Args) -> Result:
+    """The next batch of a fork under way (see ``fork_session``): ``done`` once it is
+    whole and seen, ``abandoned`` if it never will be (its source was deleted, or the
+    fork was given up on)."""
+    sid = arg_id(a, "id")
+    limit = _limit(a, FORK_MESSAGES)
+    rows = tx.execute(q["session_job"], (sid,))
+    if not rows or rows[0][0] == "delete":
+        return {"id": sid, "abandoned": True}
+    job, _owner, source, upto = rows[0]
+    if job is None:
+        return {"id": sid, "done": True}
+    return _copy_batch(tx, q, sid, str(source), int(upto), limit, float(a["now"]))
+
+
+@OPERATIONS.declare("abandon_fork", scope=Scope.TREE, session_args=("id",), logged=False)
+def abandon_fork(tx: Tx, q: Queries, a: Args) -> Result:
+    """Give up a fork under way (its caller failed, or its process died): it will
+    never be seen; ``purge_session`` removes what was copied."""
+    sid = arg_id(a, "id")
+    tx.execute(q["session_fork_abandon"], (sid,))
+    rows = tx.execute(q["session_job"], (sid,))
+    return {"id": sid, "purge": bool(rows) and rows[0][0] == "delete"}
 
 
 @OPERATIONS.declare("fork_session", scope=Scope.TREE, session_args=("source_id",), creates="id")
 def fork_session(tx: Tx, q: Queries, a: Args) -> Result:
+    """A new session holding a copy of the source's messages up to ``at_seq``: made
+    hidden (``job = 'fork'``, ``owner``: the process copying it), with the first
+    ``limit`` messages; ``done`` if that was all of them, else ``fork_copy`` copies
+    the rest, and the fork is seen once the last batch is in."""
     sid = arg_id(a, "id")
     source = arg_id(a, "source_id")
     at_seq = arg_int(a, "at_seq", minimum=0)
     title = arg_str(a, "title")
+    owner = arg_str(a, "owner", limit=512)
     now = arg_time(a, "created_at")
+    limit = _limit(a, FORK_MESSAGES)
     src = session_row(tx, q, source)
     last = tx.execute(q["message_last_seq"], (source,))[0][0]
     if at_seq is None:
         at_seq = last
     elif at_seq > last:
         raise errors.NotFound(f"session {source!r} has no message {at_seq} (it has {last})")
-    existing = tx.execute(q["session_fork_origin"], (sid,))
+    existing = tx.execute(q["session_job"], (sid,))
     if existing:
-        if existing[0] == (source, at_seq):
-            return {"id": sid, "fork_seq": at_seq, "duplicate": True}  # the same fork, retried
+        job, _owner, origin, seq = existing[0]
+        if (origin, seq) == (source, at_seq) and job != "delete":
+            # The same fork, retried: whole already, or to be carried on.
+            return {"id": sid, "fork_seq": at_seq, "duplicate": True, "done": job is None}
         raise errors.AlreadyExists(f"session {sid!r} already exists")
     src_parent, src_root, src_project, src_title, src_meta = src[5], src[1], src[6], src[3], src[4]
     # A fork stays in its source's tree (same parent_id and root_id): the tree is
@@ -141,15 +260,12 @@ def fork_session(tx: Tx, q: Queries, a: Args) -> Result:
             src_meta,
             now,
             now,
+            "fork",
+            owner,
         ),
     )
-    for (old_id,) in tx.execute(q["fork_message_ids"], (source, at_seq)):
-        new = derived_id("fork", sid, old_id)
-        tx.execute(q["fork_copy_message"], (new, sid, old_id))
-        tx.execute(q["fork_copy_parts"], (new, sid, old_id))
-        tx.execute(q["fork_copy_chunks"], (new, old_id))
-        tx.execute(q["fork_copy_usage"], (new, sid, old_id))
-    return {"id": sid, "fork_seq": at_seq}
+    copied = _copy_batch(tx, q, sid, source, at_seq, limit, now)
+    return {"id": sid, "fork_seq": at_seq, "done": bool(copied.get("done"))}
 
 
 # -- messages --------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ MAX_LEASE = 86400.0
 MAX_CLAIM = 1000
 
 _STATES = tuple(s.value for s in EffectState)
-_OUTCOMES = ("succeeded", "retry", "dead", "cancelled", "release")
+_OUTCOMES = ("succeeded", "retry", "dead", "cancelled", "release", "timed_out")
 
 
 # -- argument checks (inside the transaction: spooled ops are checked again) ---------------------
@@ -107,6 +107,37 @@ def _kinds_json(kinds: Iterable[str] | None) -> str | None:
         return None
     listed = sorted(set(check_strings(kinds, "kinds", limit=MAX_KIND)))
     return json.dumps(listed)
+
+
+def _timeouts_json(timeouts: Mapping[str, float] | None) -> str | None:
+    """``{kind: seconds}`` as the JSON text a claim records deadlines from (None: none)."""
+    if timeouts is None:
+        return None
+    if not isinstance(timeouts, Mapping):
+        raise errors.InvalidInput(
+            f"timeouts must be a dict of kind -> seconds, not {timeouts!r:.80}"
+        )
+    checked = {
+        check_str(kind, "a timeout's kind", limit=MAX_KIND, empty=False): check_number(
+            seconds, f"the timeout of kind {kind!r}", minimum=0.001, maximum=MAX_WAIT
+        )
+        for kind, seconds in sorted(timeouts.items())
+    }
+    return json.dumps(checked) if checked else None
+
+
+def _timeouts_arg(a: Args) -> str | None:
+    """The ``timeouts`` argument of a claim: null or the JSON text of an object."""
+    text = a.get("timeouts")
+    if text is None:
+        return None
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise errors.InvalidInput(f"timeouts must be the JSON text of an object, not {text!r:.80}")
+    return _timeouts_json(value)
 
 
 def _kinds_arg(a: Args) -> str | None:
@@ -206,6 +237,7 @@ def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
             "limit": arg_int(a, "limit", False, 1, MAX_CLAIM, 1),
             "lease": arg_number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE),
             "kinds": _kinds_arg(a),
+            "timeouts": _timeouts_arg(a),
             "now": float(a["now"]),
         },
     )
@@ -256,6 +288,9 @@ def _advance_head(tx: Tx, q: Queries, thread: str) -> None:
 #: Why a sweep buries an effect.  A claim's late settlement may still land on an
 #: effect buried so (see ``_settle_effect``).
 _SWEEP_REASONS = ("not_replay_safe", "attempts_exhausted")
+#: Why a timed-out attempt buries an effect that may not run twice: its handler
+#: may still be running (``outcome="timed_out"``).
+TIMED_OUT = "timed_out"
 _DEAD_REASONS = ("failed", "interrupted")
 
 
@@ -269,7 +304,14 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
     effect since (claims, operator retries and cancels raise the token):
     tests/domain/test_outbox_fleet.py::test_settlement_spooled_past_its_lease_is_not_lost_to_a_sweep
     (a spooled success, delayed by an outside lock past its lease, used to be
-    rejected and a replay-safe effect ran twice)."""
+    rejected and a replay-safe effect ran twice).
+
+    ``timed_out``: the worker gave up on an attempt whose handler still runs (it
+    cannot be stopped).  Replay-safe (as the sweep decides), the effect is retried
+    after *delay* (``dead``, ``attempts_exhausted``, if it was the last attempt);
+    else it is ``dead`` with reason ``timed_out``.  Either way the token is raised,
+    so whatever the abandoned attempt's claim settles later raises ``LeaseLost``:
+    tests/domain/test_outbox.py::test_a_timed_out_attempt_*"""
     eid = arg_id(a, "id")
     fence = arg_int(a, "fence", False, 1, 2**62, 0)
     outcome = a.get("outcome")
@@ -291,9 +333,12 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
     swept_dead = current == "dead" and buried in _SWEEP_REASONS
     if current not in ("running", "pending") and not swept_dead:
         _lost(tx, q, eid, fence)
-    if swept_dead and outcome in ("retry", "release"):
+    if swept_dead and outcome in ("retry", "release", "timed_out"):
         # It will not run again (its kind may not run twice, or it is out of
-        # attempts): the sweep's verdict stands, nothing to change.
+        # attempts): the sweep's verdict stands, nothing to change (but a timed-out
+        # attempt's handler may still come back: nothing of its claim may land).
+        if outcome == "timed_out":
+            tx.execute(q["effect_fence_raise"], (now, eid))
         return {"id": eid, "state": "dead"}
     kept = json.loads(errs)
     if error is not None:
@@ -310,6 +355,13 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
         # Claimed but never started (a worker shutting down): back without
         # spending the attempt.
         state, attempt = "pending", attempt - 1
+    elif outcome == "timed_out":
+        if not tx.execute(q["effect_replay_safe"], (eid,))[0][0]:
+            state, dead_reason = "dead", TIMED_OUT
+        elif attempt >= max_attempts:
+            state, dead_reason = "dead", "attempts_exhausted"
+        else:
+            state, available_at = "pending", now + delay
     head = state == "pending"
     tx.execute(
         q["effect_settle"],
@@ -327,7 +379,8 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
             "now": now,
             # Pending again: a new token, so this claim's heartbeats cannot take it
             # back (a pending effect with a current token is one a sweep took).
-            "bump": int(head),
+            # Timed out: the handler may still return, and must change nothing.
+            "bump": int(head or outcome == "timed_out"),
         },
     )
     if not head:
@@ -685,10 +738,14 @@ class Effects:
         limit: int = 1,
         lease: float = DEFAULT_LEASE,
         kinds: Iterable[str] | None = None,
+        timeouts: Mapping[str, float] | None = None,
     ) -> builtins.list[Claim]:
         """Claim up to *limit* ready effects (thread heads whose time has come),
         oldest first, for *owner*, each under a lease of *lease* seconds.
-        Never spooled: past the write budget ``StoreBusy``."""
+        *timeouts* (``{kind: seconds}``): how long the claimer lets a handler of
+        each kind run; recorded as the effect's deadline, which doctor checks (the
+        claimer enforces it, ``Claim.timed_out``).  Never spooled: past the write
+        budget ``StoreBusy``."""
         check_str(owner, "owner", limit=256, empty=False)
         check_int(limit, "limit", minimum=1, maximum=MAX_CLAIM)
         check_number(lease, "lease", minimum=0.001, maximum=MAX_LEASE)
@@ -700,6 +757,7 @@ class Effects:
                 "limit": limit,
                 "lease": lease,
                 "kinds": _kinds_json(kinds),
+                "timeouts": _timeouts_json(timeouts),
                 "claim_op": op_id,
             },
             op_id,
@@ -822,7 +880,24 @@ class Claim:
         """Never started: back to ``pending`` without spending the attempt."""
         return self._settle("release")
 
-    def _settle(self, outcome: str, **args: Any) -> bool:
+    def timed_out(self, error: str, delay: float = 0.0) -> bool:
+        """The handler ran past its time and may still be running (a thread cannot
+        be stopped): a failed attempt.  A replay-safe effect runs again after
+        *delay* seconds (``dead``, ``attempts_exhausted``, if this was its last
+        attempt); one that may not run twice is ``dead`` (``timed_out``).  The token
+        is raised either way: anything settled with this claim's token later, by
+        anyone, raises ``LeaseLost`` and changes nothing."""
+        check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
+        return self._settle("timed_out", error=_error_text(error), delay=delay)
+
+    def _late_success(self, result: Any) -> bool:
+        """For a worker: the result of a handler it gave up on, offered with this
+        claim's token (which the store refuses once it was raised: ``LeaseLost``).
+        Never spooled: past the write budget ``StoreBusy``."""
+        text = None if result is None else dump_json(result, "effect result")
+        return self._settle("succeeded", must_land=False, result=text)
+
+    def _settle(self, outcome: str, *, must_land: bool = True, **args: Any) -> bool:
         if self.outcome is not None:
             raise errors.InvalidInput(f"effect {self.id}: this claim was settled ({self.outcome})")
         op = Operation(
@@ -830,7 +905,10 @@ class Claim:
             {"id": self.id, "fence": self.fence, "outcome": outcome, **args},
             new_id(),
         )
-        applied = self._store.submit(op, must_land=True)
+        if must_land:
+            applied = self._store.submit(op, must_land=True)
+        else:
+            applied = self._store.submit(op, spool=False)
         self.outcome = outcome
         return applied is not None
 

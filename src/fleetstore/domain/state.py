@@ -141,11 +141,11 @@ class State:
 def _in_session(
     tx: Tx, q: Mapping[str, str], session_id: str, sql: str, params: tuple[Any, ...]
 ) -> list[tuple[Any, ...]]:
-    """*sql*'s rows; ``NotFound`` (not an empty answer) when the session does not exist."""
-    found = tx.execute(sql, params)
-    if not found and not tx.execute(q["session_exists"], (session_id,)):
+    """*sql*'s rows; ``NotFound`` (not an empty answer) when the session does not exist,
+    or is being deleted (its state values may be half purged)."""
+    if not tx.execute(q["session_exists"], (session_id,)):
         raise errors.NotFound(f"no session {session_id!r}")
-    return found
+    return list(tx.execute(sql, params))
 
 
 def _check_key(session_id: object, key: object, namespace: object) -> None:

@@ -7,6 +7,18 @@ length, and settles the outcome: the return value -> ``succeeded``;
 ``RetryEffect`` or any other exception -> ``pending`` again after a backoff
 (``dead`` once attempts are spent); ``FailEffect`` -> ``dead``.
 
+Handler timeouts: an attempt may run ``handler_timeout`` seconds (per kind:
+``Handler(timeout=...)``; 10 minutes by default).  Past it the worker stops
+waiting for it, settles the attempt as timed out (``Claim.timed_out``: retried by
+the usual policy if the kind is replay-safe, else ``dead``), which raises the
+fencing token, so nothing the abandoned attempt settles later lands.  Python
+cannot stop a thread: the handler's thread runs on (a coroutine is cancelled) and
+keeps its slot until it returns, when its outcome is offered to the store and
+refused (``LeaseLost``).  So at most ``concurrency`` handler threads exist, hung or
+not; a worker whose every slot is held by a hung handler stops and ``run`` returns
+``EXIT_HUNG``: only a new process frees them.
+tests/domain/test_outbox_fleet.py::test_a_hung_handler_*
+
 Shutdown: the first SIGINT/SIGTERM (or ``stop()``) stops claiming, gives
 claimed-but-not-started effects back without spending an attempt and lets the
 running ones finish within ``grace`` seconds; a second signal (or the grace
@@ -23,6 +35,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import os
 import random
 import signal
@@ -53,6 +66,12 @@ log = logging.getLogger("fleetstore.worker")
 EXIT_OK = 0
 #: ``run()``'s result: stopped hard, effects were interrupted.
 EXIT_HARD = 3
+#: ``run()``'s result: every handler slot was held by a handler that ran past its
+#: timeout and had not returned (a thread cannot be stopped): restart the process.
+EXIT_HUNG = 4
+
+#: Seconds a handler may run per attempt unless told otherwise (``handler_timeout``).
+DEFAULT_HANDLER_TIMEOUT = 600.0
 
 
 class RetryEffect(Exception):
@@ -72,10 +91,20 @@ class FailEffect(Exception):
 class Handler:
     """A handler with what the store must know about its kind: whether the
     effect may run again after the worker running it was lost (killed, cut
-    off past its lease).  Not replay-safe effects go to ``dead`` instead."""
+    off past its lease) or gave up on it (*timeout*).  Not replay-safe effects
+    go to ``dead`` instead.  *timeout*: seconds an attempt may run (None: the
+    worker's ``handler_timeout``; ``math.inf``: no limit)."""
 
     fn: Callable[[Effect], Any]
     replay_safe: bool = True
+    timeout: float | None = None
+
+
+def _timeout_setting(value: object, what: str) -> float | None:
+    """A handler timeout: None or ``math.inf`` (no limit), else 0.001 to MAX_WAIT s."""
+    if value is None or (isinstance(value, float) and value == math.inf):
+        return None
+    return float(_setting(check_number, value, what, minimum=0.001, maximum=MAX_WAIT))
 
 
 def _handler(value: object, kind: str) -> Handler:
@@ -84,6 +113,7 @@ def _handler(value: object, kind: str) -> Handler:
             raise errors.ConfigError(
                 f"handler for {kind!r}: fn must be callable, replay_safe a bool"
             )
+        _timeout_setting(value.timeout, f"the timeout of handler {kind!r}")
         return value
     if callable(value):
         return Handler(value)
@@ -113,6 +143,17 @@ class _Job:
         #: heartbeats, but its outcome may still land (``settle_effect``).
         self.buried = False
         self.task: asyncio.Task[None] | None = None
+
+
+class _Abandoned:
+    """A handler the worker stopped waiting for (timed out, or its claim was lost)
+    that has not returned: it keeps its slot until it does."""
+
+    __slots__ = ("claim", "since")
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+        self.since = time.monotonic()
 
 
 def _in_daemon_thread(
@@ -167,6 +208,7 @@ class Worker:
         max_backoff: float = 300.0,
         owner: str | None = None,
         until_idle: bool = False,
+        handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT,
     ) -> None:
         if not all(hasattr(store, a) for a in ("submit", "read", "queries", "notifies")):
             raise errors.ConfigError(f"store must be an open Store, not {store!r:.80}")
@@ -195,6 +237,13 @@ class Worker:
         self.store = store
         self._effects = Effects(store)
         self.handlers = {kind: _handler(fn, kind) for kind, fn in handlers.items()}
+        self.handler_timeout = _timeout_setting(handler_timeout, "handler_timeout")
+        #: Each kind's timeout, for the kinds that have one.
+        self.timeouts: dict[str, float] = {}
+        for kind, h in self.handlers.items():
+            seconds = self.handler_timeout if h.timeout is None else _timeout_setting(h.timeout, "")
+            if seconds is not None:
+                self.timeouts[kind] = seconds
         # Only kinds given as Handler say anything about replay safety.
         self._declared = {k: h.replay_safe for k, h in handlers.items() if isinstance(h, Handler)}
         self.concurrency = concurrency
@@ -208,7 +257,8 @@ class Worker:
         self.owner = owner or default_owner()
         self.until_idle = until_idle
         #: Counts: claimed, succeeded, retried, failed, cancelled, released,
-        #: lost, interrupted, spooled (settlements that went to the spool).
+        #: lost, interrupted, spooled (settlements that went to the spool),
+        #: timed_out (attempts given up on), late (abandoned handlers that returned).
         self.stats: Counter[str] = Counter()
         self._stop_requested = 0  # 0 running, 1 graceful, 2 hard
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -216,6 +266,9 @@ class Worker:
         self._jobs: dict[str, _Job] = {}
         self._queued: deque[_Job] = deque()
         self._settling: dict[str, Claim] = {}
+        self._abandoned: set[_Abandoned] = set()
+        self._late: set[asyncio.Future[None]] = set()
+        self._hung = False
 
     # -- control ----------------------------------------------------------------------------
 
@@ -255,7 +308,9 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
             await self._finish_settling()
-            return code
+            if self._late:
+                await asyncio.gather(*self._late, return_exceptions=True)
+            return EXIT_HUNG if self._hung and code == EXIT_OK else code
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
@@ -306,12 +361,21 @@ class Worker:
         kinds = sorted(self.handlers)
         next_sweep = 0.0
         while not self._stop_requested:
+            if len(self._abandoned) >= self.concurrency:
+                self._hung = True
+                log.error(
+                    "every handler slot (%d) is held by a handler the worker gave up on (past "
+                    "its timeout, or its lease lost) that has not returned: stopping; restart "
+                    "the process to free them",
+                    self.concurrency,
+                )
+                return
             now = time.monotonic()
             if now >= next_sweep:
                 next_sweep = now + self.sweep_interval
                 await self._maybe_sweep()
             self._start_queued()
-            free = self.concurrency + self.prefetch - len(self._jobs)
+            free = self.concurrency + self.prefetch - len(self._jobs) - len(self._abandoned)
             if free <= 0:
                 await self._sleep(self.poll_interval)
                 continue
@@ -393,7 +457,9 @@ class Worker:
         return self.poll_interval * random.uniform(0.5, 1.0)
 
     def _claim(self, limit: int, kinds: list[str]) -> list[Claim]:
-        return self._effects.claim(self.owner, limit=limit, lease=self.lease, kinds=kinds)
+        return self._effects.claim(
+            self.owner, limit=limit, lease=self.lease, kinds=kinds, timeouts=self.timeouts
+        )
 
     async def _maybe_sweep(self) -> None:
         try:
@@ -410,7 +476,13 @@ class Worker:
             log.info("sweep deferred: %s", exc)
 
     def _start_queued(self) -> None:
-        while self._queued and sum(j.started for j in self._jobs.values()) < self.concurrency:
+        # A handler given up on and still running holds its slot: at most
+        # `concurrency` handler threads, hung or not.
+        while (
+            self._queued
+            and sum(j.started for j in self._jobs.values()) + len(self._abandoned)
+            < self.concurrency
+        ):
             job = self._queued.popleft()
             job.started = True
             job.task = asyncio.create_task(self._run_job(job))
@@ -421,16 +493,42 @@ class Worker:
         claim = job.claim
         handler = self.handlers[claim.effect.kind]
         loop = asyncio.get_running_loop()
+        timeout = self.timeouts.get(claim.effect.kind)
+        inner: asyncio.Future[Any]
+        if inspect.iscoroutinefunction(handler.fn):
+            inner = asyncio.ensure_future(handler.fn(claim.effect))
+        else:
+            inner = _in_daemon_thread(loop, handler.fn, claim.effect)
         outcome: tuple[str, Any]
         try:
-            if inspect.iscoroutinefunction(handler.fn):
-                result = await handler.fn(claim.effect)
+            done, _ = await asyncio.wait({inner}, timeout=timeout)
+            if not done:
+                self._abandon(claim, inner)
+                self.stats["timed_out"] += 1
+                log.error(
+                    "%s %s: the handler ran past its timeout of %gs (attempt %d): the attempt "
+                    "is settled as timed out, the handler %s",
+                    claim.effect.kind,
+                    claim.id,
+                    timeout,
+                    claim.effect.attempt,
+                    "cancelled"
+                    if isinstance(inner, asyncio.Task)
+                    else "abandoned (its thread runs on)",
+                )
+                outcome = (
+                    "timed_out",
+                    f"the handler ran past its timeout of {timeout:g}s (worker {self.owner}); "
+                    "it was abandoned and may still be running",
+                )
             else:
-                result = await _in_daemon_thread(loop, handler.fn, claim.effect)
+                result = inner.result()
                 if inspect.isawaitable(result):
                     result = await result
-            outcome = ("succeed", result)
+                outcome = ("succeed", result)
         except asyncio.CancelledError:
+            if not inner.done():
+                self._abandon(claim, inner)
             if not job.interrupted:
                 raise
             return  # a hard stop settles it
@@ -445,6 +543,55 @@ class Worker:
         await self._settle(job, *outcome)
         if self._wake is not None:
             self._wake.set()
+
+    def _abandon(self, claim: Claim, inner: asyncio.Future[Any]) -> None:
+        """Stop waiting for a handler: a coroutine is cancelled; a thread cannot be,
+        and holds its slot until it returns (``_returned``)."""
+        entry = _Abandoned(claim)
+        self._abandoned.add(entry)
+        if isinstance(inner, asyncio.Task):
+            inner.cancel()
+        inner.add_done_callback(lambda done: self._returned(entry, done))
+
+    def _returned(self, entry: _Abandoned, done: asyncio.Future[Any]) -> None:
+        """An abandoned handler came back: its slot is free; its outcome is offered to
+        the store with its claim's token, which the timeout (or a newer claim)
+        raised, so the store refuses it (``LeaseLost``) and the newer outcome stands."""
+        self._abandoned.discard(entry)
+        if self._wake is not None:
+            self._wake.set()
+        if done.cancelled():
+            return  # a coroutine, stopped as asked
+        claim = entry.claim
+        self.stats["late"] += 1
+        log.warning(
+            "%s %s: the abandoned handler of attempt %d returned %.1fs later",
+            claim.effect.kind,
+            claim.id,
+            claim.effect.attempt,
+            time.monotonic() - entry.since,
+        )
+        if done.exception() is not None:
+            return
+        late = asyncio.ensure_future(self._offer_late(claim, done.result()))
+        self._late.add(late)
+        late.add_done_callback(self._late.discard)
+
+    async def _offer_late(self, claim: Claim, result: Any) -> None:
+        stale = Claim(self.store, claim.effect, claim.owner, claim.lease)
+        try:
+            applied = await self._call(stale._late_success, result)
+        except errors.LeaseLost as exc:
+            self.stats["lost"] += 1
+            log.warning("%s %s: its late outcome is refused: %s", claim.effect.kind, claim.id, exc)
+            return
+        except errors.FleetstoreError as exc:
+            log.warning(
+                "%s %s: its late outcome was not offered: %s", claim.effect.kind, claim.id, exc
+            )
+            return
+        if applied:  # never: the token was raised when the worker gave up on it
+            log.error("%s %s: a late outcome was applied", claim.effect.kind, claim.id)
 
     def _backoff(self, attempt: int) -> float:
         delay = min(self.max_backoff, self.backoff * 2.0 ** max(attempt - 1, 0))
@@ -473,6 +620,9 @@ class Worker:
                 elif how == "release":
                     applied = await self._call(claim.release)
                     self.stats["released"] += 1
+                elif how == "timed_out":
+                    delay = self._backoff(claim.effect.attempt)
+                    applied = await self._call(claim.timed_out, value, delay)
                 elif value:  # interrupted, replay-safe
                     applied = await self._call(claim.retry, 0.0, how)
                     self.stats["interrupted"] += 1
@@ -592,4 +742,13 @@ class Worker:
             await asyncio.sleep(min(self.lease / 3, 0.5))
 
 
-__all__ = ["EXIT_HARD", "EXIT_OK", "FailEffect", "Handler", "RetryEffect", "Worker"]
+__all__ = [
+    "DEFAULT_HANDLER_TIMEOUT",
+    "EXIT_HARD",
+    "EXIT_HUNG",
+    "EXIT_OK",
+    "FailEffect",
+    "Handler",
+    "RetryEffect",
+    "Worker",
+]

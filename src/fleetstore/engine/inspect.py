@@ -550,6 +550,45 @@ def users_of(paths: Sequence[str]) -> dict[str, set[int]]:
     return found
 
 
+def _open_for_writing(pid: int, fd: int) -> bool:
+    """Is descriptor *fd* of process *pid* open for writing (``/proc/PID/fdinfo``)?
+    Unreadable: assumed so (the process is there, and may write)."""
+    try:
+        with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8) & os.O_ACCMODE != os.O_RDONLY
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
+def writers_of(paths: dict[str, str]) -> dict[int, str]:
+    """The processes other than this one that could write to *paths* (role -> absolute
+    path; one ending in "/" stands for everything under it) now: those with one of them
+    open for writing (a fleetstore store opens its database read-write, a read-only
+    reader such as doctor does not), and those holding a lock that only a writer takes
+    on one of them (another user's process, whose descriptors are not readable).  Each
+    with its command line."""
+    found: dict[int, str] = {}
+    for pid, files in open_by_processes(paths).items():
+        if any(_open_for_writing(pid, f.fd) for f in files):
+            found[pid] = _command(pid)
+    idents = {
+        role: FileFacts.of(path).ident
+        for role, path in paths.items()
+        if not path.endswith("/") and role in ("database", "gate", "shm")
+    }
+    me = os.getpid()
+    for lk in locks_on(idents):
+        writing = lk.file == "gate" or {"wal-write", "reserved", "pending", "exclusive"} & set(
+            lk.names
+        )
+        if writing and lk.pid > 0 and lk.pid != me:
+            found.setdefault(lk.pid, _command(lk.pid))
+    return found
+
+
 def command_line(pid: int) -> str:
     return _command(pid)
 

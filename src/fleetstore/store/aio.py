@@ -712,10 +712,11 @@ class AsyncEffects:
         limit: int = 1,
         lease: float = DEFAULT_LEASE,
         kinds: Iterable[str] | None = None,
+        timeouts: Mapping[str, float] | None = None,
     ) -> builtins.list[AsyncClaim]:
         """``Effects.claim``; the claims' settlements are coroutines too."""
         claims = await self._owner._run(
-            lambda: self.sync.claim(owner, limit=limit, lease=lease, kinds=kinds)
+            lambda: self.sync.claim(owner, limit=limit, lease=lease, kinds=kinds, timeouts=timeouts)
         )
         return [AsyncClaim(self._owner, c) for c in claims]
 
@@ -783,6 +784,10 @@ class AsyncClaim:
     async def release(self) -> bool:
         """``Claim.release``."""
         return await self._owner._run(self.sync.release)
+
+    async def timed_out(self, error: str, delay: float = 0.0) -> bool:
+        """``Claim.timed_out``."""
+        return await self._owner._run(lambda: self.sync.timed_out(error, delay))
 
     def __repr__(self) -> str:
         return f"<AsyncClaim {self.sync!r}>"

@@ -37,7 +37,7 @@ from fleetstore.core.validate import (
     check_str,
     check_timeout,
 )
-from fleetstore.domain import registry
+from fleetstore.domain import registry, session_jobs
 from fleetstore.domain.blobs import BlobStore, DbBlobStore, referenced_shas
 from fleetstore.domain.history import Messages, Sessions
 from fleetstore.domain.operations import Operation
@@ -86,6 +86,9 @@ _RETRY_PAUSE = 0.01
 _MAX_PAUSE = 10.0
 #: The background thread waits this long for more work before it exits.
 _LINGER = 2.0
+#: Seconds between looks at forks that other live processes are copying (their
+#: process may die, and its fork must then be given up).
+_JOBS_POLL = 2.0
 
 
 def _process_alive(pid: int | None) -> bool:
@@ -165,6 +168,10 @@ class Store:
         # Started by the first write or read, not here: this also runs in a child
         # right after fork, where starting threads is best left to the child's own code.
         self._publisher: Publisher | None = None
+        #: The thread finishing deletes and forks under way (``finish_jobs``).
+        self._jobs: threading.Thread | None = None
+        self._jobs_running = False
+        self._jobs_again = False
 
     def _after_fork(self) -> None:
         # Threads do not survive a fork: a child starts its own spool and
@@ -391,6 +398,61 @@ class Store:
 
     # -- background work: the spool drain and timed stream flushes -------------------------
 
+    def finish_jobs(self) -> None:
+        """Finish, in a thread of this store's, the deletes and forks under way that
+        nobody is finishing (fleetstore.domain.session_jobs): a process killed
+        mid-way, a purge that met a busy store, a spooled delete replayed.  Returns
+        at once; the thread ends when nothing is left, or at ``close``."""
+        with self._cond:
+            if self._stop:
+                return
+            self._jobs_again = True
+            if self._jobs is not None and self._jobs.is_alive():
+                return
+            self._jobs = threading.Thread(
+                target=self._jobs_thread, name="fleetstore-jobs", daemon=True
+            )
+            self._jobs_running = True
+            self._jobs.start()
+
+    def _jobs_thread(self) -> None:
+        try:
+            self._jobs_loop()
+        finally:
+            with self._cond:
+                self._jobs_running = False
+            self._left()
+
+    def _jobs_loop(self) -> None:
+        pause = 0.0
+        while True:
+            with self._cond:
+                if pause:
+                    self._cond.wait(pause)
+                if self._stop:
+                    return
+                self._jobs_again = False
+            try:
+                left = session_jobs.finish_jobs(self, stop=lambda: self._stop)
+            except Exception as exc:  # the store busy, failing or closing: again later
+                log.warning("%s: finishing deletes and forks under way: %s", self.path, exc)
+                pause = min(_MAX_PAUSE, max(pause * 2, 0.5))
+                continue
+            with self._cond:
+                if not left and not self._jobs_again:
+                    self._jobs = None
+                    return
+            # Forks that live processes copy: look again later (their owner may die).
+            pause = 0.0 if self._jobs_again else _JOBS_POLL
+
+    def _noting_jobs(self, op: Operation) -> dict[str, Any]:
+        """*op* applied now; a delete (replayed from a spool journal) then has its
+        rows purged by the job thread."""
+        result = self.apply(op)
+        if result.get("purge"):
+            self.finish_jobs()
+        return result
+
     def streams_opened(self, stream: Flushable) -> None:
         """*stream* has buffered something: flush it when it is due.  The background
         thread is woken only if it would otherwise sleep past that (a reply written
@@ -431,9 +493,17 @@ class Store:
             with self._cond:
                 if self._thread is threading.current_thread():
                     self._running = False
-                last_out, self._last_out = self._last_out, None
-            if last_out is not None:
-                last_out()  # close() came while this thread was inside the engine
+            self._left()
+
+    def _left(self) -> None:
+        """A background thread has ended: the last one out closes the store's engine if
+        close() came while it was inside (see close)."""
+        with self._cond:
+            if self._running or self._jobs_running:
+                return
+            last_out, self._last_out = self._last_out, None
+        if last_out is not None:
+            last_out()
 
     def _background_loop(self) -> None:
         """Replay the spool in order, one operation per transaction, and flush
@@ -492,7 +562,7 @@ class Store:
         """Apply the spool's head *op*; the seconds to wait before trying again
         (0: it is done with, applied or rejected)."""
         try:
-            self.apply(op)
+            self._noting_jobs(op)
         except errors.TransientError:
             return _RETRY_PAUSE  # still locked: the next attempt waits for the lock again
         except Exception as exc:
@@ -580,7 +650,7 @@ class Store:
                 continue
             # Stops between two operations once close() begins: the rest waits for the
             # next open or `fleetstore recover` (issue 23, cause 7).
-            result = recover_journal(path, self.apply, self._check_blobs, lambda: self._stop)
+            result = recover_journal(path, self._noting_jobs, self._check_blobs, lambda: self._stop)
             if result.status == "unfinished":
                 stopped = f"the replay of {path.name} stopped"
             with self._counts_lock:
@@ -659,12 +729,12 @@ class Store:
             with self._cond:
                 self._stop = True  # the replay stops before its next operation
                 self._cond.notify_all()
-            thread = self._thread
-            here = thread is threading.current_thread()
-            if thread is not None and not here:
-                # The operation under way ends within one write budget.
-                # tests/store/test_spool.py::test_close_while_locked_*
-                thread.join(self.settings.write_budget + 5)
+            here = threading.current_thread() in (self._thread, self._jobs)
+            for thread in (self._thread, self._jobs):
+                if thread is not None and thread is not threading.current_thread():
+                    # The operation under way ends within one write budget.
+                    # tests/store/test_spool.py::test_close_while_locked_*
+                    thread.join(self.settings.write_budget + 5)
             self._closed = True
             if self._publisher is not None:
                 self._publisher.stop()
@@ -682,7 +752,7 @@ class Store:
                 # thread closes it as it leaves.  Closing it here met the operation in
                 # flight with a closed gate, and it went to rejected.jsonl as a bug
                 # (issue 23, cause 7; tests/store/test_spool.py::test_close_during_the_*).
-                inside = self._running and not here
+                inside = (self._running or self._jobs_running) and not here
                 if inside:
                     self._last_out = last_out
             if inside:
@@ -748,6 +818,9 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     store = _open_store(target, config, kind)
     try:
         store.backend.recover()
+        q = store.queries
+        if store.read(lambda tx: tx.execute(q["session_jobs"], (1,))):
+            store.finish_jobs()  # a process died mid-delete or mid-fork
         if journals(store.spool_dir):
             results = store.recover()
             if any(r.status == "unfinished" for r in results):

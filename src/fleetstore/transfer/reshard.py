@@ -12,27 +12,55 @@ continues), and the verification also compares every session's content digest re
 through the Store API on both sides, and checks that a sharded DST's catalog index
 names exactly the sessions each shard holds.
 
+SRC must be at rest: a copy made while a fleet writes to it misses what is written
+after each table was copied (a message whose session came later stopped the copy with
+"FOREIGN KEY constraint failed", and every later run stopped there again).  So a
+reshard refuses to start while another process could write to SRC (``SourceInUse``,
+naming each pid: a file of SRC open for writing, its writer gate or write lock held:
+``engine.inspect.writers_of``), and looks again between batches (at most once a
+second) and before it records the copy whole and verified.  A run that finds SRC in
+use, or whose copy no longer fits SRC (an ``IntegrityError``, ``VerificationFailed``),
+records DST as ``stale``; the next run throws it away and copies again.  A run that
+carries on an interrupted one (``kill -9``) and finds that SRC changed since starts
+over at once.  A DST whose copy was verified (``state`` = ``done``) is never thrown
+away: the fleet may be writing to it.  tests/transfer/test_reshard.py::test_a_live_*
+
 Moving one session tree out of a sharded store and back is fleetstore.transfer.archive.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
+from fleetstore.engine.inspect import writers_of
 from fleetstore.engine.sqlite import Database
+from fleetstore.store.sidecars import _DIRS as SIDECAR_DIRS
+from fleetstore.store.sidecars import _FILES as SIDECAR_FILES
 from fleetstore.transfer.archive import _fleetstore_file
 from fleetstore.transfer.migrate import run as _migrate
+from fleetstore.transfer.migrate.progress import STALE
 from fleetstore.transfer.migrate.report import (
     DEFAULT_BATCH_ROWS,
     DestinationNotEmpty,
     MigrateReport,
     Progress,
+    SourceInUse,
+    VerificationFailed,
 )
 from fleetstore.transfer.migrate.schema import PROGRESS_TABLE
+
+log = logging.getLogger("fleetstore")
+
+#: Seconds between two looks for writers of SRC while the copy runs (each reads
+#: every process's descriptors in /proc: a few milliseconds).
+GUARD_INTERVAL = 1.0
 
 
 def destination(dst: str | os.PathLike[str], src_kind: str) -> str:
@@ -54,34 +82,34 @@ def destination(dst: str | os.PathLike[str], src_kind: str) -> str:
     return f"sqlite://{path}"
 
 
-def _check_fresh(url: str, src_id: str) -> None:
+def _check_fresh(url: str, src_id: str) -> str | None:
     """DST must not exist, or be empty, or hold an interrupted reshard (migrate) of
-    SRC; else ``DestinationNotEmpty``, before anything is opened or written."""
+    SRC; else ``DestinationNotEmpty``, before anything is opened or written.  The
+    ``state`` of that interrupted reshard (None: DST is new or empty)."""
     kind, target = parse_target(url)
     assert isinstance(target, Path)
     if kind == "sharded":
         directory = target.expanduser().absolute()
         if not directory.exists():
-            return
+            return None
         if not directory.is_dir():
             raise DestinationNotEmpty(f"DST {directory} is a file, not a directory")
         if not any(directory.iterdir()):
-            return
+            return None
         catalog = directory / CATALOG
         if not catalog.is_file():
             raise DestinationNotEmpty(
                 f"DST {directory} holds other files; reshard into a new or empty directory. "
                 "Nothing was written."
             )
-        _check_store(catalog, src_id, any((directory / "shards").glob("*/*.db")))
-        return
+        return _check_store(catalog, src_id, any((directory / "shards").glob("*/*.db")))
     path = target
     if not path.exists() or (path.is_file() and path.stat().st_size == 0):
-        return
-    _check_store(path, src_id, False)
+        return None
+    return _check_store(path, src_id, False)
 
 
-def _check_store(path: Path, src_id: str, shards: bool) -> None:
+def _check_store(path: Path, src_id: str, shards: bool) -> str | None:
     if not _fleetstore_file(path):
         raise DestinationNotEmpty(
             f"DST {path} exists and is not a fleetstore database; nothing was written"
@@ -89,7 +117,7 @@ def _check_store(path: Path, src_id: str, shards: bool) -> None:
     db = Database.open(path)  # no migrations: read only what is there
     try:
 
-        def run(tx: Any) -> tuple[str | None, list[str]]:
+        def run(tx: Any) -> tuple[str | None, str | None, list[str]]:
             names = [
                 str(r[0])
                 for r in tx.execute(
@@ -97,23 +125,25 @@ def _check_store(path: Path, src_id: str, shards: bool) -> None:
                     "AND name NOT LIKE 'sqlite%' ORDER BY name"
                 )
             ]
-            source = None
+            items: dict[str, str] = {}
             if PROGRESS_TABLE in names:
-                rows = tx.execute(f"SELECT value FROM {PROGRESS_TABLE} WHERE item = 'source'")
-                source = str(rows[0][0]) if rows else None
+                rows = tx.execute(
+                    f"SELECT item, value FROM {PROGRESS_TABLE} WHERE item IN ('source', 'state')"
+                )
+                items = {str(k): str(v) for k, v in rows}
             holding = [
                 n
                 for n in names
                 if n not in ("fleetstore_migrations", PROGRESS_TABLE)
                 and tx.execute(f'SELECT 1 FROM "{n}" LIMIT 1')
             ]
-            return source, holding
+            return items.get("source"), items.get("state"), holding
 
-        source, holding = db.read(run)
+        source, state, holding = db.read(run)
     finally:
         db.close()
     if source == src_id:
-        return  # an interrupted reshard of this SRC: carried on
+        return state or "copying"  # an interrupted reshard of this SRC: carried on
     if source is not None:
         raise DestinationNotEmpty(
             f"DST {path} holds a copy of another store ({source}); nothing was written"
@@ -124,6 +154,74 @@ def _check_store(path: Path, src_id: str, shards: bool) -> None:
             f"DST {path} already holds data ({what}); reshard into a new, empty store. "
             "Nothing was written."
         )
+    return None
+
+
+def _files(url: str) -> tuple[dict[str, str], list[Path]]:
+    """The files of the SQLite store *url*: as ``writers_of`` takes them (role ->
+    path; a sharded store's whole directory), and the paths a fresh copy replaces."""
+    kind, target = parse_target(url)
+    assert isinstance(target, Path)
+    # Resolved: /proc names the files a process has open by their real paths.
+    path = target.expanduser().resolve()
+    if kind == "sharded":
+        base = path / CATALOG
+        owned = [base, path / "shards"]
+        watched = {"store": f"{path}/"}
+    else:
+        base = path
+        owned = [base]
+        watched = {"database": str(base), "wal": f"{base}-wal", "gate": f"{base}.gate"}
+        watched["shm"] = f"{base}-shm"
+        watched["spool"] = f"{base}.spool/"
+    owned += [Path(f"{base}{suffix}") for suffix in (*SIDECAR_FILES, *SIDECAR_DIRS)]
+    return watched, owned
+
+
+class _Writers:
+    """The guard of a reshard: ``SourceInUse`` when another process could write to
+    SRC (migrate's *guard*; ``force`` False looks at most every GUARD_INTERVAL s)."""
+
+    def __init__(self, src_url: str) -> None:
+        self.url = src_url
+        self.paths, _ = _files(src_url)
+        #: What became of DST, for the message: changed once the copy has begun.
+        self.outcome = "nothing was written"
+        self._last = -GUARD_INTERVAL
+
+    def __call__(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < GUARD_INTERVAL:
+            return
+        self._last = now
+        found = writers_of(self.paths)
+        if found:
+            raise SourceInUse(
+                f"SRC {self.url} is in use: "
+                + "; ".join(f"pid {pid} ({cmd or '?'})" for pid, cmd in sorted(found.items()))
+                + " could write to it, and a copy would miss what it writes. Stop every "
+                f"process writing to SRC, then run reshard again ({self.outcome})",
+                found,
+            )
+
+
+def _discard(url: str) -> None:
+    """Remove the copy an earlier reshard of the same SRC left in *url* (DST), whose
+    progress record the caller read: its database files, sidecars and shards."""
+    watched, owned = _files(url)
+    users = writers_of(watched)
+    if users:
+        raise SourceInUse(
+            f"DST {url} holds a copy that must be made again, but "
+            + "; ".join(f"pid {pid} ({cmd or '?'})" for pid, cmd in sorted(users.items()))
+            + " has it open; stop it first",
+            users,
+        )
+    for path in owned:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
 
 
 def reshard(
@@ -137,7 +235,8 @@ def reshard(
 ) -> MigrateReport:
     """Copy the SQLite store *src* into *dst* in the other layout (see the module
     docstring), then verify: ``VerificationFailed`` on any difference.  Killed, the
-    same call carries on.  ``DestinationNotEmpty`` if *dst* holds anything else."""
+    same call carries on.  ``DestinationNotEmpty`` if *dst* holds anything else;
+    ``SourceInUse`` if another process could write to *src*."""
     src_kind, _ = parse_target(src)
     if src_kind == "postgresql":
         raise errors.InvalidInput(
@@ -147,10 +246,42 @@ def reshard(
     src_id = _migrate.identity(src)
     if _migrate.identity(url) == src_id:
         raise errors.InvalidInput(f"SRC and DST are the same store ({src_id}); nothing was done")
-    _check_fresh(url, src_id)
-    return _migrate.migrate(
-        src, url, batch_rows=batch_rows, progress=progress, verify=verify, settings=settings
-    )
+    state = _check_fresh(url, src_id)
+    guard = _Writers(os.fspath(src))
+    guard(True)
+    guard.outcome = "what this run copied is thrown away then, and copied again"
+    restarted = None
+    if state == STALE:
+        restarted = "an earlier run found SRC in use, or its copy no longer fitting SRC"
+        log.warning("reshard: DST %s: %s; copying again", url, restarted)
+        _discard(url)
+        state = None
+
+    def copy() -> MigrateReport:
+        return _migrate.migrate(
+            src,
+            url,
+            batch_rows=batch_rows,
+            progress=progress,
+            verify=verify,
+            settings=settings,
+            guard=guard,
+        )
+
+    try:
+        report = copy()
+    except (errors.IntegrityError, VerificationFailed) as exc:
+        if state in (None, "done"):
+            raise  # nothing carried on (or a copy the fleet may be using now)
+        # It carried on a run that was interrupted, and SRC changed since (nobody
+        # writes to it now: the guard looked): what that run copied is stale.
+        restarted = f"the copy an interrupted run left no longer fits SRC ({exc})"
+        log.warning("reshard: DST %s: %s; copying again", url, restarted)
+        guard(True)
+        _discard(url)
+        report = copy()
+    report.restarted = restarted
+    return report
 
 
 def verify_report(

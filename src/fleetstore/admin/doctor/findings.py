@@ -10,7 +10,7 @@ import os
 import stat
 from typing import Any
 
-from fleetstore.admin.doctor.probe import Probe
+from fleetstore.admin.doctor.probe import LONG_RUNNING_SECONDS, OVERDUE_SLACK_SECONDS, Probe
 from fleetstore.admin.doctor.report import SHARDS_NAMED, Report, Severity, mb, shards_named
 from fleetstore.engine import inspect
 from fleetstore.engine.inspect import FileFacts
@@ -539,6 +539,30 @@ def _outbox_findings(report: Report, outbox: dict[str, Any]) -> None:
             "is gone, and each blocks the later effects of its thread",
             "run a worker (it sweeps expired leases), or store.effects.sweep()",
         )
+    overdue = outbox.get("overdue_running", 0)
+    if overdue:
+        add(
+            Severity.WARNING,
+            "effects-overdue",
+            f"{overdue} outbox effect(s) are 'running' more than "
+            f"{OVERDUE_SLACK_SECONDS:.0f}s past the deadline their worker gave their handler, "
+            "and their lease is still renewed: the handler hangs and its worker does not give "
+            "up on it (or cannot settle it), and each blocks the later effects of its thread",
+            "look at that worker (store.effects.list(state='running') names it: lease_owner); "
+            "restart it, or store.effects.cancel(id)",
+        )
+    long_running = outbox.get("long_running", 0)
+    if long_running:
+        add(
+            Severity.WARNING,
+            "effects-long-running",
+            f"{long_running} outbox effect(s) have been 'running' for more than "
+            f"{LONG_RUNNING_SECONDS:.0f}s with no deadline (their worker has no handler "
+            "timeout): if the handler hangs, it blocks the later effects of its thread for ever",
+            "give the worker a handler timeout (Worker(handler_timeout=...), "
+            "Handler(timeout=...), fleetstore worker --handler-timeout); if they are meant to "
+            "run this long, nothing to do",
+        )
     dead = outbox["by_state"].get("dead", 0)
     if dead:
         add(
@@ -556,7 +580,13 @@ def _outbox_findings(report: Report, outbox: dict[str, Any]) -> None:
             f"{age:.0f}s: no worker is taking them",
             "start (more) workers for these kinds",
         )
-    if not stuck and not dead and (age is None or age < BACKLOG_AGE_SECONDS):
+    if (
+        not stuck
+        and not dead
+        and not overdue
+        and not long_running
+        and (age is None or age < BACKLOG_AGE_SECONDS)
+    ):
         add(Severity.OK, "outbox", "outbox: nothing stuck, dead or waiting long")
 
 

@@ -18,6 +18,7 @@ from fleetstore import errors, sql
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import resolve_target
 from fleetstore.domain.blobs import referenced_shas
+from fleetstore.domain.worker import DEFAULT_HANDLER_TIMEOUT
 from fleetstore.engine import foreign, inspect
 from fleetstore.engine.board import read_board
 from fleetstore.engine.inspect import FileFacts, Lock
@@ -28,6 +29,13 @@ QUICK_CHECK_ROWS = 20
 FLEETSTORE_TABLES = {"sessions", "applied_ops", "fleetstore_migrations"}
 SHARD_TABLES = {"shard_sessions", "shard_intents"}
 EFFECT_STATES = ("pending", "running", "succeeded", "dead", "cancelled")
+#: A running effect this long past its deadline is reported: its worker gives up at
+#: the deadline and settles within its write budget; one that has not done so in a
+#: minute does not enforce it (or cannot write).
+OVERDUE_SLACK_SECONDS = 60.0
+#: A running effect with no deadline (a worker without a handler timeout), running
+#: longer than the default timeout, is reported: its handler may hang.
+LONG_RUNNING_SECONDS = DEFAULT_HANDLER_TIMEOUT
 
 Idents = dict[str, tuple[int, int, int] | None]
 
@@ -314,6 +322,23 @@ def _store_figures(conn: inspect.ReadOnlyDatabase, tables: set[str], now: float)
             )[0]
             outbox["stuck_running"] = int(count)
             outbox["stuck_since"] = float(oldest) if oldest is not None else None
+        if "deadline" in columns:
+            # Running, lease renewed, long past the time its worker gives it: a handler
+            # that hangs in a worker that does not give up (issue 23: doctor was silent).
+            count, oldest = conn.query(
+                "SELECT count(*), min(deadline) FROM effects "
+                "WHERE state = 'running' AND deadline < ?",
+                (now - OVERDUE_SLACK_SECONDS,),
+            )[0]
+            outbox["overdue_running"] = int(count)
+            outbox["overdue_since"] = float(oldest) if oldest is not None else None
+            count, oldest = conn.query(
+                "SELECT count(*), min(started_at) FROM effects "
+                "WHERE state = 'running' AND deadline IS NULL AND started_at < ?",
+                (now - LONG_RUNNING_SECONDS,),
+            )[0]
+            outbox["long_running"] = int(count)
+            outbox["long_running_since"] = float(oldest) if oldest is not None else None
         if "available_at" in columns:
             count, oldest = conn.query(
                 "SELECT count(*), min(available_at) FROM effects "

@@ -155,7 +155,7 @@ def _insert_session(
     updated: float,
 ) -> None:
 
-    if tx.execute(q["session_exists"], (fs_id,)):
+    if tx.execute(q["session_job"], (fs_id,)):  # any row, a session being deleted too
         raise errors.AlreadyExists(
             f"ADK session {session_id!r} (app {app_name!r}, user {user_id!r}): its fleetstore "
             f"session {fs_id} exists already"
@@ -165,7 +165,7 @@ def _insert_session(
     )
     tx.execute(
         q["session_insert"],
-        (fs_id, None, fs_id, None, None, None, session_id, meta, created, updated),
+        (fs_id, None, fs_id, None, None, None, session_id, meta, created, updated, None, None),
     )
     tx.execute(
         q["adk_session_insert"], (app_name, user_id, session_id, fs_id, revision, created, updated)

@@ -3,9 +3,10 @@
 -- A negative limit means no limit, as on SQLite: LIMIT nullif(greatest(n, -1), -1)
 -- is PostgreSQL's LIMIT NULL (all rows) for those, LIMIT n otherwise.
 
--- adk_session_by_name: an ADK session's row, by its ADK names
-SELECT fs_id, revision, create_time, update_time FROM adk_sessions
+-- adk_session_by_name: an ADK session's row, by its ADK names (none while its session is being deleted)
+SELECT fs_id, revision, create_time, update_time FROM adk_sessions a
 WHERE app_name = ? AND user_id = ? AND session_id = ?
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = a.fs_id AND s.job IS NOT NULL)
 
 -- adk_session_by_fs: an ADK session's row, by its fleetstore session id
 SELECT app_name, user_id, session_id, revision, create_time, update_time FROM adk_sessions
@@ -25,6 +26,7 @@ WHERE app_name = :app_name
   AND (:user_id IS NULL OR user_id = :user_id)
   AND (:after_time IS NULL
        OR (update_time, user_id, session_id) > (:after_time, :after_user, :after_session))
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = adk_sessions.fs_id AND s.job IS NOT NULL)
 ORDER BY update_time, user_id, session_id
 LIMIT nullif(greatest(:limit, -1), -1)
 

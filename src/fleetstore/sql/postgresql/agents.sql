@@ -19,11 +19,17 @@ FROM sessions s
 WHERE (s.metadata::json #>> '{openai_agents,session_id}') IS NOT NULL
   AND (:before_at IS NULL OR s.created_at < :before_at
        OR (s.created_at = :before_at AND s.id < :before_id))
+  AND s.job IS NULL
 ORDER BY s.created_at DESC, s.id DESC
 LIMIT nullif(greatest(:limit, -1), -1)
 
--- agt_message_ids: the ids of a session's messages in order
-SELECT id FROM messages WHERE session_id = ? ORDER BY seq
+-- agt_message_ids: the ids of a session's messages in order (none of a session being deleted or forked)
+WITH s(id) AS (SELECT ?::text)
+SELECT id FROM messages WHERE session_id = (SELECT id FROM s)
+  AND NOT EXISTS (SELECT 1 FROM sessions x WHERE x.id = (SELECT id FROM s) AND x.job IS NOT NULL)
+ORDER BY seq
 
--- agt_item_count: how many items (messages) a session holds
-SELECT count(*) FROM messages WHERE session_id = ?
+-- agt_item_count: how many items (messages) a session holds (none: one being deleted or forked)
+WITH s(id) AS (SELECT ?::text)
+SELECT count(*) FROM messages WHERE session_id = (SELECT id FROM s)
+  AND NOT EXISTS (SELECT 1 FROM sessions x WHERE x.id = (SELECT id FROM s) AND x.job IS NOT NULL)

@@ -43,7 +43,7 @@ RETURNING 1
 -- mnt_tree_delete_sessions: the (now empty) sessions of a tree; subagents go by ON DELETE CASCADE
 DELETE FROM sessions WHERE id = :id
 
--- mnt_session_tree_rows: every session's id, parent and last update, for picking old trees
+-- mnt_session_tree_rows: every session's id, parent and last update, for picking old trees (not those being deleted or forked)
 SELECT id, parent_id, GREATEST(updated_at, created_at), status FROM sessions
 
 -- mnt_state_newest: the newest state write per session
@@ -148,8 +148,8 @@ FROM (SELECT DISTINCT session_id, blob_sha FROM parts WHERE blob_sha IS NOT NULL
 JOIN blobs b ON b.sha256 = x.blob_sha
 GROUP BY x.session_id
 
--- mnt_stats_sessions: every session's id, parent, title, project, status and last update
-SELECT id, parent_id, title, project, status, updated_at FROM sessions
+-- mnt_stats_sessions: every session's id, parent, title, project, status and last update (not those being deleted or forked)
+SELECT id, parent_id, title, project, status, updated_at FROM sessions WHERE job IS NULL
 
 -- mnt_stats_blob_rows: every blob row's hash, stored and original bytes
 SELECT sha256, stored_size, size FROM blobs

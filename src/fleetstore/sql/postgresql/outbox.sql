@@ -62,12 +62,13 @@ SELECT count(*) FROM effects
 WHERE state IN ('pending', 'running')
   AND (:kinds IS NULL OR kind IN (SELECT json_array_elements_text(:kinds::json)))
 
--- effect_claim: take up to :limit ready heads, oldest first, in one statement; SKIP LOCKED passes over the heads another claim is taking, and the outer SELECT only orders what the UPDATE returns
+-- effect_claim: take up to :limit ready heads, oldest first, in one statement; SKIP LOCKED passes over the heads another claim is taking, and the outer SELECT only orders what the UPDATE returns; :timeouts (JSON object, kind -> seconds, or NULL) sets each one's deadline
 WITH claimed AS (
     UPDATE effects
     SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
         lease_expires_at = :now + :lease, started_at = :now, updated_at = :now,
-        claim_op = :claim_op
+        claim_op = :claim_op,
+        deadline = :now + (:timeouts::jsonb ->> kind)::double precision
     WHERE id IN (
         SELECT id FROM effects
         WHERE state = 'pending' AND is_head = 1 AND available_at <= :now
@@ -94,6 +95,11 @@ SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, 
 FROM effects WHERE state = 'running' AND claim_op = ?
 ORDER BY available_at, thread_key
 
+-- effect_replay_safe: may the effect run again while an attempt of it may still be running (1) or not (0): as the sweep decides
+SELECT coalesce(e.replay_safe, k.replay_safe, 1)
+FROM effects e LEFT JOIN effect_kinds k ON k.kind = e.kind
+WHERE e.id = ?
+
 -- effect_for_settle: what a settlement checks before it writes
 SELECT thread_key, state, fence, lease_owner, attempt, max_attempts, errors, dead_reason
 FROM effects WHERE id = ?
@@ -103,6 +109,9 @@ UPDATE effects
 SET state = 'running', lease_owner = :owner, lease_expires_at = :now + :lease, updated_at = :now
 WHERE id = :id AND fence = :fence AND state IN ('running', 'pending')
 RETURNING lease_expires_at
+
+-- effect_fence_raise: a new fencing token, nothing else changed (a timed-out attempt's claim must settle nothing after)
+UPDATE effects SET fence = fence + 1, updated_at = ? WHERE id = ?
 
 -- effect_settle: a running (or pending) effect's new state; the caller checked the fence
 UPDATE effects

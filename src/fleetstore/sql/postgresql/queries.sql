@@ -12,21 +12,19 @@ SELECT 1, result FROM applied_ops WHERE op_id = ?
 -- op_record: remember an applied operation id, and what it returned
 INSERT INTO applied_ops (op_id, name, session_id, applied_at, result) VALUES (?, ?, ?, ?, ?)
 
--- session_for_write: the columns writes need, by id
-SELECT id, root_id, version, title, metadata, parent_id, project FROM sessions WHERE id = ?
+-- session_for_write: the columns writes need, by id (none while a delete or fork of it is under way)
+SELECT id, root_id, version, title, metadata, parent_id, project FROM sessions
+WHERE id = ? AND job IS NULL
 
--- session_exists: does this session exist?
-SELECT 1 FROM sessions WHERE id = ?
+-- session_exists: does this session exist? (not while a delete or fork of it is under way)
+SELECT 1 FROM sessions WHERE id = ? AND job IS NULL
 
 -- session_identity: what a create compares to tell a retry from a clash
 SELECT parent_id, project, title, metadata FROM sessions WHERE id = ?
 
--- session_fork_origin: where a session was forked from (NULLs if it is no fork)
-SELECT forked_from, fork_seq FROM sessions WHERE id = ?
-
--- session_insert: a new session
-INSERT INTO sessions (id, parent_id, root_id, forked_from, fork_seq, project, title, metadata, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+-- session_insert: a new session; :job 'fork' makes a fork hidden until its copy is whole
+INSERT INTO sessions (id, parent_id, root_id, forked_from, fork_seq, project, title, metadata, created_at, updated_at, job, job_owner)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- session_update: new title / metadata, next version
 UPDATE sessions SET title = ?, metadata = ?, updated_at = ?, version = version + 1 WHERE id = ?
@@ -40,10 +38,10 @@ UPDATE sessions SET updated_at = GREATEST(updated_at, ?) WHERE id = ?
 -- session_delete: a session, with its subagents, messages, parts and state (cascades)
 DELETE FROM sessions WHERE id = ?
 
--- session_get: one session
+-- session_get: one session (none while a delete or fork of it is under way)
 SELECT id, root_id, parent_id, forked_from, fork_seq, project, title, status, metadata,
        created_at, updated_at, archived_at, version
-FROM sessions WHERE id = ?
+FROM sessions WHERE id = ? AND job IS NULL
 
 -- session_list: sessions, newest first, filtered; NULL filters match all
 SELECT id, root_id, parent_id, forked_from, fork_seq, project, title, status, metadata,
@@ -54,6 +52,7 @@ WHERE (:project IS NULL OR project = :project)
   AND (:root_id IS NULL OR root_id = :root_id)
   AND (CAST(:include_archived AS boolean) OR status = 'active')
   AND (:before IS NULL OR id < :before)
+  AND job IS NULL
 ORDER BY id DESC
 LIMIT nullif(greatest(:limit, -1), -1)
 
@@ -76,18 +75,21 @@ SELECT model FROM messages WHERE id = ?
 -- message_finish: a streaming message ends
 UPDATE messages SET status = ?, error = ?, completed_at = ? WHERE id = ? AND status = 'streaming'
 
--- message_get: one message
+-- message_get: one message (none of a session being deleted or forked)
 SELECT id, session_id, seq, role, status, model, metadata, error, created_at, completed_at
-FROM messages WHERE id = ?
+FROM messages m WHERE id = ?
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = m.session_id AND s.job IS NOT NULL)
 
--- message_list: messages of a session in order, from a seq on
+-- message_list: messages of a session in order, from a seq on (none of a session being deleted or forked)
 SELECT id, session_id, seq, role, status, model, metadata, error, created_at, completed_at
 FROM messages WHERE session_id = :session_id AND seq > :after
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = :session_id AND s.job IS NOT NULL)
 ORDER BY seq LIMIT nullif(greatest(:limit, -1), -1)
 
--- message_list_last: the last messages of a session (newest first)
+-- message_list_last: the last messages of a session (newest first; none of a session being deleted or forked)
 SELECT id, session_id, seq, role, status, model, metadata, error, created_at, completed_at
 FROM messages WHERE session_id = :session_id
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = :session_id AND s.job IS NOT NULL)
 ORDER BY seq DESC LIMIT nullif(greatest(:limit, -1), -1)
 
 -- part_insert: a whole part
@@ -133,8 +135,60 @@ SELECT count(*), coalesce(sum(input_tokens), 0)::bigint, coalesce(sum(output_tok
        coalesce(sum(reasoning_tokens), 0)::bigint, coalesce(sum(cost), 0)
 FROM usage WHERE session_id = ?
 
--- fork_message_ids: the messages a fork copies
-SELECT id FROM messages WHERE session_id = ? AND seq <= ? ORDER BY seq
+-- fork_message_ids: the next messages a fork copies: of :source, after seq :after, up to :upto
+SELECT id FROM messages WHERE session_id = :source AND seq > :after AND seq <= :upto
+ORDER BY seq LIMIT :limit
+
+-- session_job: a session's job (a delete or fork under way), and where a fork comes from; any session, hidden or not
+SELECT job, job_owner, forked_from, fork_seq FROM sessions WHERE id = ?
+
+-- session_jobs: the sessions whose delete or fork is under way
+SELECT id, job, job_owner, updated_at FROM sessions WHERE job IS NOT NULL ORDER BY id LIMIT ?
+
+-- session_mark_deleted: a session and its subagents hidden from every read, their rows to be purged
+WITH RECURSIVE tree(id) AS (
+    SELECT id FROM sessions WHERE id = :id
+    UNION ALL
+    SELECT s.id FROM sessions s JOIN tree t ON s.parent_id = t.id
+)
+UPDATE sessions SET job = 'delete', job_owner = :owner WHERE id IN (SELECT id FROM tree)
+
+-- session_fork_done: the fork's last batch is in: it is seen from now on
+UPDATE sessions SET job = NULL, job_owner = NULL, updated_at = ? WHERE id = ? AND job = 'fork'
+
+-- session_fork_abandon: a fork that will not be finished: its rows to be purged
+UPDATE sessions SET job = 'delete' WHERE id = ? AND job = 'fork'
+
+-- purge_leaf: a session of the tree under :id (all of it being deleted) with no subagent left: purged first
+WITH RECURSIVE tree(id) AS (
+    SELECT id FROM sessions WHERE id = :id AND job = 'delete'
+    UNION ALL
+    SELECT s.id FROM sessions s JOIN tree t ON s.parent_id = t.id
+)
+SELECT t.id FROM tree t WHERE NOT EXISTS (SELECT 1 FROM sessions c WHERE c.parent_id = t.id)
+LIMIT 1
+
+-- purge_chunks: up to :limit streamed chunks of a session's messages
+DELETE FROM chunks WHERE ctid IN (
+    SELECT c.ctid FROM messages m JOIN chunks c ON c.message_id = m.id
+    WHERE m.session_id = :id LIMIT :limit
+)
+RETURNING 1
+
+-- purge_messages: up to :limit messages of a session (their parts and usage cascade)
+DELETE FROM messages WHERE id IN (
+    SELECT id FROM messages WHERE session_id = :id LIMIT :limit
+)
+RETURNING 1
+
+-- purge_state: up to :limit state values of a session
+DELETE FROM state WHERE (session_id, namespace, key) IN (
+    SELECT session_id, namespace, key FROM state WHERE session_id = :id LIMIT :limit
+)
+RETURNING 1
+
+-- purge_session_row: a session being deleted, once its rows are gone
+DELETE FROM sessions WHERE id = ? AND job = 'delete'
 
 -- fork_copy_message: copy one message into the fork
 INSERT INTO messages (id, session_id, seq, role, status, model, metadata, error, created_at, completed_at)

@@ -36,11 +36,15 @@ CREATE TABLE sessions (
     created_at   DOUBLE PRECISION NOT NULL,
     updated_at   DOUBLE PRECISION NOT NULL,
     archived_at  DOUBLE PRECISION,
-    version      BIGINT NOT NULL DEFAULT 1
+    version      BIGINT NOT NULL DEFAULT 1,
+    -- A delete or fork under way: no read shows the session (migration 0010).
+    job          TEXT COLLATE "C" CHECK (job IN ('fork', 'delete')),
+    job_owner    TEXT COLLATE "C"
 );
 CREATE INDEX sessions_by_parent ON sessions(parent_id);
 CREATE INDEX sessions_by_root ON sessions(root_id);
 CREATE INDEX sessions_by_project ON sessions(project, id);
+CREATE INDEX sessions_with_job ON sessions(job) WHERE job IS NOT NULL;
 
 CREATE TABLE messages (
     id            TEXT COLLATE "C" PRIMARY KEY,
@@ -181,6 +185,8 @@ CREATE TABLE effects (
     finished_at      DOUBLE PRECISION,
     -- The claim operation that took a running effect (migration 0006).
     claim_op         TEXT COLLATE "C",
+    -- When its worker gives up on the attempt running now (migration 0009).
+    deadline         DOUBLE PRECISION,
     UNIQUE (thread_key, seq),
     CHECK ((state = 'running') = (lease_owner IS NOT NULL)),
     CHECK (is_head = 0 OR state IN ('pending', 'running'))

@@ -16,22 +16,22 @@ DELETE FROM shard_sessions WHERE session_id = ?
 -- shard_list: every shard the catalog knows, with its session count
 SELECT shard, count(*) FROM shard_sessions GROUP BY shard ORDER BY shard
 
--- shard_session_rows: every session row of a shard, for the catalog's index
+-- shard_session_rows: every session row of a shard, for the catalog's index (those being deleted or forked too, with their job: the catalog keeps them hidden)
 SELECT id, parent_id, root_id, forked_from, fork_seq, project, title, status, metadata,
-       created_at, updated_at, archived_at, version
+       created_at, updated_at, archived_at, version, job, job_owner
 FROM sessions ORDER BY created_at, id
 
 -- shard_session_upsert: the catalog's index row of a session, as its shard has it
 INSERT INTO sessions (id, parent_id, root_id, forked_from, fork_seq, project, title, status,
-                      metadata, created_at, updated_at, archived_at, version)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                      metadata, created_at, updated_at, archived_at, version, job, job_owner)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     parent_id = excluded.parent_id, root_id = excluded.root_id,
     forked_from = excluded.forked_from, fork_seq = excluded.fork_seq,
     project = excluded.project, title = excluded.title, status = excluded.status,
     metadata = excluded.metadata, created_at = excluded.created_at,
     updated_at = excluded.updated_at, archived_at = excluded.archived_at,
-    version = excluded.version
+    version = excluded.version, job = excluded.job, job_owner = excluded.job_owner
 
 -- shard_intent_add: a catalog+shard write begins
 INSERT INTO shard_intents (op_id, shard, op, owner, created_at) VALUES (?, ?, ?, ?, ?)

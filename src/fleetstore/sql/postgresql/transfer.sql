@@ -1,8 +1,8 @@
 -- The PostgreSQL dialect of sql/sqlite/transfer.sql (export, import and merge): the
 -- same names, parameters and result columns.
 
--- transfer_session_tree: every session's id and parent, to order them parents first
-SELECT id, parent_id FROM sessions ORDER BY id
+-- transfer_session_tree: every session's id and parent, to order them parents first (not those being deleted or forked)
+SELECT id, parent_id FROM sessions WHERE job IS NULL ORDER BY id
 
 -- transfer_session_root: the root of a session (a new subagent joins its parent's tree)
 SELECT root_id FROM sessions WHERE id = ?
@@ -59,9 +59,12 @@ SELECT text FROM chunks WHERE message_id = ? AND part_seq = ? AND seq = ?
 SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, cost
 FROM usage WHERE message_id = ?
 
--- transfer_state_of_session: a session's state values, as stored
+-- transfer_state_of_session: a session's state values, as stored (none of a session being deleted)
+WITH s(id) AS (SELECT ?::text)
 SELECT namespace, key, version, enc, value, blob_sha, size, updated_at
-FROM state WHERE session_id = ? ORDER BY namespace, key
+FROM state WHERE session_id = (SELECT id FROM s)
+  AND NOT EXISTS (SELECT 1 FROM sessions x WHERE x.id = (SELECT id FROM s) AND x.job IS NOT NULL)
+ORDER BY namespace, key
 
 -- transfer_state_write: a state value with the exported version and time
 INSERT INTO state (session_id, namespace, key, version, enc, value, blob_sha, size, updated_at)

@@ -1,9 +1,10 @@
 -- Google ADK sessions (fleetstore/adk_ops.py, fleetstore/integrations/adk.py,
 -- fleetstore/integrations/adk_import.py); tables in migration 0005.
 
--- adk_session_by_name: an ADK session's row, by its ADK names
-SELECT fs_id, revision, create_time, update_time FROM adk_sessions
+-- adk_session_by_name: an ADK session's row, by its ADK names (none while its session is being deleted)
+SELECT fs_id, revision, create_time, update_time FROM adk_sessions a
 WHERE app_name = ? AND user_id = ? AND session_id = ?
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = a.fs_id AND s.job IS NOT NULL)
 
 -- adk_session_by_fs: an ADK session's row, by its fleetstore session id
 SELECT app_name, user_id, session_id, revision, create_time, update_time FROM adk_sessions
@@ -23,6 +24,7 @@ WHERE app_name = :app_name
   AND (:user_id IS NULL OR user_id = :user_id)
   AND (:after_time IS NULL
        OR (update_time, user_id, session_id) > (:after_time, :after_user, :after_session))
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = adk_sessions.fs_id AND s.job IS NOT NULL)
 ORDER BY update_time, user_id, session_id
 LIMIT :limit
 

@@ -21,11 +21,15 @@ CREATE TABLE sessions (
     created_at   REAL NOT NULL,
     updated_at   REAL NOT NULL,
     archived_at  REAL,
-    version      INTEGER NOT NULL DEFAULT 1
+    version      INTEGER NOT NULL DEFAULT 1,
+    -- A delete or fork under way: no read shows the session (migration 0010).
+    job          TEXT CHECK (job IN ('fork', 'delete')),
+    job_owner    TEXT
 );
 CREATE INDEX sessions_by_parent ON sessions(parent_id);
 CREATE INDEX sessions_by_root ON sessions(root_id);
 CREATE INDEX sessions_by_project ON sessions(project, id);
+CREATE INDEX sessions_with_job ON sessions(job) WHERE job IS NOT NULL;
 
 CREATE TABLE messages (
     id            TEXT PRIMARY KEY,
@@ -150,6 +154,8 @@ CREATE TABLE effects (
     finished_at      REAL,
     -- The claim operation that took a running effect (migration 0006).
     claim_op         TEXT,
+    -- When its worker gives up on the attempt running now (migration 0009).
+    deadline         REAL,
     UNIQUE (thread_key, seq),
     CHECK ((state = 'running') = (lease_owner IS NOT NULL)),
     CHECK (is_head = 0 OR state IN ('pending', 'running'))

@@ -63,6 +63,7 @@ from fleetstore.transfer.migrate.report import (
     DestinationNotEmpty,
     MigrateReport,
     SchemaMismatch,
+    SourceInUse,
     TableReport,
     VerificationFailed,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "DestinationNotEmpty",
     "MigrateReport",
     "SchemaMismatch",
+    "SourceInUse",
     "TableReport",
     "VerificationFailed",
     "migrate",

@@ -11,7 +11,13 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.transfer.migrate.progress import _set_item, _write_step
-from fleetstore.transfer.migrate.report import MigrateReport, Progress, SchemaMismatch, TableReport
+from fleetstore.transfer.migrate.report import (
+    Guard,
+    MigrateReport,
+    Progress,
+    SchemaMismatch,
+    TableReport,
+)
 from fleetstore.transfer.migrate.routing import _BY_MESSAGE, _BY_SESSION, _TREE_OPS, _homes
 from fleetstore.transfer.migrate.schema import _BLOBS, Table, _normal, _quote
 from fleetstore.transfer.migrate.side import _Reader, _Side, _template
@@ -88,6 +94,8 @@ class _Copier:
         self.counted: set[str] = set()
         self.done = 0
         self.total = report.rows
+        #: Called before each batch (fleetstore.transfer.migrate.run.migrate's *guard*).
+        self.guard: Guard | None = None
 
     def part(
         self, part: str | None, tables: Sequence[Table], entries: Sequence[TableReport]
@@ -120,6 +128,8 @@ class _Copier:
         links = [table.index(c) for c in table.links]
         self._tell(table, int(state["rows"]), entry)
         while not state["done"]:
+            if self.guard is not None:
+                self.guard(False)
             rows, done = self._window(reader, state["after"])
             if table.name == _BLOBS:
                 self._blob_data(table, rows)
@@ -304,6 +314,8 @@ class _Copier:
             marks=", ".join("?" * len(table.key)),
         )
         while not state["done"]:
+            if self.guard is not None:
+                self.guard(False)
             rows, done = self._window(reader, state["after"])
             linked = [row for row in rows if any(row[i] is not None for i in at)]
             new: dict[str, Any] = {

@@ -14,6 +14,10 @@ from fleetstore.transfer.migrate.report import ConcurrentMigrate, DestinationNot
 from fleetstore.transfer.migrate.schema import Table, _quote
 from fleetstore.transfer.migrate.side import _Side, _template
 
+#: The ``state`` of a DST whose copy no longer fits its SRC (reshard's guard): it is
+#: thrown away and copied again, never carried on.
+STALE = "stale"
+
 
 def _now_text() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

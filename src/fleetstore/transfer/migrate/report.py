@@ -14,6 +14,10 @@ from fleetstore import errors
 #: ``progress(stage, done, total)``: called as batches are copied and tables verified.
 Progress = Callable[[str, int, int], None]
 
+#: ``guard(force)``: raises (``SourceInUse``) when the copy cannot go on; called
+#: between batches (``force`` False: it may skip the check if it made one recently).
+Guard = Callable[[bool], None]
+
 #: Rows per batch (one write transaction on DST) by default.
 DEFAULT_BATCH_ROWS = 500
 
@@ -30,6 +34,16 @@ class SchemaMismatch(errors.MigrationError):
 
 class ConcurrentMigrate(errors.TransientError):
     """Another migrate is writing to the same destination; this one stopped."""
+
+
+class SourceInUse(errors.TransientError):
+    """Another process could write to the source (it has one of its files open for
+    writing, or holds its writer gate or write lock): a copy would miss its writes.
+    ``writers``: {pid: command line}."""
+
+    def __init__(self, message: str, writers: dict[int, str]) -> None:
+        self.writers = dict(writers)
+        super().__init__(message)
 
 
 class VerificationFailed(errors.CorruptStore):
@@ -78,6 +92,9 @@ class MigrateReport:
     copied: bool = True
     #: Whether this run continued an interrupted one (or found it finished).
     resumed: bool = False
+    #: Why this run threw away what an earlier run had copied and started over (a
+    #: reshard whose source changed since), or None.
+    restarted: str | None = None
     tables: list[TableReport] = field(default_factory=list)
     blobs_copied: int = 0
     blob_bytes: int = 0
@@ -129,6 +146,8 @@ def format_report(report: MigrateReport, command: str = "migrate") -> str:
         f"{layout(report.dst_layout, report.dst_shards)})"
         + (" [verify only]" if not report.copied else " [resumed]" if report.resumed else "")
     ]
+    if report.restarted:
+        lines.append(f"  started over: {report.restarted}")
     width = max((len(t.name) for t in report.tables), default=5)
     lines.append(f"  {'table':<{width}}  {'rows':>10}  {'copied':>10}  verified")
     for t in report.tables:
@@ -163,9 +182,11 @@ __all__ = [
     "DEFAULT_BATCH_ROWS",
     "ConcurrentMigrate",
     "DestinationNotEmpty",
+    "Guard",
     "MigrateReport",
     "Progress",
     "SchemaMismatch",
+    "SourceInUse",
     "TableReport",
     "VerificationFailed",
     "format_report",

@@ -4,6 +4,7 @@ claim, copy and verification in turn (``migrate``), or the comparison alone
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import time
@@ -15,14 +16,17 @@ from urllib.parse import urlsplit
 
 from fleetstore import errors
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target, url_servers
+from fleetstore.domain import session_jobs
 from fleetstore.store.facade import open as open_store
 from fleetstore.transfer.migrate.copying import _Copier
-from fleetstore.transfer.migrate.progress import _claim, _now_text, _set_item
+from fleetstore.transfer.migrate.progress import STALE, _claim, _now_text, _set_item
 from fleetstore.transfer.migrate.report import (
     DEFAULT_BATCH_ROWS,
     DestinationNotEmpty,
+    Guard,
     MigrateReport,
     Progress,
+    SourceInUse,
     TableReport,
     VerificationFailed,
 )
@@ -97,6 +101,10 @@ def _opened(target: Path | str, settings: dict[str, Any]) -> Iterator[Any]:
         settings["max_open_shards"] = max(64, min(4096, _open_files() // 20))
     store = open_store(target, **settings)
     try:
+        # Deletes and forks a crashed process left half done are finished first: the
+        # store's job thread would otherwise purge rows under the copy (its verification
+        # then failed on every run).
+        session_jobs.finish_jobs(store)
         yield store
     finally:
         store.close()
@@ -148,13 +156,20 @@ def migrate(
     progress: Progress | None = None,
     verify: bool = True,
     settings: dict[str, Any] | None = None,
+    guard: Guard | None = None,
 ) -> MigrateReport:
     """Copy every table of the store *src* into *dst* (created if it does not
     exist; it must be empty, or hold an interrupted migrate of *src*, which this
     run continues), then verify the copy (``VerificationFailed`` on a difference).
     *src* and *dst*: a path, ``sqlite:///absolute/path``,
     ``sqlite+sharded:///absolute/directory`` or ``postgresql://...``.
-    *settings*: ``Settings`` fields for opening both stores."""
+    *settings*: ``Settings`` fields for opening both stores.  *guard* (reshard's):
+    called between batches (``force`` False) and before the copy is recorded as
+    whole and verified (True); it raises ``SourceInUse`` when another process could
+    write to SRC.  With a guard, a run that found SRC in use, or a copy that no longer
+    fits SRC (an ``IntegrityError``: a row whose parent row SRC did not hold when its
+    table was copied; ``VerificationFailed``), records DST as ``stale``: what it holds
+    cannot be carried on, and the caller starts over."""
     _check_batch(batch_rows)
     started = time.monotonic()
     src_target, dst_target, src_id, _ = _pair(src, dst, dst_must_exist=False)
@@ -166,25 +181,40 @@ def migrate(
         report.resumed, items = _claim(dest, order, src_id)
         counts = _counts(source, order)
         report.tables = [TableReport(t.name, counts[t.name]) for t in order]
-        if items.get("state") not in ("copied", "done"):
-            copier = _Copier(
-                source, dest, {t.name: t for t in order}, items, batch_rows, progress, report
-            )
-            for part in source.parts():
-                copier.part(part, order, report.tables)
-            if dest.sharded:
-                copier.index()
-            _set_item(d, "state", "copied")
-        report.src_shards, report.dst_shards = source.shard_count(), dest.shard_count()
-        if verify:
-            _verify(source, dest, order, report, batch_rows, progress)
-        report.seconds = time.monotonic() - started
-        if report.problems:
-            raise VerificationFailed(
-                f"DST {d.url} does not equal SRC {s.url}: " + "; ".join(report.problems),
-                report.problems,
-                report,
-            )
+        try:
+            if items.get("state") not in ("copied", "done"):
+                copier = _Copier(
+                    source, dest, {t.name: t for t in order}, items, batch_rows, progress, report
+                )
+                copier.guard = guard
+                for part in source.parts():
+                    copier.part(part, order, report.tables)
+                if dest.sharded:
+                    copier.index()
+                if guard is not None:
+                    guard(True)
+                _set_item(d, "state", "copied")
+            report.src_shards, report.dst_shards = source.shard_count(), dest.shard_count()
+            if verify:
+                _verify(source, dest, order, report, batch_rows, progress)
+                if guard is not None:
+                    guard(True)
+            report.seconds = time.monotonic() - started
+            if report.problems:
+                raise VerificationFailed(
+                    f"DST {d.url} does not equal SRC {s.url}: " + "; ".join(report.problems),
+                    report.problems,
+                    report,
+                )
+        except (SourceInUse, errors.IntegrityError, VerificationFailed) as exc:
+            # A verified copy (done) stays as it is: the fleet may be using it now.
+            if guard is None or items.get("state") == "done":
+                raise
+            with contextlib.suppress(errors.FleetstoreError):
+                _set_item(d, "state", STALE)
+            if not isinstance(exc, SourceInUse):
+                guard(True)  # a writer that came since the last look explains it: say so
+            raise
         if verify:
             _set_item(d, "state", "done")
             _set_item(d, "finished", _now_text())
