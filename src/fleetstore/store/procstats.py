@@ -193,7 +193,9 @@ def remove_gone(
                 with contextlib.suppress(OSError):
                     if now - tmp.stat().st_mtime > _TMP_LEFT_AFTER:
                         tmp.unlink()
-    return gone, len(found) - len(gone)
+    # This process's own file (maintain opened the store, so it may publish) is not
+    # among the others' it reports.
+    return gone, sum(1 for p in found if p.alive and p.pid != os.getpid())
 
 
 __all__ = [

@@ -365,7 +365,10 @@ class Figures:
         figures: Callable[[], dict[str, Any] | None],
     ) -> None:
         self._figures = figures
-        folder = Path(cfg["figures"])
+        # The run's figures folder; an agent started on its own (a test) keeps them
+        # beside its journal.
+        where = cfg.get("figures") or Path(cfg.get("journal") or ".").parent / "figures"
+        folder = Path(where)
         folder.mkdir(exist_ok=True)
         self.path = folder / f"{role}-{index}-{os.getpid()}.json"
         self._base: dict[str, Any] = {"role": role, "index": index, "pid": os.getpid()}
