@@ -87,12 +87,6 @@ SELECT current_setting('block_size')::bigint,
 -- mnt_auto_vacuum: 0 none, 1 full, 2 incremental
 SELECT 0::bigint
 
--- mnt_is_store: is this a fleetstore store (its migrations table and sessions table exist)?
-SELECT (SELECT count(*) FROM pg_tables
-        WHERE schemaname = current_schema() AND tablename = 'fleetstore_migrations'),
-       (SELECT count(*) FROM pg_tables
-        WHERE schemaname = current_schema() AND tablename = 'sessions')
-
 -- mnt_sessions_list: sessions newest first (by last update), filtered; NULL filters match all
 SELECT s.id, s.parent_id, s.project, s.title, s.status, s.created_at, s.updated_at,
        (SELECT count(*) FROM messages m WHERE m.session_id = s.id)

@@ -79,10 +79,6 @@ SELECT (SELECT page_size FROM pragma_page_size()), (SELECT page_count FROM pragm
 -- mnt_auto_vacuum: 0 none, 1 full, 2 incremental
 SELECT auto_vacuum FROM pragma_auto_vacuum()
 
--- mnt_is_store: is this a fleetstore store (its migrations table and sessions table exist)?
-SELECT (SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'fleetstore_migrations'),
-       (SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'sessions')
-
 -- mnt_sessions_list: sessions newest first (by last update), filtered; NULL filters match all
 SELECT s.id, s.parent_id, s.project, s.title, s.status, s.created_at, s.updated_at,
        (SELECT count(*) FROM messages m WHERE m.session_id = s.id)
