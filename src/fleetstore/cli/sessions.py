@@ -16,18 +16,19 @@ from fleetstore.admin.maintain.config import parse_age
 from fleetstore.admin.maintain.report import Step
 from fleetstore.admin.maintain.retention import delete_tree, message_counts
 from fleetstore.admin.maintain.writer import Writer
-from fleetstore.admin.stats import session_exists, session_facts
+from fleetstore.admin.stats import (
+    known_as,
+    known_name,
+    langgraph_threads,
+    session_exists,
+    session_facts,
+)
 from fleetstore.cli.util import ProgressBars, env
 from fleetstore.cli.util import reading_store as _reading
 from fleetstore.cli.util import size as _size
 from fleetstore.cli.util import store_option as _store_option
 from fleetstore.cli.util import using_store as _opened
-
-
-def _when(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+from fleetstore.cli.util import when as _when
 
 
 def _since(text: str | None) -> float | None:
@@ -101,6 +102,13 @@ def sessions() -> None:
     **env("sessions list", "limit"),
 )
 @click.option(
+    "--threads",
+    is_flag=True,
+    help="List the store's LangGraph threads (FleetstoreSaver) instead, the latest "
+    "checkpoint first: thread id, last checkpoint, checkpoints, payload bytes.",
+    **env("sessions list", "threads"),
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="JSON lines on stdout.", **env("sessions list", "json")
 )
 @_store_option
@@ -110,10 +118,21 @@ def sessions_list(
     roots: bool,
     archived: bool,
     limit: int,
+    threads: bool,
     as_json: bool,
     store: str | None,
 ) -> None:
-    """Sessions, most recently written first: id, last write, messages, parent, title."""
+    """Sessions, most recently written first: id, last write, messages, parent, and the
+    title, or the id its framework knows it by (openai-agents:SESSION_ID for an Agents
+    SDK session, adk:APP/USER/SESSION_ID for an ADK one; JSON: known_as)."""
+    if threads:
+        if project is not None or since is not None or roots or archived:
+            raise click.UsageError(
+                "--threads lists LangGraph threads; --project, --since, --roots and "
+                "--archived filter sessions"
+            )
+        _list_threads(store, limit, as_json)
+        return
     params = {
         "project": project,
         "since": _since(since),
@@ -127,14 +146,17 @@ def sessions_list(
         if opened.router is not None:
             # The catalog lists every session; their messages are in their shards.
             counts = message_counts(opened, [str(r[0]) for r in rows])
-            rows = [(*r[:7], counts.get(str(r[0]), 0)) for r in rows]
-    for sid, parent, proj, title, status, created, updated, messages in rows:
+            rows = [(*r[:7], counts.get(str(r[0]), 0), r[8]) for r in rows]
+        more_threads = not rows and bool(langgraph_threads(opened, 1))
+    for sid, parent, proj, title, status, created, updated, messages, metadata in rows:
+        known = known_as(metadata)
         if as_json:
             record = {
                 "id": sid,
                 "parent_id": parent,
                 "project": proj,
                 "title": title,
+                "known_as": known,
                 "status": status,
                 "created_at": created,
                 "updated_at": updated,
@@ -145,9 +167,37 @@ def sessions_list(
             flags = (" (archived)" if status == "archived" else "") + (
                 f" sub of {parent}" if parent else ""
             )
-            click.echo(f"{sid}  {_when(updated)}  {messages:>6} msgs  {title or ''}{flags}")
+            name = _label(title, known)
+            click.echo(f"{sid}  {_when(updated)}  {messages:>6} msgs  {name}{flags}")
     if not as_json:
-        click.echo(f"-- {len(rows)} session(s)", err=True)
+        click.echo(
+            f"-- {len(rows)} session(s)"
+            + ("; the store holds LangGraph threads: --threads lists them" if more_threads else ""),
+            err=True,
+        )
+
+
+def _label(title: str | None, known: dict[str, object] | None) -> str:
+    """A session's name in a list: the id its framework knows it by (an ADK session's
+    title is that id, said once), then its title."""
+    same = known is not None and title == known.get("session_id")
+    return " ".join(x for x in (known_name(known), "" if same else title or "") if x)
+
+
+def _list_threads(store: str | None, limit: int, as_json: bool) -> None:
+    """``sessions list --threads``: the LangGraph threads, a line (or JSON line) each."""
+    with _reading("sessions list", store) as opened:
+        found = langgraph_threads(opened, limit)
+    for t in found:
+        if as_json:
+            click.echo(json.dumps(t, ensure_ascii=False))
+        else:
+            click.echo(
+                f"{t['thread_id']}  {_when(t['last_checkpoint_at'])}  {t['checkpoints']:>6} "
+                f"checkpoints  {_size(t['payload_bytes'])}"
+            )
+    if not as_json:
+        click.echo(f"-- {len(found)} LangGraph thread(s)", err=True)
 
 
 @sessions.command(name="show", epilog=_EXIT)
