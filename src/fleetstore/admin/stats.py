@@ -98,6 +98,7 @@ class SessionFacts:
                 **dataclasses.asdict(self.session),
                 "status": str(self.session.status),
             },
+            "known_as": known_as(self.session.metadata),
             "messages": self.messages,
             "usage": dataclasses.asdict(self.usage),
             "children": self.children,

@@ -23,6 +23,12 @@ from fleetstore.admin.stats import (
     session_exists,
     session_facts,
 )
+from fleetstore.admin.transcript import (
+    DEFAULT_WIDTH,
+    FORMATS,
+    write_transcript,
+    write_transcript_file,
+)
 from fleetstore.cli.util import ProgressBars, env
 from fleetstore.cli.util import reading_store as _reading
 from fleetstore.cli.util import size as _size
@@ -203,23 +209,110 @@ def _list_threads(store: str | None, limit: int, as_json: bool) -> None:
 @sessions.command(name="show", epilog=_EXIT)
 @click.argument("session_id")
 @click.option(
-    "--json", "as_json", is_flag=True, help="JSON on stdout.", **env("sessions show", "json")
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default=None,
+    help="text (the default: for a terminal), markdown (a document), or json (one "
+    "object: the session, its usage, every message with every part, the subagents).",
+    **env("sessions show", "format"),
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="--format json (with --summary: the summary as JSON).",
+    **env("sessions show", "json"),
+)
+@click.option(
+    "--width",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="CHARS",
+    help=f"Characters of a tool call's arguments and of a tool's output shown, the rest "
+    f"cut and counted (0: all). Default: {DEFAULT_WIDTH} in text and markdown, all in json.",
+    **env("sessions show", "width"),
+)
+@click.option(
+    "--tree",
+    is_flag=True,
+    help="With the subagents' transcripts (and theirs), each where it was spawned.",
+    **env("sessions show", "tree"),
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    metavar="FILE",
+    help="Write the transcript to FILE (mode 0600; a temporary file renamed into place, "
+    "replacing FILE) instead of standard output.",
+    **env("sessions show", "output"),
+)
+@click.option(
+    "--summary",
+    is_flag=True,
+    help="Only the summary: messages per role and status, usage, subagents, state values "
+    "and bytes; no conversation.",
+    **env("sessions show", "summary"),
 )
 @_store_option
-def sessions_show(session_id: str, as_json: bool, store: str | None) -> None:
-    """One session: its row, messages per role and status, usage, subagents, state and
-    bytes (inline, and blobs as stored and original)."""
+def sessions_show(
+    session_id: str,
+    fmt: str | None,
+    as_json: bool,
+    width: int | None,
+    tree: bool,
+    output: str | None,
+    summary: bool,
+    store: str | None,
+) -> None:
+    """One session's conversation: roles, text, reasoning, tool calls with their
+    arguments and outputs (cut to --width), files, usage, times, errors; with --tree
+    its subagents'. Read a page of messages at a time (a blob when its message is
+    reached), so a session of any length is shown in bounded memory. --summary: the
+    session's figures only."""
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json and --format {fmt} disagree")
+    fmt = "json" if as_json else fmt or "text"
+    if summary and (tree or output is not None or width is not None or fmt == "markdown"):
+        raise click.UsageError("--summary prints the figures only (text or --json)")
+    if not summary:
+        with _reading("sessions show", store) as opened:
+            try:
+                if output is None:
+                    write_transcript(
+                        opened, session_id, sys.stdout, fmt=fmt, width=width, tree=tree
+                    )
+                else:
+                    written = write_transcript_file(
+                        opened, session_id, output, fmt=fmt, width=width, tree=tree
+                    )
+                    click.echo(
+                        f"fleetstore sessions show: {written.sessions} session(s), "
+                        f"{written.messages} message(s) -> {output}",
+                        err=True,
+                    )
+            except errors.NotFound as exc:
+                click.echo(f"fleetstore sessions show: {exc}", err=True)
+                sys.exit(2)
+            except OSError as exc:
+                click.echo(f"fleetstore sessions show: {exc}", err=True)
+                sys.exit(1)
+        return
     with _reading("sessions show", store) as opened:
         try:
             facts = session_facts(opened, session_id)
         except errors.NotFound as exc:
             click.echo(f"fleetstore sessions show: {exc}", err=True)
             sys.exit(2)
-    if as_json:
+    if fmt == "json":
         click.echo(json.dumps(facts.to_json(), ensure_ascii=False, indent=2))
         return
     s = facts.session
     click.echo(f"{s.id}  {s.title or ''}")
+    if known_as(s.metadata):
+        click.echo(f"  known as {known_name(known_as(s.metadata))}")
     click.echo(f"  project {s.project or '-'}, status {s.status}, version {s.version}")
     click.echo(f"  created {_when(s.created_at)}, last written {_when(s.updated_at)}")
     if s.parent_id:
