@@ -98,6 +98,7 @@ def test_a_backup_taken_while_a_fleet_writes_restores_every_acknowledged_write(
         writes = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
         assert any(began < w["at"] < ended for w in writes)
         while not any(json.loads(line)["at"] > ended for line in logs[0].read_text().splitlines()):
+            assert agents[0].popen.poll() is None, agents[0].stderr_tail()
             time.sleep(0.05)
         stop.touch()
         for agent in agents:

@@ -478,7 +478,8 @@ def restore(
             _copy_tree(src / (DEFAULT_FILENAME + ".blobs"), blobs_tmp, None, progress)
             _copy_file(src / DEFAULT_FILENAME, db_tmp)
             os.rename(blobs_tmp, Path(str(db) + ".blobs"))
-            os.rename(db_tmp, db)
+            os.link(db_tmp, db)  # never over a file made meanwhile (FileExistsError)
+            db_tmp.unlink()
             fsync_dir(db.parent)
         except BaseException:
             shutil.rmtree(blobs_tmp, ignore_errors=True)
@@ -488,6 +489,9 @@ def restore(
         restored, blob_dir = (db.parent, [db.name]), Path(str(db) + ".blobs")
     copied = Copied(str(target), str(manifest["layout"]))
     _check(*restored, blob_dir, copied, progress)
+    hashes = [f["sha256"] for f in manifest["files"]]
+    if [f["sha256"] for f in copied.files] != hashes:
+        raise errors.CorruptStore(f"{target}: the restored files differ from the backup's")
     copied.seconds = time.monotonic() - started
     return copied
 

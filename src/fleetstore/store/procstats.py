@@ -179,7 +179,8 @@ def remove_gone(
     """Remove the files of processes that are gone from ``<db>.procs/`` (each one a
     process killed before it could remove its own: the soak of issue 23 left 276),
     and their temporary files.  Returns (the files removed, or that a dry run would
-    remove; how many live processes' files were kept)."""
+    remove; how many live processes' files were kept, this process's own not counted:
+    whether its publisher wrote its first file yet is a race of no interest)."""
     now = time.time() if now is None else now
     folder = procs_dir(db_path)
     found = read_published(db_path, now)
@@ -193,7 +194,7 @@ def remove_gone(
                 with contextlib.suppress(OSError):
                     if now - tmp.stat().st_mtime > _TMP_LEFT_AFTER:
                         tmp.unlink()
-    return gone, len(found) - len(gone)
+    return gone, sum(1 for p in found if p.alive and p.pid != os.getpid())
 
 
 __all__ = [
