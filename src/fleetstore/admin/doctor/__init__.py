@@ -7,8 +7,9 @@ What it looks at, in order (docs/doctor.md has the findings and the ``--json`` s
 2. who has them open (``/proc/*/fd``), which locks they hold (``/proc/locks``), and
    which SQLite library each such process runs (``/proc/PID/maps``; ``looks``);
 3. the contents, through a read-only connection (``fleetstore.engine.foreign``):
-   pragmas, ``quick_check``, the bytes of every table and index (``dbstat``), and for a fleetstore store its schema version, outbox
-   and settings; plus the spool journals beside it (``probe``);
+   pragmas, ``quick_check``, the bytes of every table and index (``dbstat``), and for
+   a fleetstore store its schema version, outbox and settings; plus the spool journals
+   beside it (``probe``);
 4. the locks again, ``interval`` seconds after the first look: a lock seen both times
    was held at least that long.
 
