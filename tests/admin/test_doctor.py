@@ -24,6 +24,7 @@ import pytest
 import fleetstore
 from fleetstore.admin import doctor
 from fleetstore.admin.doctor import findings
+from fleetstore.admin.doctor.report import ORDER
 from fleetstore.core.ids import new_id
 from fleetstore.domain.operations import Operation
 from fleetstore.engine import inspect
@@ -476,7 +477,7 @@ def test_process_running_another_sqlite_is_checked_for_the_wal_reset_bug(
 def test_missing_file_exits_2_and_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "absent.db"
     done = run_doctor(str(missing))
-    assert done.returncode == doctor.EXIT_PROBLEMS
+    assert done.returncode == doctor.EXIT_USAGE == 2
     assert "no such file" in done.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -486,7 +487,7 @@ def test_file_that_is_not_sqlite_exits_2_unchanged(tmp_path: Path) -> None:
     notes.write_text("these are not the pages you are looking for\n" * 10)
     before = snapshot(tmp_path)
     done = run_doctor(str(notes), "--json")
-    assert done.returncode == doctor.EXIT_PROBLEMS
+    assert done.returncode == doctor.EXIT_USAGE
     assert "not a SQLite database" in done.stderr
     assert done.stdout == ""
     assert snapshot(tmp_path) == before
@@ -565,6 +566,8 @@ def test_every_finding_code_is_documented_and_no_other() -> None:
     in_docs = set(re.findall(r"^\| `([a-z0-9-]+)`(?: / `([a-z0-9-]+)`)?", table, re.M))
     documented = {code for pair in in_docs for code in pair if code}
     assert documented == in_code
+    # Each has its place in the order within a severity (issue 28), and only those.
+    assert sorted(ORDER) == sorted(in_code) and len(set(ORDER)) == len(ORDER)
 
 
 def test_blob_rows_without_their_file_are_a_problem(tmp_path: Path) -> None:

@@ -475,7 +475,7 @@ def test_sessions_list_show_rm_and_stats_read_each_sessions_shard(tmp_path: Path
     assert set(rows) == set(a + b + c)
     assert rows[a[0]]["messages"] == 2 and rows[a[1]]["messages"] == 1
 
-    shown = cli("sessions", "show", b[0], "--json", env=env)
+    shown = cli("sessions", "show", b[0], "--summary", "--json", env=env)
     assert shown.returncode == 0, shown.stderr
     facts = json.loads(shown.stdout)
     assert facts["children"] == [b[1]] and sum(m["count"] for m in facts["messages"]) == 2

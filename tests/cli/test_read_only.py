@@ -57,6 +57,9 @@ WRITING: dict[str, Argv | None] = {
     "maintain": None,
     "recover": None,
     "merge": lambda t, out: ["merge", t, str(out / "dest.db")],
+    # Takes the blob collection lock in the store's blob directory (<db>.blobs/.collecting).
+    "backup": lambda t, out: ["backup", str(out / "bk"), "--store", t],
+    "restore": None,  # makes a new store from a backup, never writes over one
     "migrate": None,
     "reshard": None,
     "sessions archive-tree": None,

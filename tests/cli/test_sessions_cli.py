@@ -113,7 +113,7 @@ def test_sessions_list_filters(filled: dict[str, Any]) -> None:
 
 
 def test_sessions_show_reports_messages_usage_and_bytes(filled: dict[str, Any]) -> None:
-    done = cli("sessions", "show", filled["big"], "--store", filled["path"], "--json")
+    done = cli("sessions", "show", filled["big"], "--store", filled["path"], "--summary", "--json")
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout)
     assert facts["session"]["id"] == filled["big"]
@@ -127,14 +127,17 @@ def test_sessions_show_reports_messages_usage_and_bytes(filled: dict[str, Any]) 
     # "hello" and the state's JSON are inline; the tool output is not.
     assert 5 <= facts["bytes"]["inline"] < 1000
 
-    text = cli("sessions", "show", filled["big"], "--store", filled["path"])
+    text = cli("sessions", "show", filled["big"], "--store", filled["path"], "--summary")
     assert text.returncode == 0 and "usage: 100 in, 7 out" in text.stdout
 
 
-def test_sessions_show_of_no_such_session_exits_2(filled: dict[str, Any]) -> None:
-    done = cli("sessions", "show", "no-such-session", "--store", filled["path"])
-    assert done.returncode == 2
-    assert "no-such-session" in done.stderr
+def test_sessions_show_of_no_such_session_exits_2(filled: dict[str, Any], tmp_path: Path) -> None:
+    out = tmp_path / "t.md"
+    for extra in ([], ["--summary"], ["--format", "markdown", "-o", str(out)]):
+        done = cli("sessions", "show", "no-such-session", "--store", filled["path"], *extra)
+        assert done.returncode == 2, extra
+        assert "no-such-session" in done.stderr
+    assert not out.exists() and not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
 
 
 @pytest.mark.slow

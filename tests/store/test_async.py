@@ -280,6 +280,7 @@ NOT_COROUTINES = {
     ("Stream", "due"),
     ("Stream", "usage"),
     ("Store", "metrics"),
+    ("Messages", "iterate"),  # an async iterator: ``async for m in store.messages.iterate(...)``
 }
 # Store members that are hooks between the Store and its own domain objects (the
 # domain's StorePort, fleetstore/domain/ports.py), not calls for users.

@@ -1,15 +1,79 @@
 """What a store holds, read for ``fleetstore sessions`` and ``fleetstore stats``: one
-session's facts, whether a session exists, and where the store's bytes go (every file
-of a sharded store added up)."""
+session's facts, whether a session exists, the ids users know a session by (an Agents
+SDK session id, ADK's app, user and session ids), the LangGraph threads, and where
+the store's bytes go (every file of a sharded store added up)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import fleetstore
 from fleetstore.admin.maintain.files import each_file, file_size
+from fleetstore.domain.frameworks.openai_agents import META_KEY as AGENTS_KEY
 from fleetstore.engine.base import Tx
+from fleetstore.models import EffectState
+
+#: The session metadata key under which an ADK session keeps its names
+#: (domain/frameworks/adk.py writes it with the session).
+ADK_KEY = "adk"
+
+
+def known_as(metadata: Mapping[str, Any] | str | None) -> dict[str, Any] | None:
+    """The ids a framework's user knows this session by, from its metadata: an Agents
+    SDK session's ``session_id``; an ADK session's ``app_name``, ``user_id`` and
+    ``session_id``; None for a session of fleetstore's own API."""
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except ValueError:
+            return None
+    if not isinstance(metadata, Mapping):
+        return None
+    agents = metadata.get(AGENTS_KEY)
+    if isinstance(agents, Mapping) and isinstance(agents.get("session_id"), str):
+        return {"framework": "openai-agents", "session_id": agents["session_id"]}
+    adk = metadata.get(ADK_KEY)
+    if isinstance(adk, Mapping) and all(
+        isinstance(adk.get(k), str) for k in ("app_name", "user_id", "session_id")
+    ):
+        return {
+            "framework": "adk",
+            "app_name": adk["app_name"],
+            "user_id": adk["user_id"],
+            "session_id": adk["session_id"],
+        }
+    return None
+
+
+def known_name(known: Mapping[str, object] | None) -> str:
+    """*known* (``known_as``) as one line: ``openai-agents:ID``, ``adk:APP/USER/ID``."""
+    if not known:
+        return ""
+    if known["framework"] == "adk":
+        return f"adk:{known['app_name']}/{known['user_id']}/{known['session_id']}"
+    return f"{known['framework']}:{known['session_id']}"
+
+
+def langgraph_threads(store: fleetstore.Store, limit: int = -1) -> list[dict[str, Any]]:
+    """LangGraph threads (``FleetstoreSaver``), the latest checkpoint first: each
+    thread's checkpoints, pending writes, payload bytes and last checkpoint time.  A
+    thread is no fleetstore session: its rows are the ``ckpt_*`` tables (in a sharded
+    store's catalog)."""
+    q = store.queries
+    rows = store.read(lambda tx: tx.execute(q["mnt_langgraph_threads"], {"limit": limit}))
+    return [
+        {
+            "thread_id": str(t),
+            "checkpoints": int(n),
+            "pending_writes": int(w),
+            "payload_bytes": int(b or 0),
+            "last_checkpoint_at": float(last),
+        }
+        for t, n, last, w, b in rows
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +98,7 @@ class SessionFacts:
                 **dataclasses.asdict(self.session),
                 "status": str(self.session.status),
             },
+            "known_as": known_as(self.session.metadata),
             "messages": self.messages,
             "usage": dataclasses.asdict(self.usage),
             "children": self.children,
@@ -101,6 +166,9 @@ class _Figures:
     counts: list[int]
     #: sha256 -> (stored, original) bytes: a blob shared by files counts once.
     blobs: dict[str, tuple[int, int]]
+    effects: dict[str, int]
+    #: LangGraph checkpoints, channel values, pending writes, payload bytes.
+    langgraph: list[int]
     db_bytes: int = 0
     free_bytes: int = 0
     wal_bytes: int = 0
@@ -113,9 +181,15 @@ def _read_file(figures: _Figures, db: Any, q: dict[str, str], sessions_here: boo
         counts = tx.execute(q["mnt_stats_counts"])[0]
         blobs = tx.execute(q["mnt_stats_blob_rows"])
         pages = tx.execute(q["mnt_pages"])[0]
-        return per, counts, blobs, pages
+        effects = tx.execute(q["mnt_stats_effects"])
+        langgraph = tx.execute(q["mnt_stats_langgraph"])[0]
+        return per, counts, blobs, pages, effects, langgraph
 
-    per, counts, blobs, (page_size, pages, free) = db.read(run)
+    per, counts, blobs, (page_size, pages, free), effects, langgraph = db.read(run)
+    for state, n in effects:
+        figures.effects[str(state)] = figures.effects.get(str(state), 0) + int(n)
+    for i, n in enumerate(langgraph):
+        figures.langgraph[i] += int(n or 0)
     for name, rows in per.items():
         target = figures.per_session[name]
         for r in rows:
@@ -147,7 +221,13 @@ def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
     counts once in the store's figures, and in each session that refers to it."""
     q = store.queries
     store.sync_catalog()
-    figures = _Figures({name: {} for name in _PER_SESSION}, [0] * 6, {})
+    figures = _Figures(
+        {name: {} for name in _PER_SESSION},
+        [0] * 6,
+        {},
+        dict.fromkeys((str(s) for s in EffectState), 0),
+        [0] * 4,
+    )
     each_file(store, lambda key, db: _read_file(figures, db, q, sessions_here=key is None))
     parts, chunks, state, messages, blobs = (figures.per_session[n] for n in _PER_SESSION)
     rows = store.read(lambda tx: tx.execute(q["mnt_stats_sessions"]))
@@ -156,7 +236,7 @@ def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
     blob_stored = sum(v[0] for v in figures.blobs.values())
     blob_original = sum(v[1] for v in figures.blobs.values())
     per: list[dict[str, Any]] = []
-    for sid, parent, title, project, status, updated in rows:
+    for sid, parent, title, project, status, updated, metadata in rows:
         inline = sum(int(d.get(sid, (0,))[0] or 0) for d in (parts, chunks, state))
         n_blobs, stored = blobs.get(sid, (0, 0))
         per.append(
@@ -164,6 +244,7 @@ def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
                 "id": sid,
                 "parent_id": parent,
                 "title": title,
+                "known_as": known_as(metadata),
                 "project": project,
                 "status": status,
                 "updated_at": updated,
@@ -175,6 +256,7 @@ def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
             }
         )
     per.sort(key=lambda r: (-r["bytes"], r["id"]))
+    threads = langgraph_threads(store)
     db_bytes = figures.db_bytes
     total = db_bytes + int(blob_stored)
     return {
@@ -199,9 +281,50 @@ def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
             "files": sum(1 for _ in store.blobs),
             "share": (int(blob_stored) / total) if total else 0.0,
         },
+        "frameworks": _frameworks(per, figures.langgraph, threads, top),
+        "outbox": {"by_state": figures.effects, "total": sum(figures.effects.values())},
         "largest": per[:top],
         "sessions": per,
+        "langgraph_threads": sorted(threads, key=lambda t: (-t["payload_bytes"], t["thread_id"])),
     }
 
 
-__all__ = ["SessionFacts", "session_exists", "session_facts", "store_stats"]
+def _frameworks(
+    sessions: list[dict[str, Any]], langgraph: list[int], threads: list[dict[str, Any]], top: int
+) -> dict[str, Any]:
+    """What the framework adapters keep: LangGraph threads (their checkpoint rows),
+    Agents SDK sessions and ADK sessions (fleetstore sessions, told by their metadata)."""
+    agents = [r for r in sessions if (r["known_as"] or {}).get("framework") == "openai-agents"]
+    adk = [r for r in sessions if (r["known_as"] or {}).get("framework") == "adk"]
+    checkpoints, channels, writes, payload = langgraph
+    return {
+        "langgraph": {
+            "threads": len(threads),
+            "checkpoints": checkpoints,
+            "channel_values": channels,
+            "pending_writes": writes,
+            "payload_bytes": payload,
+            "largest": sorted(threads, key=lambda t: (-t["payload_bytes"], t["thread_id"]))[:top],
+        },
+        "openai_agents": {
+            "sessions": len(agents),
+            "items": sum(r["messages"] for r in agents),
+        },
+        "adk": {
+            "apps": len({r["known_as"]["app_name"] for r in adk}),
+            "users": len({(r["known_as"]["app_name"], r["known_as"]["user_id"]) for r in adk}),
+            "sessions": len(adk),
+            "events": sum(r["messages"] for r in adk),
+        },
+    }
+
+
+__all__ = [
+    "SessionFacts",
+    "known_as",
+    "known_name",
+    "langgraph_threads",
+    "session_exists",
+    "session_facts",
+    "store_stats",
+]

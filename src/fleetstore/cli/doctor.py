@@ -9,17 +9,18 @@ import click
 
 from fleetstore import errors
 from fleetstore.admin.doctor import diagnose
-from fleetstore.admin.doctor.report import EXIT_PROBLEMS, format_report
+from fleetstore.admin.doctor.report import EXIT_USAGE, format_report
 
 
 @click.command(
     name="doctor",
     epilog="""\b
-Exit codes:
+Exit codes (a script that tests 0 / not 0 reads "healthy or not"):
   0  healthy: every check passed
   1  warnings: works now, but something is a risk or wastes space (see the findings)
-  2  problems (damage, a deleted file held open, a hot journal, world-writable files...),
-     or PATH does not exist or is not a SQLite database, or bad usage""",
+  2  bad usage, or nothing to check: PATH does not exist or is not a SQLite database
+     (no report)
+  3  problems (damage, a deleted file held open, a hot journal, world-writable files...)""",
 )
 @click.argument("path", required=False, default=None, type=click.Path(path_type=str))
 @click.option(
@@ -50,7 +51,18 @@ Exit codes:
     help="Run PRAGMA quick_check (reads every page; on a rollback-journal database it holds "
     "a shared lock meanwhile, which delays writers' commits).",
 )
-def doctor_command(path: str | None, as_json: bool, interval: float, quick_check: bool) -> None:
+@click.option(
+    "--sizes/--no-sizes",
+    default=True,
+    show_default=True,
+    envvar="FLEETSTORE_DOCTOR_SIZES",
+    show_envvar=True,
+    help="Measure every table and index with SQLite's dbstat (reads every page, as "
+    "quick_check does).",
+)
+def doctor_command(
+    path: str | None, as_json: bool, interval: float, quick_check: bool, sizes: bool
+) -> None:
     """Check any SQLite database, fleetstore's or another program's, strictly read-only.
 
     PATH is a database file, a directory holding fleetstore.db, or sqlite:///absolute/path;
@@ -58,24 +70,26 @@ def doctor_command(path: str | None, as_json: bool, interval: float, quick_check
     (sqlite+sharded:///DIR, or DIR) is checked whole: its catalog, every shard file, the
     catalog's index against the files (missing, orphan and empty shards) and the
     catalog+shard writes left unfinished. Reports the journal mode, page
-    size, sizes of the database/WAL/SHM files, freelist share, auto_vacuum, the SQLite
+    size, sizes of the database/WAL/SHM files, the bytes of every table and index (the
+    largest named: where the file grows), freelist share, auto_vacuum, the SQLite
     library version (flagging the WAL-reset bug), which processes hold the file open and
     which locks they hold (naming the WAL write lock's holder and readers that keep the
     WAL from being reset), quick_check, and for a fleetstore store its schema version,
-    settings, outbox backlog and spool journals. Each finding says how to fix it. Nothing
+    settings, outbox backlog and spool journals; for another program's file, what busy
+    timeout its writers need. Each finding says how to fix it, worst first. Nothing
     is written: no byte of the files changes, no -wal/-shm is created, nothing is
     checkpointed. Processes of other users are visible only to root.
     """
     try:
-        report = diagnose(path, interval=interval, quick_check=quick_check)
+        report = diagnose(path, interval=interval, quick_check=quick_check, sizes=sizes)
     except errors.ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     except errors.NotFound as exc:
         click.echo(f"fleetstore doctor: {exc} (nothing was created)", err=True)
-        sys.exit(EXIT_PROBLEMS)
+        sys.exit(EXIT_USAGE)
     except (errors.FleetstoreError, OSError) as exc:
         click.echo(f"fleetstore doctor: {exc}", err=True)
-        sys.exit(EXIT_PROBLEMS)
+        sys.exit(EXIT_USAGE)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

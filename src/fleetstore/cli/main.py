@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 import fleetstore
+from fleetstore.cli.backup import backup_command, restore_command
 from fleetstore.cli.doctor import doctor_command
 from fleetstore.cli.effects import effects
 from fleetstore.cli.lock import lock
@@ -65,3 +66,5 @@ sessions.add_command(archive_tree_command)
 sessions.add_command(restore_tree_command)
 main.add_command(sessions)
 main.add_command(stats_command)
+main.add_command(backup_command)
+main.add_command(restore_command)

@@ -132,7 +132,8 @@ def maintain_command(
     step writes in short transactions through the normal write path; the report
     gives each step's transactions and longest lock hold. PATH is the store's file,
     a directory holding fleetstore.db, or sqlite:///absolute/path. On a database
-    that is not a fleetstore store only the generic steps run, with --yes.
+    that is not a fleetstore store (another program's) only the generic steps run, with
+    --yes, through one plain connection: no file of fleetstore's is made beside it.
 
     A sharded store (sqlite+sharded:///DIR, or DIR): every step on every file, the
     catalog then each shard, one open at a time; a blob file goes only when no file

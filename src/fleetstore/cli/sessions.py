@@ -16,18 +16,25 @@ from fleetstore.admin.maintain.config import parse_age
 from fleetstore.admin.maintain.report import Step
 from fleetstore.admin.maintain.retention import delete_tree, message_counts
 from fleetstore.admin.maintain.writer import Writer
-from fleetstore.admin.stats import session_exists, session_facts
+from fleetstore.admin.stats import (
+    known_as,
+    known_name,
+    langgraph_threads,
+    session_exists,
+    session_facts,
+)
+from fleetstore.admin.transcript import (
+    DEFAULT_WIDTH,
+    FORMATS,
+    write_transcript,
+    write_transcript_file,
+)
 from fleetstore.cli.util import ProgressBars, env
 from fleetstore.cli.util import reading_store as _reading
 from fleetstore.cli.util import size as _size
 from fleetstore.cli.util import store_option as _store_option
 from fleetstore.cli.util import using_store as _opened
-
-
-def _when(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+from fleetstore.cli.util import when as _when
 
 
 def _since(text: str | None) -> float | None:
@@ -101,6 +108,13 @@ def sessions() -> None:
     **env("sessions list", "limit"),
 )
 @click.option(
+    "--threads",
+    is_flag=True,
+    help="List the store's LangGraph threads (FleetstoreSaver) instead, the latest "
+    "checkpoint first: thread id, last checkpoint, checkpoints, payload bytes.",
+    **env("sessions list", "threads"),
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="JSON lines on stdout.", **env("sessions list", "json")
 )
 @_store_option
@@ -110,10 +124,21 @@ def sessions_list(
     roots: bool,
     archived: bool,
     limit: int,
+    threads: bool,
     as_json: bool,
     store: str | None,
 ) -> None:
-    """Sessions, most recently written first: id, last write, messages, parent, title."""
+    """Sessions, most recently written first: id, last write, messages, parent, and the
+    title, or the id its framework knows it by (openai-agents:SESSION_ID for an Agents
+    SDK session, adk:APP/USER/SESSION_ID for an ADK one; JSON: known_as)."""
+    if threads:
+        if project is not None or since is not None or roots or archived:
+            raise click.UsageError(
+                "--threads lists LangGraph threads; --project, --since, --roots and "
+                "--archived filter sessions"
+            )
+        _list_threads(store, limit, as_json)
+        return
     params = {
         "project": project,
         "since": _since(since),
@@ -127,14 +152,17 @@ def sessions_list(
         if opened.router is not None:
             # The catalog lists every session; their messages are in their shards.
             counts = message_counts(opened, [str(r[0]) for r in rows])
-            rows = [(*r[:7], counts.get(str(r[0]), 0)) for r in rows]
-    for sid, parent, proj, title, status, created, updated, messages in rows:
+            rows = [(*r[:7], counts.get(str(r[0]), 0), r[8]) for r in rows]
+        more_threads = not rows and bool(langgraph_threads(opened, 1))
+    for sid, parent, proj, title, status, created, updated, messages, metadata in rows:
+        known = known_as(metadata)
         if as_json:
             record = {
                 "id": sid,
                 "parent_id": parent,
                 "project": proj,
                 "title": title,
+                "known_as": known,
                 "status": status,
                 "created_at": created,
                 "updated_at": updated,
@@ -145,31 +173,146 @@ def sessions_list(
             flags = (" (archived)" if status == "archived" else "") + (
                 f" sub of {parent}" if parent else ""
             )
-            click.echo(f"{sid}  {_when(updated)}  {messages:>6} msgs  {title or ''}{flags}")
+            name = _label(title, known)
+            click.echo(f"{sid}  {_when(updated)}  {messages:>6} msgs  {name}{flags}")
     if not as_json:
-        click.echo(f"-- {len(rows)} session(s)", err=True)
+        click.echo(
+            f"-- {len(rows)} session(s)"
+            + ("; the store holds LangGraph threads: --threads lists them" if more_threads else ""),
+            err=True,
+        )
+
+
+def _label(title: str | None, known: dict[str, object] | None) -> str:
+    """A session's name in a list: the id its framework knows it by (an ADK session's
+    title is that id, said once), then its title."""
+    same = known is not None and title == known.get("session_id")
+    return " ".join(x for x in (known_name(known), "" if same else title or "") if x)
+
+
+def _list_threads(store: str | None, limit: int, as_json: bool) -> None:
+    """``sessions list --threads``: the LangGraph threads, a line (or JSON line) each."""
+    with _reading("sessions list", store) as opened:
+        found = langgraph_threads(opened, limit)
+    for t in found:
+        if as_json:
+            click.echo(json.dumps(t, ensure_ascii=False))
+        else:
+            click.echo(
+                f"{t['thread_id']}  {_when(t['last_checkpoint_at'])}  {t['checkpoints']:>6} "
+                f"checkpoints  {_size(t['payload_bytes'])}"
+            )
+    if not as_json:
+        click.echo(f"-- {len(found)} LangGraph thread(s)", err=True)
 
 
 @sessions.command(name="show", epilog=_EXIT)
 @click.argument("session_id")
 @click.option(
-    "--json", "as_json", is_flag=True, help="JSON on stdout.", **env("sessions show", "json")
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default=None,
+    help="text (the default: for a terminal), markdown (a document), or json (one "
+    "object: the session, its usage, every message with every part, the subagents).",
+    **env("sessions show", "format"),
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="--format json (with --summary: the summary as JSON).",
+    **env("sessions show", "json"),
+)
+@click.option(
+    "--width",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="CHARS",
+    help=f"Characters of a tool call's arguments and of a tool's output shown, the rest "
+    f"cut and counted (0: all). Default: {DEFAULT_WIDTH} in text and markdown, all in json.",
+    **env("sessions show", "width"),
+)
+@click.option(
+    "--tree",
+    is_flag=True,
+    help="With the subagents' transcripts (and theirs), each where it was spawned.",
+    **env("sessions show", "tree"),
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    metavar="FILE",
+    help="Write the transcript to FILE (mode 0600; a temporary file renamed into place, "
+    "replacing FILE) instead of standard output.",
+    **env("sessions show", "output"),
+)
+@click.option(
+    "--summary",
+    is_flag=True,
+    help="Only the summary: messages per role and status, usage, subagents, state values "
+    "and bytes; no conversation.",
+    **env("sessions show", "summary"),
 )
 @_store_option
-def sessions_show(session_id: str, as_json: bool, store: str | None) -> None:
-    """One session: its row, messages per role and status, usage, subagents, state and
-    bytes (inline, and blobs as stored and original)."""
+def sessions_show(
+    session_id: str,
+    fmt: str | None,
+    as_json: bool,
+    width: int | None,
+    tree: bool,
+    output: str | None,
+    summary: bool,
+    store: str | None,
+) -> None:
+    """One session's conversation: roles, text, reasoning, tool calls with their
+    arguments and outputs (cut to --width), files, usage, times, errors; with --tree
+    its subagents'. Read a page of messages at a time (a blob when its message is
+    reached), so a session of any length is shown in bounded memory. --summary: the
+    session's figures only."""
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json and --format {fmt} disagree")
+    fmt = "json" if as_json else fmt or "text"
+    if summary and (tree or output is not None or width is not None or fmt == "markdown"):
+        raise click.UsageError("--summary prints the figures only (text or --json)")
+    if not summary:
+        with _reading("sessions show", store) as opened:
+            try:
+                if output is None:
+                    write_transcript(
+                        opened, session_id, sys.stdout, fmt=fmt, width=width, tree=tree
+                    )
+                else:
+                    written = write_transcript_file(
+                        opened, session_id, output, fmt=fmt, width=width, tree=tree
+                    )
+                    click.echo(
+                        f"fleetstore sessions show: {written.sessions} session(s), "
+                        f"{written.messages} message(s) -> {output}",
+                        err=True,
+                    )
+            except errors.NotFound as exc:
+                click.echo(f"fleetstore sessions show: {exc}", err=True)
+                sys.exit(2)
+            except OSError as exc:
+                click.echo(f"fleetstore sessions show: {exc}", err=True)
+                sys.exit(1)
+        return
     with _reading("sessions show", store) as opened:
         try:
             facts = session_facts(opened, session_id)
         except errors.NotFound as exc:
             click.echo(f"fleetstore sessions show: {exc}", err=True)
             sys.exit(2)
-    if as_json:
+    if fmt == "json":
         click.echo(json.dumps(facts.to_json(), ensure_ascii=False, indent=2))
         return
     s = facts.session
     click.echo(f"{s.id}  {s.title or ''}")
+    if known_as(s.metadata):
+        click.echo(f"  known as {known_name(known_as(s.metadata))}")
     click.echo(f"  project {s.project or '-'}, status {s.status}, version {s.version}")
     click.echo(f"  created {_when(s.created_at)}, last written {_when(s.updated_at)}")
     if s.parent_id:

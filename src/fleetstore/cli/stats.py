@@ -4,14 +4,16 @@ fleetstore.admin.stats.store_stats)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
-from fleetstore.admin.stats import store_stats
+from fleetstore.admin.stats import known_name, store_stats
 from fleetstore.cli.util import env
 from fleetstore.cli.util import reading_store as _opened
 from fleetstore.cli.util import size as _size
 from fleetstore.cli.util import store_option as _store_option
+from fleetstore.cli.util import when as _when
 
 
 @click.command(
@@ -41,7 +43,9 @@ Exit codes:
 def stats_command(top: int, as_json: bool, store: str | None) -> None:
     """Where a store's bytes go: counts, bytes per session (inline plus the stored size
     of its blobs; a blob shared by forks counts in each), the largest sessions, and
-    the blobs' share of the store (database file plus blob files)."""
+    the blobs' share of the store (database file plus blob files); what the framework
+    adapters keep (LangGraph threads and their checkpoints, Agents SDK sessions, ADK
+    apps, users and sessions) and the outbox's effects per state."""
     with _opened("stats", store) as opened:
         figures = store_stats(opened, top)
     if as_json:
@@ -66,14 +70,48 @@ def stats_command(top: int, as_json: bool, store: str | None) -> None:
         f"  blobs: {b['rows']} ({b['files']} files), {_size(b['stored_bytes'])} stored "
         f"({_size(b['original_bytes'])} original): {b['share'] * 100:.1f}% of the store's bytes"
     )
+    for line in _framework_lines(figures):
+        click.echo(f"  {line}")
     if figures["largest"]:
         click.echo("  largest sessions:")
         for r in figures["largest"]:
             click.echo(
                 f"    {r['id']}  {_size(r['bytes']):>9}  ({_size(r['inline_bytes'])} inline, "
                 f"{r['blobs']} blobs {_size(r['blob_stored_bytes'])})  {r['messages']} msgs  "
-                f"{r['title'] or ''}"
+                f"{known_name(r['known_as']) or r['title'] or ''}"
             )
+
+
+def _framework_lines(figures: dict[str, Any]) -> list[str]:
+    """The frameworks' and the outbox's lines, each only if the store holds any."""
+    lines: list[str] = []
+    fw = figures["frameworks"]
+    lg, agents, adk = fw["langgraph"], fw["openai_agents"], fw["adk"]
+    if lg["threads"]:
+        lines.append(
+            f"LangGraph: {lg['threads']} thread(s), {lg['checkpoints']} checkpoint(s), "
+            f"{lg['channel_values']} channel value(s), {lg['pending_writes']} pending "
+            f"write(s), {_size(lg['payload_bytes'])} of payload"
+        )
+        for t in lg["largest"]:
+            lines.append(
+                f"  thread {t['thread_id']!r}: {t['checkpoints']} checkpoint(s), "
+                f"{_size(t['payload_bytes'])}, last {_when(t['last_checkpoint_at'])}"
+            )
+    if agents["sessions"]:
+        lines.append(
+            f"OpenAI Agents SDK: {agents['sessions']} session(s), {agents['items']} item(s)"
+        )
+    if adk["sessions"]:
+        lines.append(
+            f"ADK: {adk['apps']} app(s), {adk['users']} user(s), {adk['sessions']} "
+            f"session(s), {adk['events']} event(s)"
+        )
+    outbox = figures["outbox"]
+    if outbox["total"]:
+        states = ", ".join(f"{k} {v}" for k, v in outbox["by_state"].items())
+        lines.append(f"outbox: {outbox['total']} effect(s): {states}")
+    return lines
 
 
 __all__ = ["stats_command"]

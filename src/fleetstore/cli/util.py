@@ -172,6 +172,15 @@ def effect_json(effect: fleetstore.Effect) -> dict[str, object]:
     return data
 
 
+def when(t: float | None) -> str:
+    """A time for a table: ``2025-01-31 09:30`` (UTC), ``-`` for none."""
+    import datetime
+
+    if t is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+
+
 def env(command: str, option: str) -> dict[str, Any]:
     """``envvar``/``show_envvar`` for an option: FLEETSTORE_<COMMAND>_<OPTION>."""
     name = f"FLEETSTORE_{command}_{option}".upper().replace("-", "_").replace(" ", "_")
@@ -216,4 +225,5 @@ __all__ = [
     "size",
     "store_option",
     "using_store",
+    "when",
 ]

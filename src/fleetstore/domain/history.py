@@ -13,7 +13,7 @@ import collections
 import json
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
@@ -68,6 +68,8 @@ if TYPE_CHECKING:
 LISTING_SYNC_WAIT = 0.5
 #: How many sessions ``Messages`` remembers this process wrote to.
 _KNOWN_SESSIONS = 4096
+#: Messages ``Messages.iterate`` reads per read transaction.
+ITERATE_PAGE = 100
 
 
 def usage_args(usage: Usage | Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -128,34 +130,60 @@ def session_from_row(row: Sequence[Any]) -> Session:
 
 
 def messages_from_rows(store: StorePort, tx: Tx, rows: Sequence[Sequence[Any]]) -> list[Message]:
+    return build_messages(store, *message_contents(store, tx, rows))
+
+
+#: A page of messages as read: their rows, each one's part rows and usage.
+Contents = tuple[Sequence[Sequence[Any]], dict[str, list[Sequence[Any]]], dict[str, Usage]]
+
+
+def message_contents(store: StorePort, tx: Tx, rows: Sequence[Sequence[Any]]) -> Contents:
+    """The part rows and usage of the messages *rows*, read in *tx*; no blob is read
+    (``build_messages`` reads them)."""
     if not rows:
-        return []
+        return rows, {}, {}
     q = store.queries
     ids = json.dumps([r[0] for r in rows])
-    parts: dict[str, list[Part]] = {r[0]: [] for r in rows}
+    parts: dict[str, list[Sequence[Any]]] = {r[0]: [] for r in rows}
     for prow in tx.execute(q["parts_of_messages"], (ids,)):
-        parts[prow[0]].append(decode_part(store, prow))
+        parts[prow[0]].append(prow)
     usage = {
         u[0]: Usage(u[1], u[2], u[3], u[4], u[5], u[6])
         for u in tx.execute(q["usage_of_messages"], (ids,))
     }
-    return [
-        Message(
-            id=r[0],
-            session_id=r[1],
-            seq=r[2],
-            role=r[3],
-            parts=tuple(parts[r[0]]),
-            status=MessageStatus(r[4]),
-            model=r[5],
-            usage=usage.get(r[0]),
-            metadata=json.loads(r[6]),
-            error=r[7],
-            created_at=r[8],
-            completed_at=r[9],
-        )
-        for r in rows
-    ]
+    return rows, parts, usage
+
+
+def build_messages(
+    store: StorePort,
+    rows: Sequence[Sequence[Any]],
+    parts: dict[str, list[Sequence[Any]]],
+    usage: dict[str, Usage],
+) -> list[Message]:
+    """The messages of *rows*, their parts decoded (a blob part's file read now)."""
+    return [build_message(store, r, parts, usage) for r in rows]
+
+
+def build_message(
+    store: StorePort,
+    r: Sequence[Any],
+    parts: dict[str, list[Sequence[Any]]],
+    usage: dict[str, Usage],
+) -> Message:
+    return Message(
+        id=r[0],
+        session_id=r[1],
+        seq=r[2],
+        role=r[3],
+        parts=tuple(decode_part(store, prow) for prow in parts.get(r[0], ())),
+        status=MessageStatus(r[4]),
+        model=r[5],
+        usage=usage.get(r[0]),
+        metadata=json.loads(r[6]),
+        error=r[7],
+        created_at=r[8],
+        completed_at=r[9],
+    )
 
 
 # -- the public API --------------------------------------------------------------------------
@@ -529,6 +557,37 @@ class Messages:
             return messages_from_rows(self._store, tx, rows)
 
         return self._store.read(run, session_id=session_id)
+
+    def iterate(
+        self, session_id: str, *, after: int = 0, page: int = ITERATE_PAGE
+    ) -> Iterator[Message]:
+        """The session's messages after seq *after*, in order, read *page* at a time,
+        each page in a read transaction of its own: a session of any length is read in
+        memory bounded by a page of rows and one message's payloads, since a blob
+        part's file is read when its message is reached, not with its page.  Messages
+        committed while it runs are included if they come after the page being read.
+        ``NotFound`` if there is no such session (at the first page)."""
+        check_id(session_id, "session_id")
+        check_int(after, "after")
+        check_int(page, "page", minimum=1)
+        self._store.check_visible(session_id)
+        q = self._store.queries
+        first = True
+        while True:
+
+            def run(tx: Tx, after: int = after, first: bool = first) -> Contents:
+                if first and not tx.execute(q["session_get"], (session_id,)):
+                    raise errors.NotFound(f"no session {session_id!r}")
+                params = {"session_id": session_id, "after": after, "limit": page}
+                return message_contents(self._store, tx, tx.execute(q["message_list"], params))
+
+            rows, parts, usage = self._store.read(run, session_id=session_id)
+            first = False
+            for r in rows:
+                yield build_message(self._store, r, parts, usage)
+            if len(rows) < page:
+                return
+            after = int(rows[-1][2])
 
 
 class ToolCallHandle:

@@ -219,8 +219,9 @@ class Database(Checkpoints):
         that is not this user's alone is refused (``UnsafeFile``), one that is neither
         empty nor a SQLite database too (``CorruptStore``), before anything is made
         beside it.  *foreign*: the file is another program's, opened to maintain what
-        it holds (``fleetstore maintain`` on a foreign file), not to write secrets into:
-        who may read it is that program's business, and only its kind is checked.
+        it holds, not to write secrets into: who may read it is that program's business,
+        and only its kind is checked (the gate file is still made beside it: ``fleetstore
+        maintain`` uses ``engine.outside.OutsideFile`` instead).
         *settings* are ``Settings`` fields, each also readable from
         ``FLEETSTORE_<NAME>``."""
         check_bool(foreign, "foreign")

@@ -48,7 +48,7 @@ import builtins
 import concurrent.futures
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 
 from fleetstore import errors
 from fleetstore.core.settings import Settings
-from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
+from fleetstore.domain.history import ITERATE_PAGE, Messages, Sessions, Stream, ToolCallHandle
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, Claim, Effects, Swept
 from fleetstore.domain.state import State
@@ -437,6 +437,20 @@ class AsyncMessages:
         return await self._owner._run(
             lambda: self.sync.list(session_id, after=after, limit=limit, last=last)
         )
+
+    async def iterate(
+        self, session_id: str, *, after: int = 0, page: int = ITERATE_PAGE
+    ) -> AsyncIterator[Message]:
+        """``Messages.iterate`` as an async iterator (``async for m in ...``): each
+        page, and each message's blobs, read in the worker thread."""
+        messages = self.sync.iterate(session_id, after=after, page=page)
+        end = object()
+        while True:
+            found = await self._owner._run(lambda: next(messages, end))
+            if found is end:
+                return
+            assert isinstance(found, Message)
+            yield found
 
 
 class AsyncToolCallHandle:

@@ -174,12 +174,17 @@ _TMP_LEFT_AFTER = 60.0
 
 
 def remove_gone(
-    db_path: str | os.PathLike[str], *, dry_run: bool = False, now: float | None = None
+    db_path: str | os.PathLike[str],
+    *,
+    dry_run: bool = False,
+    now: float | None = None,
+    besides: int | None = None,
 ) -> tuple[list[Published], int]:
     """Remove the files of processes that are gone from ``<db>.procs/`` (each one a
     process killed before it could remove its own: the soak of issue 23 left 276),
     and their temporary files.  Returns (the files removed, or that a dry run would
-    remove; how many live processes' files were kept)."""
+    remove; how many live processes' files were kept, that of PID *besides* not
+    counted)."""
     now = time.time() if now is None else now
     folder = procs_dir(db_path)
     found = read_published(db_path, now)
@@ -194,8 +199,9 @@ def remove_gone(
                     if now - tmp.stat().st_mtime > _TMP_LEFT_AFTER:
                         tmp.unlink()
     # This process's own file (maintain opened the store, so it may publish) is not
-    # among the others' it reports.
-    return gone, sum(1 for p in found if p.alive and p.pid != os.getpid())
+    # among the others' it reports, nor is *besides*.
+    me = os.getpid()
+    return gone, sum(1 for p in found if p.alive and p.pid not in (me, besides))
 
 
 __all__ = [

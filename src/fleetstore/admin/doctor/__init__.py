@@ -7,8 +7,9 @@ What it looks at, in order (docs/doctor.md has the findings and the ``--json`` s
 2. who has them open (``/proc/*/fd``), which locks they hold (``/proc/locks``), and
    which SQLite library each such process runs (``/proc/PID/maps``; ``looks``);
 3. the contents, through a read-only connection (``fleetstore.engine.foreign``):
-   pragmas, ``quick_check``, and for a fleetstore store its schema version, outbox
-   and settings; plus the spool journals beside it (``probe``);
+   pragmas, ``quick_check``, the bytes of every table and index (``dbstat``), and for
+   a fleetstore store its schema version, outbox and settings; plus the spool journals
+   beside it (``probe``);
 4. the locks again, ``interval`` seconds after the first look: a lock seen both times
    was held at least that long.
 
@@ -39,6 +40,7 @@ from fleetstore.admin.doctor.probe import Probe, published_figures, resolve
 from fleetstore.admin.doctor.report import (
     EXIT_HEALTHY,
     EXIT_PROBLEMS,
+    EXIT_USAGE,
     EXIT_WARNINGS,
     REPORT_VERSION,
     SHARDS_NAMED,
@@ -57,6 +59,7 @@ def diagnose(
     *,
     interval: float = 1.0,
     quick_check: bool = True,
+    sizes: bool = True,
     now: Callable[[], float] = time.time,
 ) -> Report:
     """Look at the SQLite file *path* without changing it and return the report.  A
@@ -70,12 +73,14 @@ def diagnose(
     kind, target = parse_target(path)
     if kind == "sharded":
         assert isinstance(target, Path)
-        return _diagnose_sharded(target, interval=interval, quick_check=quick_check, now=now)
+        return _diagnose_sharded(
+            target, interval=interval, quick_check=quick_check, sizes=sizes, now=now
+        )
     db = resolve(path)
     inspect.check_not_open_here([db, db + "-wal", db + "-shm"])
     found = probe.probe_file(db)
     looks = Looks.first_look(*found.watched())
-    found.contents = probe.read_contents(db, found.header, quick_check, now())
+    found.contents = probe.read_contents(db, found.header, quick_check, now(), sizes=sizes)
     looks.second_look(interval)
     processes = looks.processes()
     spool = _spool(found, looks)
@@ -85,7 +90,12 @@ def diagnose(
 
 
 def _diagnose_sharded(
-    directory: Path, *, interval: float, quick_check: bool, now: Callable[[], float]
+    directory: Path,
+    *,
+    interval: float,
+    quick_check: bool,
+    sizes: bool,
+    now: Callable[[], float],
 ) -> Report:
     """A sharded store: the catalog as one file (its report is the body of this one),
     then each shard file with the same per-file checks (pragmas, ``quick_check``, the
@@ -113,7 +123,7 @@ def _diagnose_sharded(
 
     checked_at = now()
     catalog.contents = probe.read_contents(
-        db, catalog.header, quick_check, checked_at, catalog=True
+        db, catalog.header, quick_check, checked_at, catalog=True, sizes=sizes
     )
     shards.read_shards(found, quick_check, checked_at, db + ".blobs")
     looks.second_look(interval)
@@ -202,6 +212,7 @@ def _name_shards(report: Report, hits: list[tuple[str, Finding]]) -> None:
 __all__ = [
     "EXIT_HEALTHY",
     "EXIT_PROBLEMS",
+    "EXIT_USAGE",
     "EXIT_WARNINGS",
     "REPORT_VERSION",
     "Finding",

@@ -12,6 +12,7 @@ from typing import Any
 
 from fleetstore.admin.doctor.probe import LONG_RUNNING_SECONDS, OVERDUE_SLACK_SECONDS, Probe
 from fleetstore.admin.doctor.report import SHARDS_NAMED, Report, Severity, mb, shards_named
+from fleetstore.core.units import size
 from fleetstore.engine import inspect
 from fleetstore.engine.inspect import FileFacts
 from fleetstore.errors import describe_state
@@ -24,6 +25,34 @@ AUTO_VACUUM_BIG_BYTES = 256 * 1024 * 1024
 BACKLOG_AGE_SECONDS = 300.0
 DISK_FULL_BYTES = 16 * 1024 * 1024
 DISK_LOW_BYTES = 512 * 1024 * 1024
+#: One table (with its indexes) holding this share of a foreign file of at least
+#: LARGEST_TABLE_MIN_BYTES is where that file grows (issue 28: opencode's event table
+#: was about 80 % of a 303 MB file).
+LARGEST_TABLE_SHARE = 0.5
+LARGEST_TABLE_MIN_BYTES = 256 * 1024 * 1024
+
+#: What the programs that share a SQLite file set, and why: the figures measured by
+#: ``fleetstore stress`` (README, docs/benchmarks.md) and in issue 28.
+BUSY_TIMEOUT_ADVICE = (
+    "every program writing this file waits for SQLite's write lock with its own busy "
+    "timeout and fails with 'database is locked' past it. Measured: a lock held 6.5 s "
+    "failed the turn of every agent that met it with opencode's and the Agents SDK's "
+    "5 s timeout (16 of 16 agents); 4 Agents SDK processes on SQLiteSession all died "
+    "under a 6 s outside lock; a transaction that reads and then writes (deferred "
+    "BEGIN) fails at once under contention whatever the timeout (55-99 % of them; "
+    "zcode's pattern, 10 s timeout: 18,447 failed turns in one run); and with BEGIN "
+    "IMMEDIATE and 5 s, at 64 processes some writes waited the full 5 s and failed"
+)
+BUSY_TIMEOUT_FIX = (
+    "in each program that writes it: BEGIN IMMEDIATE for every transaction that may "
+    "write (its wait then goes through the busy timeout instead of failing at once); a "
+    "busy timeout longer than the longest write lock anyone holds, checkpoints and "
+    "maintenance included: 30-60 s, not 5 s (it costs nothing while the lock is free); "
+    "short write transactions. fleetstore's own writers instead queue on a flock gate "
+    "before SQLite's lock (a freed lock passes on in 0.06 ms rather than after a busy "
+    "handler's nap, 13 ms median), wait up to the write budget (60 s), and past it keep "
+    "the write in a journal (the spool) rather than fail"
+)
 
 
 def free_bytes(path: str) -> int | None:
@@ -78,10 +107,13 @@ def file_findings(
         _process_findings(report, proc, header)
         _lock_findings(report, proc, waited, wal_size)
     figures = report.data.get("fleetstore")
+    _size_findings(report, database, foreign=figures is None)
     if figures is not None:
         _store_findings(report, figures)
     elif header is not None and not database["not_read"]:
         report.add(Severity.OK, "foreign-database", "not a fleetstore store: SQLite checks only")
+        if not shard:
+            report.add(Severity.OK, "busy-timeout", BUSY_TIMEOUT_ADVICE, BUSY_TIMEOUT_FIX)
 
 
 def _sqlite_findings(report: Report) -> None:
@@ -273,6 +305,37 @@ def _space_findings(report: Report, database: dict[str, Any], db_size: int) -> N
         )
 
 
+def _size_findings(report: Report, database: dict[str, Any], *, foreign: bool) -> None:
+    """The table that holds most of the file (with its indexes): where it grows.  A
+    warning on another program's big file mostly one table: that program keeps
+    writing rows there and nothing deletes them (fleetstore's own stores have
+    retention: ``fleetstore maintain --archive-older-than``)."""
+    sizes = database.get("sizes")
+    if not sizes or not sizes["tables"]:
+        return
+    top, total = sizes["tables"][0], sizes["total_bytes"]
+    what = (
+        f"table {top['table']} holds {top['share']:.0%} of the file ({size(top['bytes'])} of "
+        f"{size(total)}"
+        + (f", its {top['indexes']} index(es) included" if top["indexes"] else "")
+        + ")"
+    )
+    if foreign and total >= LARGEST_TABLE_MIN_BYTES and top["share"] >= LARGEST_TABLE_SHARE:
+        report.add(
+            Severity.WARNING,
+            "largest-table",
+            f"{what}: the file grows with what is written there",
+            f"find what writes {top['table']} and whether anything ever deletes its rows (an "
+            "event log of every streamed update, as opencode's event table keeps, grows "
+            "without bound); deleted rows' pages are reused, and given back to the file "
+            "system only by VACUUM (it holds the write lock throughout and needs free disk "
+            "of the file's size) or, with auto_vacuum=INCREMENTAL, by `fleetstore maintain "
+            "--yes`",
+        )
+    else:
+        report.add(Severity.OK, "largest-table", what)
+
+
 def _disk_findings(report: Report, wal_size: int) -> None:
     """Free space where the store's files grow: a full disk fails commits (nothing of
     them is written), checkpoints (the WAL keeps the commits, and grows), blob files
@@ -388,7 +451,9 @@ def _lock_findings(report: Report, proc: dict[str, Any], waited: float, wal_size
             Severity.WARNING,
             "write-lock-held",
             f"{who} held SQLite's write lock ({', '.join(long_write[0]['names'])}) in both "
-            f"looks, {waited:.1f}s apart: every other writer waits for it",
+            f"looks, {waited:.1f}s apart: every other writer waits for it, and one whose "
+            "busy timeout runs out first (5 s in opencode and the Agents SDK) fails with "
+            "'database is locked'",
             "if that program is not mid-way through a big write, it keeps a write "
             "transaction open: make it commit promptly (ending the process rolls back)",
         )

@@ -185,10 +185,12 @@ def read_contents(
     *,
     catalog: bool = False,
     blob_dir: str | None = None,
+    sizes: bool = False,
 ) -> dict[str, Any]:
     """The database's pragmas and, for a fleetstore store, its own figures, read in one
     read-only transaction (a sharded store's *catalog*: its index of shards and the
-    catalog+shard intents too, as ``shard_index`` and ``shard_intents``).  A read
+    catalog+shard intents too, as ``shard_index`` and ``shard_intents``; with *sizes*,
+    the bytes of every table and index, ``database.sizes``).  A read
     that SQLite refuses is recorded, not raised; ``changed`` is true if the file
     changed during a read without locks (the figures may be inconsistent)."""
     database: dict[str, Any] = {
@@ -206,6 +208,7 @@ def read_contents(
         "open_mode": None,
         "open_mode_reason": None,
         "quick_check": None,
+        "sizes": None,
         "not_read": None,
         "not_read_reason": None,
     }
@@ -223,7 +226,7 @@ def read_contents(
         if source.mode is None:
             database["not_read"], database["not_read_reason"] = source.why, "wal-without-shm"
             return out
-        source.read(lambda conn: _read_database(conn, out, quick_check, now, catalog))
+        source.read(lambda conn: _read_database(conn, out, quick_check, now, catalog, sizes))
     except foreign.FileChanged as exc:
         out["changed"] = True
         if isinstance(exc.__cause__, inspect.InspectFailed):
@@ -271,6 +274,7 @@ def _read_database(
     quick_check: bool,
     now: float,
     catalog: bool,
+    sizes: bool = False,
 ) -> None:
     database = out["database"]
     for name in ("page_size", "page_count", "freelist_count", "user_version"):
@@ -285,6 +289,8 @@ def _read_database(
     if quick_check:
         rows = conn.query(f"PRAGMA quick_check({QUICK_CHECK_ROWS})")
         database["quick_check"] = [str(r[0]) for r in rows]
+    if sizes:
+        database["sizes"] = table_sizes(conn, database["page_size"], database["freelist_count"])
     if FLEETSTORE_TABLES.issubset(tables):
         out["fleetstore"] = _store_figures(conn, tables, now)
         if "blobs" in tables:
@@ -298,6 +304,46 @@ def _read_database(
             "SELECT op_id, shard, op, owner, created_at FROM shard_intents "
             "ORDER BY created_at, op_id"
         )
+
+
+#: Every b-tree of the file (a table, an index, the schema) with its bytes and pages:
+#: SQLite's ``dbstat`` virtual table, read-only, one row per b-tree (``aggregate``).
+_SIZES = (
+    "SELECT d.name, coalesce(s.type, 'table'), coalesce(s.tbl_name, d.name), d.pgsize, "
+    "d.pageno FROM dbstat AS d LEFT JOIN sqlite_schema AS s ON s.name = d.name "
+    "WHERE d.aggregate = TRUE"
+)
+
+
+def table_sizes(conn: inspect.ReadOnlyDatabase, page_size: int, free_pages: int) -> dict[str, Any]:
+    """The bytes of each table with its indexes, largest first, and of each b-tree,
+    and each one's share of the file's pages (free pages included): where a file that
+    grew put its bytes (issue 28: opencode's ``event`` table was about 80 % of a 303 MB
+    file)."""
+    objects: list[dict[str, Any]] = [
+        {"name": str(n), "type": str(t), "table": str(tbl), "bytes": int(b), "pages": int(p)}
+        for n, t, tbl, b, p in conn.query(_SIZES)
+    ]
+    objects.sort(key=lambda o: (-o["bytes"], o["name"]))
+    free = int(free_pages) * int(page_size)
+    total = sum(int(o["bytes"]) for o in objects) + free
+    tables: dict[str, dict[str, Any]] = {}
+    for o in objects:
+        t = tables.setdefault(
+            o["table"],
+            {"table": o["table"], "bytes": 0, "table_bytes": 0, "index_bytes": 0, "indexes": 0},
+        )
+        t["bytes"] += o["bytes"]
+        if o["type"] == "index":
+            t["index_bytes"] += o["bytes"]
+            t["indexes"] += 1
+        else:
+            t["table_bytes"] += o["bytes"]
+        o["share"] = round(o["bytes"] / total, 4) if total else 0.0
+    ranked = sorted(tables.values(), key=lambda t: (-t["bytes"], t["table"]))
+    for t in ranked:
+        t["share"] = round(t["bytes"] / total, 4) if total else 0.0
+    return {"total_bytes": total, "free_bytes": free, "tables": ranked, "objects": objects}
 
 
 def _store_figures(conn: inspect.ReadOnlyDatabase, tables: set[str], now: float) -> dict[str, Any]:
@@ -470,4 +516,5 @@ __all__ = [
     "read_spool",
     "resolve",
     "sides",
+    "table_sizes",
 ]

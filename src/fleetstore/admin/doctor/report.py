@@ -8,14 +8,88 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetstore.core.units import size
 from fleetstore.errors import describe_state
 
-#: Version of the ``--json`` object; raised when a field changes meaning or goes away.
-REPORT_VERSION = 1
+#: Version of the ``--json`` object; raised when a field changes meaning or goes away
+#: (2: ``exit_code`` 3 for problems, which was 2, the code of bad usage: issue 28).
+REPORT_VERSION = 2
 
 EXIT_HEALTHY = 0
 EXIT_WARNINGS = 1
-EXIT_PROBLEMS = 2
+#: Bad usage, or nothing to check (PATH missing, not a SQLite database): no report.
+EXIT_USAGE = 2
+EXIT_PROBLEMS = 3
+
+#: Within a severity, findings are listed in this order: what loses data or stops
+#: writers now, then what holds writers back now, then what will go wrong or is a
+#: risk, then what wastes space, then what was only checked (issue 28: a lock holder
+#: was listed like a file mode).  tests/admin/test_doctor.py holds every code to it.
+ORDER: tuple[str, ...] = (
+    # broken, or losing writes now
+    "unreadable",
+    "hot-journal",
+    "quick-check-failed",
+    "deleted-file-open",
+    "disk-full",
+    "blob-files-missing",
+    "spool-damaged",
+    "spool-blob-missing",
+    "world-writable",
+    # holding writers back now
+    "write-lock-held",
+    "gate-held",
+    "wal-reset-blocked",
+    "not-read-busy",
+    "checkpoint-failing",
+    "effects-stuck",
+    "effects-overdue",
+    "shard-missing",
+    "shard-intent-stale",
+    "spool-stale",
+    "outbox-backlog",
+    "wal-large",
+    "disk-low",
+    # risks, and what went wrong before
+    "world-readable",
+    "group-access",
+    "process-sqlite-wal-reset-bug",
+    "sqlite-wal-reset-bug",
+    "wal-not-enabled",
+    "busy-timeout",
+    "schema-newer",
+    "settings-invalid",
+    "effects-long-running",
+    "effects-dead",
+    "spool-rejected",
+    "post-commit-errors",
+    "board-quarantined",
+    "shard-orphan",
+    "shard-index-not-read",
+    "directory-world-writable",
+    "changed-during-check",
+    "wal-without-shm",
+    "not-read",
+    "empty-file",
+    # space
+    "largest-table",
+    "freelist-high",
+    "auto-vacuum-off",
+    # checked, fine
+    "writer",
+    "wal-enabled",
+    "quick-check",
+    "sqlite-version",
+    "foreign-database",
+    "schema",
+    "schema-older",
+    "outbox",
+    "procs-gone",
+    "shards",
+    "shard-empty",
+    "shard-intents",
+)
+_PLACE = {code: i for i, code in enumerate(ORDER)}
 
 #: Shards named one by one under a finding code; the rest are counted.
 SHARDS_NAMED = 5
@@ -39,7 +113,7 @@ class Severity(enum.Enum):
     OK = "ok"
     #: Works now, but is a risk or wastes something: exit 1.
     WARNING = "warning"
-    #: Broken, or losing data or progress now: exit 2.
+    #: Broken, or losing data or progress now: exit 3.
     PROBLEM = "problem"
 
     @property
@@ -78,6 +152,12 @@ class Report:
     def verdict(self) -> Severity:
         return max((f.severity for f in self.findings), key=lambda s: s.rank, default=Severity.OK)
 
+    def ranked(self) -> list[Finding]:
+        """The findings worst first: by severity, then in ``ORDER`` (then as found)."""
+        return sorted(
+            self.findings, key=lambda f: (-f.severity.rank, _PLACE.get(f.code, len(ORDER)))
+        )
+
     @property
     def exit_code(self) -> int:
         return {
@@ -90,7 +170,7 @@ class Report:
         self.findings.append(Finding(severity, code, message, fix))
 
     def to_json(self) -> dict[str, Any]:
-        ordered = sorted(self.findings, key=lambda f: -f.severity.rank)
+        ordered = self.ranked()
         return {
             "report_version": REPORT_VERSION,
             "path": self.path,
@@ -134,6 +214,8 @@ def format_report(report: Report) -> str:
         lines.append(f"  read as: {db['open_mode']} ({db['open_mode_reason']})")
     if db["quick_check"] is not None:
         lines.append(f"  quick_check: {'; '.join(db['quick_check'][:3])}")
+    if db.get("sizes"):
+        lines += _size_lines(db["sizes"])
     wal = data["wal"]
     if wal:
         lines += ["", "WAL"]
@@ -193,10 +275,10 @@ def format_report(report: Report) -> str:
     if sharded:
         lines += _shard_lines(sharded)
     lines += ["", "Findings"]
-    for f in sorted(report.findings, key=lambda f: -f.severity.rank):
+    for f in report.ranked():
         lines.append(f"  [{_MARK[f.severity]}] {f.code}: {f.message}")
-        if f.fix and f.severity is not Severity.OK:
-            lines.append(f"      fix: {f.fix}")
+        if f.fix:
+            lines.append(f"      {'fix' if f.severity is not Severity.OK else 'advice'}: {f.fix}")
     verdict = {
         Severity.OK: "healthy",
         Severity.WARNING: "warnings",
@@ -204,6 +286,30 @@ def format_report(report: Report) -> str:
     }[report.verdict]
     lines += ["", f"verdict: {verdict} (exit {report.exit_code})"]
     return "\n".join(lines)
+
+
+#: Tables listed in the text report's sizes (--json has them all).
+SIZES_LISTED = 8
+
+
+def _size_lines(sizes: dict[str, Any]) -> list[str]:
+    """The bytes of the largest tables (each with its indexes) and of the free pages."""
+    lines = ["", f"Sizes (dbstat: each table with its indexes, of {size(sizes['total_bytes'])})"]
+    for t in sizes["tables"][:SIZES_LISTED]:
+        indexes = (
+            f" (table {size(t['table_bytes'])}, {t['indexes']} index(es) {size(t['index_bytes'])})"
+            if t["indexes"]
+            else ""
+        )
+        lines.append(f"  {t['table']:<24} {size(t['bytes']):>10} {t['share']:>6.1%}{indexes}")
+    more = len(sizes["tables"]) - SIZES_LISTED
+    if more > 0:
+        rest = sum(t["bytes"] for t in sizes["tables"][SIZES_LISTED:])
+        lines.append(f"  {f'{more} more table(s)':<24} {size(rest):>10}")
+    free = sizes["free_bytes"]
+    share = free / sizes["total_bytes"] if sizes["total_bytes"] else 0.0
+    lines.append(f"  {'(free pages)':<24} {size(free):>10} {share:>6.1%}")
+    return lines
 
 
 def _shard_lines(section: dict[str, Any]) -> list[str]:
@@ -252,7 +358,9 @@ def _shard_lines(section: dict[str, Any]) -> list[str]:
 __all__ = [
     "EXIT_HEALTHY",
     "EXIT_PROBLEMS",
+    "EXIT_USAGE",
     "EXIT_WARNINGS",
+    "ORDER",
     "REPORT_VERSION",
     "SHARDS_NAMED",
     "Finding",

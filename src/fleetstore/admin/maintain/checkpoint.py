@@ -8,10 +8,11 @@ import time
 from fleetstore.admin.maintain.files import file_size
 from fleetstore.admin.maintain.report import Step
 from fleetstore.core.units import size as _size
+from fleetstore.engine.outside import OutsideFile
 from fleetstore.engine.sqlite import Database
 
 
-def checkpoint(db: Database, step: Step, dry_run: bool) -> None:
+def checkpoint(db: Database | OutsideFile, step: Step, dry_run: bool) -> None:
     wal = file_size(db.path + "-wal")
     step.detail["wal_bytes_before"] = wal
     if dry_run:

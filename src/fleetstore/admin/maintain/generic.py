@@ -1,6 +1,7 @@
 """The generic steps (``optimize``, ``vacuum``, ``checkpoint``), which run on any
-SQLite file in WAL mode, a foreign one too: on one file, or on every file of a
-sharded store one at a time, each step's figures summed over the files."""
+SQLite file in WAL mode, a foreign one too (through ``OutsideFile``: nothing of ours
+beside it): on one file, or on every file of a sharded store one at a time, each
+step's figures summed over the files."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from fleetstore.admin.maintain.report import Progress, Report, Step, timed
 from fleetstore.admin.maintain.vacuum import optimize, vacuum
 from fleetstore.admin.maintain.writer import Writer
 from fleetstore.core.units import size as _size
+from fleetstore.engine.outside import OutsideFile
 from fleetstore.engine.sqlite import Database
 
 
-def generic_steps(db: Database, config: Config, report: Report, progress: Progress | None) -> None:
+def generic_steps(
+    db: Database | OutsideFile, config: Config, report: Report, progress: Progress | None
+) -> None:
     writer = Writer(db)
     timed(report, Step("optimize"), lambda s: optimize(writer, s, config.dry_run))
     timed(report, Step("vacuum"), lambda s: vacuum(writer, s, config.dry_run, progress))

@@ -10,8 +10,10 @@ would do.
 
 On a database that is not a fleetstore store ("foreign") only the generic steps
 run (checkpoint, optimize, incremental vacuum when the file has incremental
-auto-vacuum), and only when asked to (``yes``).  A foreign file that is not in WAL
-mode is refused: opening it through ``fleetstore.Database`` would switch it to WAL.
+auto-vacuum), and only when asked to (``yes``), through one plain connection
+(``engine.outside.OutsideFile``): no writer gate or other file of ours is made beside
+it (a ``.gate`` was, issue 28), its journal mode and settings are left as they are.
+A foreign file that is not in WAL mode is refused (a fleetstore store always is).
 
 A sharded store (``sqlite+sharded:///DIR``) gets every step on every file: the
 catalog, then each shard through ``router.each`` (one open at a time, within the
@@ -39,11 +41,13 @@ from fleetstore.admin.maintain.shards import empty_shards
 from fleetstore.admin.maintain.writer import Writer
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target, resolve_target
+from fleetstore.engine.outside import OutsideFile
 from fleetstore.engine.sharded import ShardSet
 from fleetstore.engine.sqlite import Database
 from fleetstore.store.backend import migrations
-from fleetstore.store.facade import Store, check_store_file
+from fleetstore.store.facade import Store
 from fleetstore.store.facade import open as open_store
+from fleetstore.store.readonly import check_store_file
 from fleetstore.store.sharded import Router
 from fleetstore.store.single import FileBackend
 
@@ -69,20 +73,15 @@ def resolve(path: str | os.PathLike[str] | None) -> str:
     return str(target)
 
 
-def _foreign(path: str) -> bool:
-    """Is the file at *path* another program's database (read without opening it for
-    writing: a store's file must pass ``Database.open``'s checks before it is)?"""
+def _is_store(path: str) -> bool:
+    """Is the SQLite file at *path* a fleetstore store?  Read strictly read-only: a
+    store's file must pass ``Database.open``'s checks before it is opened for writing,
+    and another program's gets nothing of ours beside it."""
     try:
-        check_store_file(Path(path))
-    except errors.CorruptStore:
-        return True
-    return False
-
-
-def _is_store(db: Database) -> bool:
-    q = sql.queries("sqlite")
-    has_migrations, has_sessions = db.read(lambda tx: tx.execute(q["mnt_is_store"])[0])
-    return bool(has_migrations and has_sessions)
+        check_store_file(path)
+    except errors.NotAStore:
+        return False
+    return True
 
 
 def maintain(config: Config, progress: Progress | None = None) -> Report:
@@ -100,26 +99,18 @@ def maintain(config: Config, progress: Progress | None = None) -> Report:
             "journal mode (a fleetstore store is always in WAL mode)"
         )
     settings = Settings.load(**config.settings)
-    # Another program's file gets the generic steps whoever may read it (they write
-    # nothing of ours into it); a store is held to what fleetstore.open requires.
-    db = Database.open(path, foreign=_foreign(path), **dataclasses.asdict(settings))
-    try:
-        is_store = _is_store(db)
-    except BaseException:
-        db.close()
-        raise
-    report = Report(path, "fleetstore" if is_store else "foreign", config.dry_run)
-    if not is_store:
-        try:
-            if not (config.yes or config.dry_run):
-                raise NotConfirmed(
-                    f"{path} is not a fleetstore store: only the generic steps (checkpoint, "
-                    "optimize, incremental vacuum) would run; confirm with --yes"
-                )
-            generic_steps(db, config, report, progress)
-        finally:
-            db.close()
+    if not _is_store(path):
+        report = Report(path, "foreign", config.dry_run)
+        if not (config.yes or config.dry_run):
+            raise NotConfirmed(
+                f"{path} is not a fleetstore store: only the generic steps (checkpoint, "
+                "optimize, incremental vacuum) would run; confirm with --yes"
+            )
+        with OutsideFile(path, wait=settings.write_budget) as outside:
+            generic_steps(outside, config, report, progress)
         return report
+    db = Database.open(path, **dataclasses.asdict(settings))
+    report = Report(path, "fleetstore", config.dry_run)
     if config.dry_run:
         # Neither migrations nor the replay of dead journals: a dry run writes nothing.
         store = Store(FileBackend(db, sql.queries("sqlite"), settings), settings)

@@ -12,6 +12,7 @@ from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch, Writer
 from fleetstore.core.units import size as _size
 from fleetstore.engine.base import Tx
+from fleetstore.engine.outside import OutsideFile
 from fleetstore.engine.sqlite import Database
 
 #: Pages of the first incremental-vacuum transaction (then sized to TARGET_HOLD).
@@ -28,7 +29,7 @@ def optimize(writer: Writer, step: Step, dry_run: bool) -> None:
     step.summary = "PRAGMA optimize"
 
 
-def _pages(db: Database) -> tuple[int, int, int]:
+def _pages(db: Database | OutsideFile) -> tuple[int, int, int]:
     q = sql.queries("sqlite")
     size, count, free = db.read(lambda tx: tx.execute(q["mnt_pages"])[0])
     return int(size), int(count), int(free)
@@ -37,7 +38,7 @@ def _pages(db: Database) -> tuple[int, int, int]:
 def vacuum(writer: Writer, step: Step, dry_run: bool, progress: Progress | None) -> None:
     q = writer.queries
     db = writer.db
-    assert isinstance(db, Database)  # a SQLite file's pages
+    assert isinstance(db, Database | OutsideFile)  # a SQLite file's pages
     mode = int(db.read(lambda tx: tx.execute(q["mnt_auto_vacuum"])[0][0]))
     page_size, count, free = _pages(db)
     step.detail.update(page_size=page_size, pages=count, free_pages=free, auto_vacuum=mode)

@@ -20,6 +20,7 @@ from fleetstore.core.ids import new_id
 from fleetstore.domain import registry
 from fleetstore.domain.operations import Operation
 from fleetstore.engine.base import Engine, Tx
+from fleetstore.engine.outside import OutsideFile
 
 T = TypeVar("T")
 
@@ -40,7 +41,7 @@ class Writer:
     whole of it, an upper bound of each transaction's, and their wait is not
     separated from it (recorded as 0)."""
 
-    def __init__(self, db: Engine, store: Any = None) -> None:
+    def __init__(self, db: Engine | OutsideFile, store: Any = None) -> None:
         self.db = db
         self.store = store if getattr(store, "router", None) is not None else None
         self.queries = sql.queries(db.dialect)

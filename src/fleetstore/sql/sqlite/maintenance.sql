@@ -79,13 +79,9 @@ SELECT (SELECT page_size FROM pragma_page_size()), (SELECT page_count FROM pragm
 -- mnt_auto_vacuum: 0 none, 1 full, 2 incremental
 SELECT auto_vacuum FROM pragma_auto_vacuum()
 
--- mnt_is_store: is this a fleetstore store (its migrations table and sessions table exist)?
-SELECT (SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'fleetstore_migrations'),
-       (SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'sessions')
-
 -- mnt_sessions_list: sessions newest first (by last update), filtered; NULL filters match all
 SELECT s.id, s.parent_id, s.project, s.title, s.status, s.created_at, s.updated_at,
-       (SELECT count(*) FROM messages m WHERE m.session_id = s.id)
+       (SELECT count(*) FROM messages m WHERE m.session_id = s.id), s.metadata
 FROM sessions s
 WHERE (:project IS NULL OR s.project = :project)
   AND (:since IS NULL OR s.updated_at >= :since)
@@ -138,8 +134,8 @@ FROM (SELECT DISTINCT session_id, blob_sha FROM parts WHERE blob_sha IS NOT NULL
 JOIN blobs b ON b.sha256 = x.blob_sha
 GROUP BY x.session_id
 
--- mnt_stats_sessions: every session's id, parent, title, project, status and last update (not those being deleted or forked)
-SELECT id, parent_id, title, project, status, updated_at FROM sessions WHERE job IS NULL
+-- mnt_stats_sessions: every session's id, parent, title, project, status, last update and metadata (not those being deleted or forked)
+SELECT id, parent_id, title, project, status, updated_at, metadata FROM sessions WHERE job IS NULL
 
 -- mnt_stats_blob_rows: every blob row's hash, stored and original bytes
 SELECT sha256, stored_size, size FROM blobs
@@ -148,6 +144,30 @@ SELECT sha256, stored_size, size FROM blobs
 SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM messages),
        (SELECT count(*) FROM parts), (SELECT count(*) FROM chunks),
        (SELECT count(*) FROM state), (SELECT count(*) FROM applied_ops)
+
+-- mnt_stats_effects: outbox effects per state
+SELECT state, count(*) FROM effects GROUP BY state
+
+-- mnt_stats_langgraph: LangGraph checkpoints, channel values and pending writes, and their payload bytes
+SELECT (SELECT count(*) FROM ckpt_checkpoints), (SELECT count(*) FROM ckpt_channels),
+       (SELECT count(*) FROM ckpt_writes),
+       (SELECT coalesce(sum(size), 0) FROM ckpt_checkpoints)
+       + (SELECT coalesce(sum(size), 0) FROM ckpt_channels)
+       + (SELECT coalesce(sum(size), 0) FROM ckpt_writes)
+
+-- mnt_langgraph_threads: LangGraph threads, last checkpoint first: checkpoints, last checkpoint time, pending writes, payload bytes (checkpoints, channel values, writes); limit -1: all
+SELECT t.thread_id, t.checkpoints, t.last, coalesce(w.n, 0),
+       t.bytes + coalesce(c.bytes, 0) + coalesce(w.bytes, 0)
+FROM (SELECT thread_id, count(*) AS checkpoints, max(created_at) AS last,
+             sum(size) AS bytes
+      FROM ckpt_checkpoints GROUP BY thread_id) t
+LEFT JOIN (SELECT thread_id, sum(size) AS bytes FROM ckpt_channels GROUP BY thread_id) c
+       ON c.thread_id = t.thread_id
+LEFT JOIN (SELECT thread_id, count(*) AS n, sum(size) AS bytes
+           FROM ckpt_writes GROUP BY thread_id) w
+       ON w.thread_id = t.thread_id
+ORDER BY t.last DESC, t.thread_id
+LIMIT :limit
 
 -- mnt_ops_old_count: applied_ops rows a prune would delete (id below ?, applied before ?)
 SELECT count(*) FROM applied_ops WHERE op_id < ? AND applied_at < ?
