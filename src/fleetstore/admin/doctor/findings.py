@@ -11,7 +11,8 @@ import stat
 from typing import Any
 
 from fleetstore.admin.doctor.probe import LONG_RUNNING_SECONDS, OVERDUE_SLACK_SECONDS, Probe
-from fleetstore.admin.doctor.report import SHARDS_NAMED, Report, Severity, mb, shards_named
+from fleetstore.admin.doctor.report import SHARDS_NAMED, Report, Severity, shards_named
+from fleetstore.core.units import size
 from fleetstore.engine import inspect
 from fleetstore.engine.inspect import FileFacts
 from fleetstore.errors import describe_state
@@ -257,7 +258,7 @@ def _space_findings(report: Report, database: dict[str, Any], db_size: int) -> N
         add(
             Severity.WARNING,
             "freelist-high",
-            f"{free} of {pages} pages ({free / pages:.0%}, {mb(free * page_size)}) are free: "
+            f"{free} of {pages} pages ({free / pages:.0%}, {size(free * page_size)}) are free: "
             "the file is much bigger than its data",
             "reclaim the space: `fleetstore maintain` (VACUUM, or incremental_vacuum when "
             "auto_vacuum is incremental)",
@@ -266,7 +267,7 @@ def _space_findings(report: Report, database: dict[str, Any], db_size: int) -> N
         add(
             Severity.WARNING,
             "auto-vacuum-off",
-            f"auto_vacuum is NONE on a {mb(db_size)} file: deleted data never gives "
+            f"auto_vacuum is NONE on a {size(db_size)} file: deleted data never gives "
             "space back without a full VACUUM",
             "PRAGMA auto_vacuum=INCREMENTAL followed by one VACUUM (rewrites the file; needs "
             "the write lock and free disk space of the file's size)",
@@ -285,7 +286,7 @@ def _disk_findings(report: Report, wal_size: int) -> None:
         report.add(
             Severity.PROBLEM,
             "disk-full",
-            f"{directory} has {mb(free)} free: writes, checkpoints, blob files and spool "
+            f"{directory} has {size(free)} free: writes, checkpoints, blob files and spool "
             "journals fail with StorageFull (nothing of a failed write is stored, the WAL "
             "keeps every committed write until a checkpoint gets through)",
             "free space on that file system (or grow it); the next commit's checkpoint "
@@ -295,8 +296,8 @@ def _disk_findings(report: Report, wal_size: int) -> None:
         report.add(
             Severity.WARNING,
             "disk-low",
-            f"{directory} has {mb(free)} free"
-            + (f", less than the WAL holds ({mb(wal_size)})" if free < wal_size else "")
+            f"{directory} has {size(free)} free"
+            + (f", less than the WAL holds ({size(wal_size)})" if free < wal_size else "")
             + ": writes start failing with StorageFull when it runs out",
             "free space on that file system",
         )
@@ -316,7 +317,7 @@ def _wal_findings(
         report.add(
             Severity.WARNING,
             "wal-large",
-            f"the WAL is {mb(wal_size)}, bigger than the database ({mb(db_size)}){live}: "
+            f"the WAL is {size(wal_size)}, bigger than the database ({size(db_size)}){live}: "
             "checkpoints are not keeping up, or a reader keeps the WAL from being reset",
             "end long read transactions, then `fleetstore maintain` or "
             "PRAGMA wal_checkpoint(TRUNCATE) when no reader is active",
@@ -415,7 +416,7 @@ def _lock_findings(report: Report, proc: dict[str, Any], waited: float, wal_size
                 if slot == 0
                 else ", checkpoints stop at its snapshot"
             )
-            + f", so the WAL keeps growing (now {mb(wal_size)})",
+            + f", so the WAL keeps growing (now {size(wal_size)})",
             "end that read transaction (commit or roll back, keep reads short); the next "
             "checkpoint can then reset the WAL",
         )
@@ -657,14 +658,14 @@ def _shard_file_findings(report: Report, section: dict[str, Any], url: str) -> N
         add(
             Severity.OK,
             "shards",
-            f"{files} shard file(s), {mb(section['total_bytes'])}: every one checked, "
+            f"{files} shard file(s), {size(section['total_bytes'])}: every one checked, "
             "nothing found",
         )
     else:
         add(
             Severity.OK,
             "shards",
-            f"{files} shard file(s), {mb(section['total_bytes'])}: {section['with_findings']} "
+            f"{files} shard file(s), {size(section['total_bytes'])}: {section['with_findings']} "
             "with findings (listed with their shard)",
         )
     missing = section["missing"]

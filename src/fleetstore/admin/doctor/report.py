@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetstore.core.units import size
 from fleetstore.errors import describe_state
 
 #: Version of the ``--json`` object; raised when a field changes meaning or goes away.
@@ -26,10 +27,6 @@ def shards_named(items: list[dict[str, Any]]) -> str:
     named = ", ".join(f"{i['key']} ({i['sessions']} sessions)" for i in items[:SHARDS_NAMED])
     more = len(items) - SHARDS_NAMED
     return named + (f" and {more} more" if more > 0 else "")
-
-
-def mb(n: int | float) -> str:
-    return f"{n / 1e6:.1f} MB"
 
 
 class Severity(enum.Enum):
@@ -212,8 +209,8 @@ def _shard_lines(section: dict[str, Any]) -> list[str]:
     lines = ["", f"Shards ({section['directory']}/shards)"]
     indexed = section["indexed_shards"]
     lines.append(
-        f"  {section['shard_files']:,} shard files, {mb(section['total_bytes'])} "
-        f"(WAL {mb(section['wal_bytes'])}); "
+        f"  {section['shard_files']:,} shard files, {size(section['total_bytes'])} "
+        f"(WAL {size(section['wal_bytes'])}); "
         + (
             f"the catalog's index names {indexed:,} ({section['indexed_sessions']:,} sessions)"
             if indexed is not None
@@ -224,8 +221,8 @@ def _shard_lines(section: dict[str, Any]) -> list[str]:
         lines.append(
             "  largest: "
             + ", ".join(
-                f"{e['key']} {mb(e['bytes'])}"
-                + (f" (WAL {mb(e['wal_bytes'])})" if e["wal_bytes"] else "")
+                f"{e['key']} {size(e['bytes'])}"
+                + (f" (WAL {size(e['wal_bytes'])})" if e["wal_bytes"] else "")
                 for e in section["largest"]
             )
         )
@@ -259,6 +256,5 @@ __all__ = [
     "Report",
     "Severity",
     "format_report",
-    "mb",
     "shards_named",
 ]

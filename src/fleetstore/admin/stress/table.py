@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetstore.core.units import size as _size
+
 
 def format_report(report: dict[str, Any]) -> str:
     """The table ``fleetstore stress`` prints: one column per target."""
@@ -156,10 +158,3 @@ def _bytes_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
 def _clip(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
-
-def _size(n: int) -> str:
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= factor:
-            v = n / factor
-            return f"{v:.3g} {unit}" if v < 1000 else f"{v:,.0f} {unit}"
-    return f"{n} B"
