@@ -83,7 +83,7 @@ SELECT auto_vacuum FROM pragma_auto_vacuum()
 SELECT (SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'fleetstore_migrations'),
        (SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'sessions')
 
--- mnt_sessions_list: sessions newest first (by last update), filtered; NULL filters match all
+-- mnt_sessions_list: sessions newest first (by last update), filtered, after an (updated_at, id) cursor; NULL filters match all
 SELECT s.id, s.parent_id, s.project, s.title, s.status, s.created_at, s.updated_at,
        (SELECT count(*) FROM messages m WHERE m.session_id = s.id)
 FROM sessions s
@@ -91,6 +91,8 @@ WHERE (:project IS NULL OR s.project = :project)
   AND (:since IS NULL OR s.updated_at >= :since)
   AND (:include_archived OR s.status = 'active')
   AND (NOT :roots OR s.parent_id IS NULL)
+  AND (:after_updated IS NULL OR s.updated_at < :after_updated
+       OR (s.updated_at = :after_updated AND s.id < :after_id))
 ORDER BY s.updated_at DESC, s.id DESC
 LIMIT :limit
 
