@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetstore.core.render import table
 from fleetstore.core.units import size
 from fleetstore.errors import describe_state
 
@@ -110,10 +111,12 @@ def format_report(report: Report) -> str:
     lines = [f"fleetstore doctor: {title}", ""]
     files = data["files"]
     lines.append("Files")
-    for role in ("database", "wal", "shm", "journal", "gate"):
-        f = files.get(role)
-        if f:
-            lines.append(f"  {role:<9} {f['size']:>14,} bytes  mode {f['mode']}  uid {f['uid']}")
+    rows = [
+        (role, f"{f['size']:,} bytes", size(f["size"]), f["mode"], f["uid"])
+        for role in ("database", "wal", "shm", "journal", "gate")
+        if (f := files.get(role))
+    ]
+    lines.append(table(("", "bytes", "size", "mode", "uid"), rows, right={"bytes", "size"}))
     db = data["database"]
     lines += ["", "SQLite"]
     lines.append(
