@@ -179,7 +179,9 @@ def remove_gone(
     """Remove the files of processes that are gone from ``<db>.procs/`` (each one a
     process killed before it could remove its own: the soak of issue 23 left 276),
     and their temporary files.  Returns (the files removed, or that a dry run would
-    remove; how many live processes' files were kept)."""
+    remove; how many other live processes' files were kept: this process's own, the
+    maintain run's, goes when it closes the store, and whether its publisher had
+    written it yet was a race)."""
     now = time.time() if now is None else now
     folder = procs_dir(db_path)
     found = read_published(db_path, now)
@@ -193,7 +195,8 @@ def remove_gone(
                 with contextlib.suppress(OSError):
                     if now - tmp.stat().st_mtime > _TMP_LEFT_AFTER:
                         tmp.unlink()
-    return gone, len(found) - len(gone)
+    live = sum(1 for p in found if p.alive and p.pid != os.getpid())
+    return gone, live
 
 
 __all__ = [
