@@ -60,7 +60,11 @@ def commands() -> Iterator[tuple[str, click.Command]]:
     def walk(name: str, cmd: click.Command) -> Iterator[tuple[str, click.Command]]:
         yield name, cmd
         if isinstance(cmd, click.Group):
-            for sub_name, sub in sorted(cmd.commands.items()):
+            # The groups load their commands lazily: list and get them as click does.
+            ctx = click.Context(cmd)
+            for sub_name in sorted(cmd.list_commands(ctx)):
+                sub = cmd.get_command(ctx, sub_name)
+                assert sub is not None, f"{name} lists {sub_name} but cannot load it"
                 yield from walk(f"{name} {sub_name}", sub)
 
     return walk("fleetstore", main)

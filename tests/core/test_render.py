@@ -55,7 +55,8 @@ def test_a_table_for_a_pipe_is_plain_aligned_and_never_cut() -> None:
     assert lines[0].split() == ["name", "rows", "note"]
     assert "x" * 300 in lines[1]  # no width: a long cell is whole
     # Right-aligned numbers end in the same column as their header.
-    ends = {line.index(cell) + len(cell) for line, cell in zip(lines, ("rows", "1,000", "20,200"))}
+    cells = ("rows", "1,000", "20,200")
+    ends = {line.index(cell) + len(cell) for line, cell in zip(lines, cells, strict=True)}
     assert len(ends) == 1
     assert all(line.startswith("  ") for line in lines)  # the indent
 

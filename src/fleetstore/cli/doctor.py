@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from fleetstore import errors
-from fleetstore.admin.doctor import diagnose
-from fleetstore.admin.doctor.report import EXIT_PROBLEMS, format_report
+from fleetstore.cli.util import emit_json, env, json_option, store_params
 
 
 @click.command(
@@ -19,25 +17,21 @@ Exit codes:
   0  healthy: every check passed
   1  warnings: works now, but something is a risk or wastes space (see the findings)
   2  problems (damage, a deleted file held open, a hot journal, world-writable files...),
-     or PATH does not exist or is not a SQLite database, or bad usage""",
+     or the database does not exist or is not a SQLite database, or bad usage""",
 )
-@click.argument("path", required=False, default=None, type=click.Path(path_type=str))
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    default=False,
-    envvar="FLEETSTORE_DOCTOR_JSON",
-    show_envvar=True,
-    help="Print the report as one JSON object on stdout instead of text.",
+@store_params(
+    legacy_argument=True,
+    help="The database: any SQLite file, a directory holding fleetstore.db, "
+    "sqlite:///absolute/path, or a sharded store (sqlite+sharded:///DIR, or DIR). "
+    "Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db.",
 )
+@json_option("doctor")
 @click.option(
     "--interval",
     type=click.FloatRange(min=0),
     default=1.0,
     show_default=True,
-    envvar="FLEETSTORE_DOCTOR_INTERVAL",
-    show_envvar=True,
+    **env("doctor", "interval"),
     help="Seconds between the two looks at the locks: a lock seen both times was held at "
     "least that long (0: look twice at once).",
 )
@@ -45,17 +39,17 @@ Exit codes:
     "--quick-check/--no-quick-check",
     default=True,
     show_default=True,
-    envvar="FLEETSTORE_DOCTOR_QUICK_CHECK",
-    show_envvar=True,
+    **env("doctor", "quick-check"),
     help="Run PRAGMA quick_check (reads every page; on a rollback-journal database it holds "
     "a shared lock meanwhile, which delays writers' commits).",
 )
-def doctor_command(path: str | None, as_json: bool, interval: float, quick_check: bool) -> None:
+def doctor_command(store: str | None, as_json: bool, interval: float, quick_check: bool) -> None:
     """Check any SQLite database, fleetstore's or another program's, strictly read-only.
 
-    PATH is a database file, a directory holding fleetstore.db, or sqlite:///absolute/path;
-    default $FLEETSTORE_URL, else DATA_DIR/fleetstore.db. A sharded store
-    (sqlite+sharded:///DIR, or DIR) is checked whole: its catalog, every shard file, the
+    --store is a database file, a directory holding fleetstore.db, or
+    sqlite:///absolute/path; default $FLEETSTORE_URL, else DATA_DIR/fleetstore.db (PATH
+    as an argument still works, deprecated). A sharded store (sqlite+sharded:///DIR, or
+    DIR) is checked whole: its catalog, every shard file, the
     catalog's index against the files (missing, orphan and empty shards) and the
     catalog+shard writes left unfinished. Reports the journal mode, page
     size, sizes of the database/WAL/SHM files, freelist share, auto_vacuum, the SQLite
@@ -66,8 +60,11 @@ def doctor_command(path: str | None, as_json: bool, interval: float, quick_check
     is written: no byte of the files changes, no -wal/-shm is created, nothing is
     checkpointed. Processes of other users are visible only to root.
     """
+    from fleetstore.admin.doctor import diagnose
+    from fleetstore.admin.doctor.report import EXIT_PROBLEMS, format_report
+
     try:
-        report = diagnose(path, interval=interval, quick_check=quick_check)
+        report = diagnose(store, interval=interval, quick_check=quick_check)
     except errors.ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     except errors.NotFound as exc:
@@ -77,7 +74,7 @@ def doctor_command(path: str | None, as_json: bool, interval: float, quick_check
         click.echo(f"fleetstore doctor: {exc}", err=True)
         sys.exit(EXIT_PROBLEMS)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        emit_json(report.to_json())
     else:
         click.echo(format_report(report))
     sys.exit(report.exit_code)

@@ -4,24 +4,26 @@ short transactions (the facts are read by fleetstore.admin.stats)."""
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fleetstore import errors
-from fleetstore.admin.maintain.config import parse_age
-from fleetstore.admin.maintain.report import Step
-from fleetstore.admin.maintain.retention import delete_tree, message_counts
-from fleetstore.admin.maintain.writer import Writer
-from fleetstore.admin.stats import session_exists, session_facts
-from fleetstore.cli.util import ProgressBars, env
+from fleetstore.cli.util import LazyGroup, ProgressBars, cut_note, emit_json, env, json_option
 from fleetstore.cli.util import reading_store as _reading
 from fleetstore.cli.util import size as _size
-from fleetstore.cli.util import store_option as _store_option
+from fleetstore.cli.util import store_params as _store_params
 from fleetstore.cli.util import using_store as _opened
+
+if TYPE_CHECKING:
+    from fleetstore.engine.base import Tx
+
+#: Sessions read per transaction by ``sessions list`` (a short read each, so a long
+#: listing never holds one snapshot).
+PAGE = 1000
 
 
 def _when(t: float | None) -> str:
@@ -32,6 +34,8 @@ def _when(t: float | None) -> str:
 
 def _since(text: str | None) -> float | None:
     """An age (7d) back from now, or a date (2025-01-31, UTC) or ISO time."""
+    from fleetstore.admin.maintain.config import parse_age
+
     if text is None:
         return None
     try:
@@ -57,13 +61,18 @@ Exit codes:
 
 
 @click.group(
+    cls=LazyGroup,
+    lazy={
+        "archive-tree": "fleetstore.cli.reshard:archive_tree_command",
+        "restore-tree": "fleetstore.cli.reshard:restore_tree_command",
+    },
     epilog="""\b
 Exit codes (every subcommand):
   0  done
   1  the store failed (or stayed locked past the write budget); rm: a session was
      written to while being removed (left partly removed)
   2  bad usage, no store at --store (nothing is created), no such session, or rm
-     without --yes"""
+     without --yes""",
 )
 def sessions() -> None:
     """List, show and remove the sessions of a store."""
@@ -97,68 +106,98 @@ def sessions() -> None:
     type=click.IntRange(1, 1_000_000),
     default=50,
     show_default=True,
-    help="At most this many, most recently written first.",
+    help="At most this many, most recently written first (a cut list says so on stderr).",
     **env("sessions list", "limit"),
 )
 @click.option(
-    "--json", "as_json", is_flag=True, help="JSON lines on stdout.", **env("sessions list", "json")
+    "--all",
+    "every",
+    is_flag=True,
+    help=f"Every session, however many (read {PAGE} at a time); --limit is ignored.",
+    **env("sessions list", "all"),
 )
-@_store_option
+@json_option("sessions list", each="session")
+@_store_params()
 def sessions_list(
     project: str | None,
     since: str | None,
     roots: bool,
     archived: bool,
     limit: int,
+    every: bool,
     as_json: bool,
     store: str | None,
 ) -> None:
-    """Sessions, most recently written first: id, last write, messages, parent, title."""
-    params = {
+    """Sessions, most recently written first: id, last write, messages, title, parent.
+    A list cut at --limit says so on stderr; --all lists every session."""
+    from fleetstore.admin.maintain.retention import message_counts
+
+    params: dict[str, object] = {
         "project": project,
         "since": _since(since),
         "include_archived": archived,
         "roots": roots,
-        "limit": limit,
+        "after_updated": None,
+        "after_id": None,
     }
+    table: list[tuple[str, str, int, str]] = []
+    shown, more = 0, False
     with _reading("sessions list", store) as opened:
         q = opened.queries
-        rows = opened.read(lambda tx: tx.execute(q["mnt_sessions_list"], params))
-        if opened.router is not None:
-            # The catalog lists every session; their messages are in their shards.
-            counts = message_counts(opened, [str(r[0]) for r in rows])
-            rows = [(*r[:7], counts.get(str(r[0]), 0)) for r in rows]
-    for sid, parent, proj, title, status, created, updated, messages in rows:
-        if as_json:
-            record = {
-                "id": sid,
-                "parent_id": parent,
-                "project": proj,
-                "title": title,
-                "status": status,
-                "created_at": created,
-                "updated_at": updated,
-                "messages": messages,
-            }
-            click.echo(json.dumps(record, ensure_ascii=False))
-        else:
-            flags = (" (archived)" if status == "archived" else "") + (
-                f" sub of {parent}" if parent else ""
-            )
-            click.echo(f"{sid}  {_when(updated)}  {messages:>6} msgs  {title or ''}{flags}")
-    if not as_json:
-        click.echo(f"-- {len(rows)} session(s)", err=True)
+        while True:
+            want = PAGE if every else min(PAGE, limit - shown)
+            page = {**params, "limit": want + 1}
+
+            def read(tx: Tx, page: dict[str, object] = page) -> list[tuple[Any, ...]]:
+                return tx.execute(q["mnt_sessions_list"], page)
+
+            rows = opened.read(read)
+            more = len(rows) > want
+            rows = rows[:want]
+            if opened.router is not None:
+                # The catalog lists every session; their messages are in their shards.
+                counts = message_counts(opened, [str(r[0]) for r in rows])
+                rows = [(*r[:7], counts.get(str(r[0]), 0)) for r in rows]
+            for sid, parent, proj, title, status, created, updated, messages in rows:
+                if as_json:
+                    emit_json(
+                        {
+                            "id": sid,
+                            "parent_id": parent,
+                            "project": proj,
+                            "title": title,
+                            "status": status,
+                            "created_at": created,
+                            "updated_at": updated,
+                            "messages": messages,
+                        }
+                    )
+                else:
+                    flags = (" (archived)" if status == "archived" else "") + (
+                        f" sub of {parent}" if parent else ""
+                    )
+                    table.append((sid, _when(updated), messages, f"{title or ''}{flags}"))
+            shown += len(rows)
+            if not more or not rows or (not every and shown >= limit):
+                break
+            params["after_updated"], params["after_id"] = rows[-1][6], rows[-1][0]
+    if table:
+        from fleetstore.core.render import table as render
+
+        columns = ("ID", "LAST WRITE", "MESSAGES", "TITLE")
+        click.echo(render(columns, table, right={"MESSAGES"}, indent=0))
+    click.echo(cut_note(shown, "session(s)", more), err=True)
 
 
 @sessions.command(name="show", epilog=_EXIT)
 @click.argument("session_id")
-@click.option(
-    "--json", "as_json", is_flag=True, help="JSON on stdout.", **env("sessions show", "json")
-)
-@_store_option
+@json_option("sessions show")
+@_store_params()
 def sessions_show(session_id: str, as_json: bool, store: str | None) -> None:
     """One session: its row, messages per role and status, usage, subagents, state and
     bytes (inline, and blobs as stored and original)."""
+    from fleetstore.admin.stats import session_facts
+
     with _reading("sessions show", store) as opened:
         try:
             facts = session_facts(opened, session_id)
@@ -166,7 +205,7 @@ def sessions_show(session_id: str, as_json: bool, store: str | None) -> None:
             click.echo(f"fleetstore sessions show: {exc}", err=True)
             sys.exit(2)
     if as_json:
-        click.echo(json.dumps(facts.to_json(), ensure_ascii=False, indent=2))
+        emit_json(facts.to_json())
         return
     s = facts.session
     click.echo(f"{s.id}  {s.title or ''}")
@@ -214,11 +253,17 @@ Exit codes:
     help="Confirm: remove each SESSION with its subagents, messages and state.",
     **env("sessions rm", "yes"),
 )
-@_store_option
-def sessions_rm(session_ids: Sequence[str], yes: bool, store: str | None) -> None:
+@json_option("sessions rm", each="removed session")
+@_store_params()
+def sessions_rm(session_ids: Sequence[str], yes: bool, as_json: bool, store: str | None) -> None:
     """Remove sessions with their subagent sessions, messages, parts, usage and state,
     in short transactions (a long session is deleted a batch of messages at a time,
     so writers wait milliseconds). Blob files go at the next `fleetstore maintain`."""
+    from fleetstore.admin.maintain.report import Step
+    from fleetstore.admin.maintain.retention import delete_tree
+    from fleetstore.admin.maintain.writer import Writer
+    from fleetstore.admin.stats import session_exists
+
     if not yes:
         click.echo(
             f"fleetstore sessions rm: this removes {len(session_ids)} session(s) with their "
@@ -241,10 +286,20 @@ def sessions_rm(session_ids: Sequence[str], yes: bool, store: str | None) -> Non
         bars = ProgressBars()
         for i, sid in enumerate(session_ids, 1):
             result = delete_tree(writer, step, sid)
-            click.echo(
-                f"{sid}: removed {result.sessions} session(s), {result.messages} message(s), "
-                f"{result.states} state value(s)"
-            )
+            if as_json:
+                emit_json(
+                    {
+                        "id": sid,
+                        "sessions": result.sessions,
+                        "messages": result.messages,
+                        "states": result.states,
+                    }
+                )
+            else:
+                click.echo(
+                    f"{sid}: removed {result.sessions} session(s), {result.messages} "
+                    f"message(s), {result.states} state value(s)"
+                )
             bars("rm", i, len(session_ids))
         bars.close()
         click.echo(

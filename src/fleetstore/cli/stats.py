@@ -3,15 +3,12 @@ fleetstore.admin.stats.store_stats)."""
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from fleetstore.admin.stats import store_stats
-from fleetstore.cli.util import env
+from fleetstore.cli.util import emit_json, env, json_option
 from fleetstore.cli.util import reading_store as _opened
 from fleetstore.cli.util import size as _size
-from fleetstore.cli.util import store_option as _store_option
+from fleetstore.cli.util import store_params as _store_params
 
 
 @click.command(
@@ -30,22 +27,19 @@ Exit codes:
     help="How many of the largest sessions to show.",
     **env("stats", "top"),
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="JSON on stdout, with the bytes of every session.",
-    **env("stats", "json"),
-)
-@_store_option
+@json_option("stats")
+@_store_params()
 def stats_command(top: int, as_json: bool, store: str | None) -> None:
     """Where a store's bytes go: counts, bytes per session (inline plus the stored size
     of its blobs; a blob shared by forks counts in each), the largest sessions, and
-    the blobs' share of the store (database file plus blob files)."""
+    the blobs' share of the store (database file plus blob files). --json adds the
+    bytes of every session."""
+    from fleetstore.admin.stats import store_stats
+
     with _opened("stats", store) as opened:
         figures = store_stats(opened, top)
     if as_json:
-        click.echo(json.dumps(figures, ensure_ascii=False, indent=2))
+        emit_json(figures)
         return
     c, b = figures["counts"], figures["blobs"]
     click.echo(
@@ -67,13 +61,22 @@ def stats_command(top: int, as_json: bool, store: str | None) -> None:
         f"({_size(b['original_bytes'])} original): {b['share'] * 100:.1f}% of the store's bytes"
     )
     if figures["largest"]:
+        from fleetstore.core.render import table
+
         click.echo("  largest sessions:")
-        for r in figures["largest"]:
-            click.echo(
-                f"    {r['id']}  {_size(r['bytes']):>9}  ({_size(r['inline_bytes'])} inline, "
-                f"{r['blobs']} blobs {_size(r['blob_stored_bytes'])})  {r['messages']} msgs  "
-                f"{r['title'] or ''}"
+        rows = [
+            (
+                r["id"],
+                _size(r["bytes"]),
+                _size(r["inline_bytes"]),
+                f"{r['blobs']} ({_size(r['blob_stored_bytes'])})",
+                r["messages"],
+                r["title"] or "",
             )
+            for r in figures["largest"]
+        ]
+        columns = ("ID", "BYTES", "INLINE", "BLOBS", "MESSAGES", "TITLE")
+        click.echo(table(columns, rows, right={"BYTES", "INLINE", "MESSAGES"}, indent=4))
 
 
 __all__ = ["stats_command"]

@@ -34,7 +34,8 @@ def install_hint(extra: str) -> str:
 @contextmanager
 def requires(extra: str, what: str) -> Iterator[None]:
     """Imports inside the block are *extra*'s: a missing package of it raises
-    ``MissingDependency`` ("*what* needs PACKAGE: pip install 'fleetstore[EXTRA]'");
+    ``MissingDependency`` ("*what* needs the 'EXTRA' extra (PACKAGE is not installed):
+    pip install 'fleetstore[EXTRA]'");
     any other import error goes through unchanged."""
     hint = install_hint(extra)
     try:
@@ -44,7 +45,7 @@ def requires(extra: str, what: str) -> Iterator[None]:
         if isinstance(exc, MissingDependency) or missing.split(".")[0] not in EXTRAS[extra]:
             raise
         raise MissingDependency(
-            f"{what} needs {missing}, which is not installed: {hint}", missing
+            f"{what} needs the {extra!r} extra ({missing} is not installed): {hint}", missing
         ) from None
 
 

@@ -360,7 +360,9 @@ def run_cli(file: str, store: str | None, *, as_json: bool = False) -> int:
     """The body of ``fleetstore import --from langgraph-sqlite FILE`` (see ``run_import``)."""
     from fleetstore.integrations import run_import
 
-    return run_import(store, lambda opened: import_langgraph_sqlite(opened, file), summary_line, as_json=as_json)
+    return run_import(
+        store, lambda opened: import_langgraph_sqlite(opened, file), summary_line, as_json=as_json
+    )
 
 
 __all__ = ["LangGraphImportSummary", "import_langgraph_sqlite", "run_cli", "summary_line"]

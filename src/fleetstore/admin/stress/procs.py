@@ -450,7 +450,7 @@ class Fleet:
         run.started_at = time.monotonic() - self.start
         run.proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "fleetstore", "lock", self.cfg["url"]),
+                *(sys.executable, "-m", "fleetstore", "lock", "--store", self.cfg["url"]),
                 *("--hold", f"{run.spec.hold:g}", "--wait", f"{wait:.3f}"),
             ],
             stdout=subprocess.PIPE,
@@ -479,7 +479,7 @@ class Fleet:
 
     def launch_maintain(self) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetstore", "maintain", self.cfg["url"], "--json"],
+            [sys.executable, "-m", "fleetstore", "maintain", "--store", self.cfg["url"], "--json"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
