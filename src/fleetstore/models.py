@@ -7,9 +7,8 @@ store and in operations).  Times are seconds since the epoch (float).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from collections.abc import Iterable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from fleetstore.core.ids import new_id
