@@ -96,10 +96,17 @@ def table(
 
 
 def _terminal_width(stream: TextIO) -> int:
+    """The terminal's columns ($COLUMNS first); 100 when it does not say (a
+    pseudo-terminal made without a size reports 0)."""
+    import shutil
+
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"]) or 100
     try:
-        return os.get_terminal_size(stream.fileno()).columns
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        return 100
+        columns = 0
+    return columns or shutil.get_terminal_size((100, 30)).columns or 100
 
 
 class Bar:
@@ -139,6 +146,8 @@ class Bar:
             )
             self._progress.start()
         if label != self._label or self._task is None:
+            if self._task is not None:
+                self._progress.stop_task(self._task)  # its clock stops; it stays shown
             self._task = self._progress.add_task(
                 label, total=max(total, 1), completed=done, note=note
             )

@@ -333,7 +333,7 @@ class Fleet:
                             f"{self.cfg['target']} {c.role} {c.index} exited with code "
                             f"{c.proc.returncode} before it was ready: {tail(c.errfile)}"
                         )
-                if progress.due():
+                if progress.due() or not waiting:  # the last one ready: the bar full
                     ready = len(children) - waiting
                     progress.show(
                         f"{self.cfg['target']}: starting",
