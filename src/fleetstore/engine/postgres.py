@@ -54,7 +54,7 @@ from fleetstore.core.settings import Settings
 from fleetstore.core.targets import redact
 from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations
 
-with requires("postgres", "PostgreSQL stores"):
+with requires("postgres", "a PostgreSQL store"):
     import psycopg
     import psycopg_pool
 

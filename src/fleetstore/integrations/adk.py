@@ -64,7 +64,7 @@ from fleetstore.integrations import adopt_store, check_threads
 from fleetstore.store.aio import AsyncStore, _bridge
 from fleetstore.store.facade import Store
 
-with requires("adk", "fleetstore.integrations.adk"):
+with requires("adk", "fleetstore's ADK support"):
     from google.adk.errors import StaleSessionError
     from google.adk.errors.already_exists_error import AlreadyExistsError
     from google.adk.errors.session_not_found_error import SessionNotFoundError

@@ -61,7 +61,7 @@ from fleetstore.integrations import adopt_store, check_threads
 from fleetstore.store.aio import AsyncStore, _bridge
 from fleetstore.store.facade import Store
 
-with requires("langgraph", "fleetstore.integrations.langgraph"):
+with requires("langgraph", "fleetstore's LangGraph support"):
     from langchain_core.runnables import RunnableConfig
     from langgraph.checkpoint.base import (
         WRITES_IDX_MAP,

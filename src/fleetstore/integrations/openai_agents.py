@@ -65,7 +65,7 @@ from fleetstore.integrations import adopt_store
 from fleetstore.store.aio import AsyncStore, _bridge
 from fleetstore.store.facade import Store
 
-with requires("openai-agents", "fleetstore.integrations.openai_agents"):
+with requires("openai-agents", "fleetstore's OpenAI Agents SDK support"):
     from agents.items import TResponseInputItem
     from agents.memory.session import _CompactionSnapshot
     from agents.memory.session_settings import SessionSettings

@@ -29,7 +29,7 @@ from typing import Any
 from fleetstore.core.extras import requires
 from fleetstore.integrations.openai_agents import FleetstoreSession
 
-with requires("openai-agents", "fleetstore.integrations.openai_agents_encrypted"):
+with requires("openai-agents", "fleetstore's OpenAI Agents SDK support"):
     from agents.extensions.memory.encrypt_session import EncryptedSession as _SdkEncryptedSession
     from agents.extensions.memory.encrypt_session import _is_encrypted_envelope
     from agents.items import TResponseInputItem
