@@ -44,15 +44,14 @@ COMMANDS = {
 
 class Main(LazyGroup):
     """The root group: a missing optional dependency is one line naming its ``pip
-    install`` (exit 1), never a traceback; the group's ``--store`` is refused before
-    a command that does not take one (it names its stores as arguments)."""
+    install`` (exit 1), never a traceback (tests/cli/test_extras.py)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except MissingDependency as exc:
-            name = ctx.invoked_subcommand or ""
-            click.echo(f"fleetstore {name}: {exc}".replace("fleetstore :", "fleetstore:"), err=True)
+            command = " ".join(filter(None, ["fleetstore", ctx.invoked_subcommand]))
+            click.echo(f"{command}: {exc}", err=True)
             ctx.exit(1)
 
 
@@ -89,12 +88,14 @@ def main(ctx: click.Context, store: str | None) -> None:
     work on any SQLite file, fleetstore's or another program's; so do maintain's
     generic steps (with --yes, on a file in WAL mode).
     """
+    # The group's --store before a command that takes none (merge, migrate, reshard
+    # name their stores as arguments; stress has --url) would be silently ignored.
     name = ctx.invoked_subcommand
     if name and ctx.get_parameter_source("store") is ParameterSource.COMMANDLINE:
         command = ctx.command.get_command(ctx, name)  # type: ignore[attr-defined]
-        if not isinstance(command, click.Group) and "store" not in {p.name for p in command.params}:
+        takes = command is None or isinstance(command, click.Group)
+        if not takes and "store" not in {p.name for p in command.params}:
             raise click.UsageError(
-                f"fleetstore {name} does not take --store: it names its stores as "
-                "arguments (see its --help)",
+                f"fleetstore {name} does not take --store: its --help says how it names its stores",
                 ctx,
             )
