@@ -9,23 +9,31 @@ AGENTS   ?= 16
 DURATION ?= 25
 THINK_MS ?= 10
 
-.PHONY: venv demo test lint typecheck unit frameworks bench clean
+.PHONY: venv demo test lint typecheck unit frameworks bench clean readme
 
 venv: $(STAMP)
 
+# The development tools are a dependency group (pyproject.toml [dependency-groups]
+# dev, PEP 735), not a published extra: `--group` needs pip 25.1 or newer, which the
+# upgrade before it brings.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e . --group dev
 	touch $(STAMP)
 
 demo: venv
 	$(BIN)/fleetstore stress --compare --agents $(AGENTS) --duration $(DURATION) --think-ms $(THINK_MS) --external-lock 6.5@5 --report /tmp/fleetstore-stress-report.html
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks frameworks
-	$(BIN)/ruff format --check src tests benchmarks frameworks
+	$(BIN)/ruff check src tests benchmarks frameworks tools
+	$(BIN)/ruff format --check src tests benchmarks frameworks tools
 	$(BIN)/lint-imports
+	$(BIN)/python tools/pypi_readme.py --check
+
+# README.pypi.md (the package's long description) from README.md, links made absolute.
+readme: venv
+	$(BIN)/python tools/pypi_readme.py
 
 typecheck: venv
 	$(BIN)/mypy

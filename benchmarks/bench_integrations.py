@@ -21,8 +21,8 @@ and wait on a barrier (an flock the benchmark holds).  Measurement starts when e
 agent is ready.  Each agent runs turns for
 ``--run`` seconds, thinking an exponential time (mean ``--think``) before each; a share
 ``--large-share`` of turns carries a large output (``--large-bytes``).  At ``--lock-at``
-seconds the benchmark runs ``fleetstore lock PATH --hold 6.5`` against the cell's file
-(the framework's own file, or the fleetstore store): a process that does not use
+seconds the benchmark runs ``fleetstore lock --store PATH --hold 6.5`` against the cell's
+file (the framework's own file, or the fleetstore store): a process that does not use
 fleetstore holding ``BEGIN IMMEDIATE``, as a backup, a migration or a slow writer would.
 The stores of one (framework, N) run back to back.
 
@@ -189,7 +189,7 @@ def run_cell(fw: str, store: str, n: int, cfg: dict[str, Any], root: Path) -> di
         stat0_at = start
         sleep_until(start + cfg["lock_at"])
         lock = Lines(
-            [PY, "-m", "fleetstore", "lock", str(path), "--hold", str(cfg["hold"])],
+            [PY, "-m", "fleetstore", "lock", "--store", str(path), "--hold", str(cfg["hold"])],
             cell / "lock.stderr",
         )
         locked_at = lock.wait_prefix("locked", 60.0)

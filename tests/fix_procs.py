@@ -162,9 +162,11 @@ def spawn() -> Iterator[Spawn]:
 
 
 def start_lock(spawn: Spawn, path: str, hold: float, timeout: float = 30.0) -> tuple[Proc, float]:
-    """``fleetstore lock PATH --hold HOLD`` in its own process; returns it and the time its
+    """``fleetstore lock --store PATH --hold HOLD`` in its own process; returns it and the time its
     ``locked PATH pid=PID`` line arrived (the lock is held from at most that instant)."""
-    proc = spawn("lock", path, "--hold", str(hold), module="fleetstore", name="fleetstore lock")
+    proc = spawn(
+        "lock", "--store", path, "--hold", str(hold), module="fleetstore", name="fleetstore lock"
+    )
     at, line = proc.wait_line("locked", timeout=timeout)
     assert line == f"locked {path} pid={proc.pid}", line
     return proc, at

@@ -23,6 +23,16 @@ class ConfigError(FleetstoreError, ValueError):
     """A setting has a value fleetstore cannot use."""
 
 
+class MissingDependency(ConfigError, ModuleNotFoundError):
+    """An optional dependency (an extra) is not installed; the message names the
+    ``pip install`` that adds it.  Also a ``ModuleNotFoundError``, so code that
+    falls back when an import fails keeps working."""
+
+    def __init__(self, message: str | None = None, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+
+
 class TransientError(FleetstoreError):
     """The operation failed for a reason that may pass; retrying later can succeed."""
 
@@ -276,6 +286,7 @@ __all__ = [
     "LeaseLost",
     "LockHolder",
     "MigrationError",
+    "MissingDependency",
     "NotAStore",
     "NotFound",
     "PayloadTooLarge",

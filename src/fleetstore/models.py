@@ -7,9 +7,9 @@ store and in operations).  Times are seconds since the epoch (float).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from fleetstore.core.ids import new_id
 
@@ -245,6 +245,36 @@ class Effect:
     finished_at: float | None = None
 
 
+T = TypeVar("T")
+C = TypeVar("C")
+
+
+class Page(list[T], Generic[T, C]):
+    """One page of a listing (``store.sessions.list``, ``store.effects.list``): a
+    ``list`` of at most ``limit`` items that also says whether it was cut there.
+
+    ``more`` is True when there are more items after the last one (it was cut at
+    ``limit``: a program reported 100 effects of 481 before it said so, issue 28);
+    ``next_cursor`` is then what the same call takes to list them (``before=`` of
+    ``sessions.list``: the last session's id; ``after=`` of ``effects.list``: the last
+    effect), and None when ``more`` is False.  It is a list, so code that used the
+    plain list these calls returned keeps working.
+    """
+
+    more: bool
+    next_cursor: C | None
+
+    def __init__(
+        self, items: Iterable[T] = (), *, more: bool = False, next_cursor: C | None = None
+    ) -> None:
+        super().__init__(items)
+        self.more = more
+        self.next_cursor = next_cursor if more else None
+
+    def __repr__(self) -> str:
+        return f"Page({list.__repr__(self)}, more={self.more!r})"
+
+
 __all__ = [
     "FINAL_EFFECT_STATES",
     "PART_KINDS",
@@ -258,6 +288,7 @@ __all__ = [
     "Message",
     "MessageStatus",
     "NewEffect",
+    "Page",
     "Part",
     "Reasoning",
     "Session",

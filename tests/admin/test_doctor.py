@@ -409,7 +409,7 @@ def test_spool_journal_of_a_dead_process_suggests_recover(tmp_path: Path) -> Non
     assert snapshot(tmp_path) == before  # doctor reports; recover replays
     stale = finding(report, "spool-stale")
     assert "3 acknowledged write(s)" in stale["message"]
-    assert stale["fix"] == f"fleetstore recover {db}"
+    assert stale["fix"] == f"fleetstore recover --store {db}"
     [entry] = report["fleetstore"]["spool"]["journals"]
     assert entry["pid"] == dead_pid and entry["operations"] == 3 and entry["live"] is False
     assert rc == doctor.EXIT_WARNINGS

@@ -60,7 +60,11 @@ def commands() -> Iterator[tuple[str, click.Command]]:
     def walk(name: str, cmd: click.Command) -> Iterator[tuple[str, click.Command]]:
         yield name, cmd
         if isinstance(cmd, click.Group):
-            for sub_name, sub in sorted(cmd.commands.items()):
+            # The groups load their commands lazily: list and get them as click does.
+            ctx = click.Context(cmd)
+            for sub_name in sorted(cmd.list_commands(ctx)):
+                sub = cmd.get_command(ctx, sub_name)
+                assert sub is not None, f"{name} lists {sub_name} but cannot load it"
                 yield from walk(f"{name} {sub_name}", sub)
 
     return walk("fleetstore", main)
@@ -127,7 +131,7 @@ def db_path(tmp_path: Path) -> Path:
 def lock_proc(db_path: Path) -> Iterator[subprocess.Popen[str]]:
     """`fleetstore lock` holding db_path for a long time; killed at the end whatever happens."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetstore", "lock", str(db_path), "--hold", "60"],
+        [sys.executable, "-m", "fleetstore", "lock", "--store", str(db_path), "--hold", "60"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -197,7 +201,7 @@ def test_env_vars_are_read() -> None:
 
 def test_lock_on_a_missing_file_exits_2_and_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "absent.db"
-    done = run_cli("lock", str(missing), "--hold", "1")
+    done = run_cli("lock", "--store", str(missing), "--hold", "1")
     assert done.returncode == 2
     assert str(missing) in done.stderr and "never creates" in done.stderr
     assert done.stdout == ""
@@ -207,7 +211,7 @@ def test_lock_on_a_missing_file_exits_2_and_creates_nothing(tmp_path: Path) -> N
 def test_lock_on_a_file_that_is_not_a_database_exits_1(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_text("not a database, just text " * 100)
-    done = run_cli("lock", str(junk), "--hold", "1")
+    done = run_cli("lock", "--store", str(junk), "--hold", "1")
     assert done.returncode == 1
     assert "not a database" in done.stderr
 
@@ -216,7 +220,7 @@ def test_lock_on_a_file_that_is_not_a_database_exits_1(tmp_path: Path) -> None:
 def test_lock_holds_the_write_lock_until_it_says_released(db_path: Path) -> None:
     assert probe(db_path) == "ok"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetstore", "lock", str(db_path), "--hold", "1.5"],
+        [sys.executable, "-m", "fleetstore", "lock", "--store", str(db_path), "--hold", "1.5"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -256,7 +260,7 @@ def test_lock_not_taken_within_wait_exits_3_naming_the_holder(
 ) -> None:
     assert readline(lock_proc).startswith("locked ")
     started = time.monotonic()
-    done = run_cli("lock", str(db_path), "--hold", "1", "--wait", "0.3")
+    done = run_cli("lock", "--store", str(db_path), "--hold", "1", "--wait", "0.3")
     assert done.returncode == 3
     assert time.monotonic() - started < 10
     assert done.stdout == ""
@@ -270,7 +274,17 @@ def test_lock_waits_for_an_outside_holder_then_takes_the_lock(
 ) -> None:
     assert readline(lock_proc).startswith("locked ")
     second = subprocess.Popen(
-        [sys.executable, "-m", "fleetstore", "lock", str(db_path), "--hold", "0", "--exclusive"],
+        [
+            sys.executable,
+            "-m",
+            "fleetstore",
+            "lock",
+            "--store",
+            str(db_path),
+            "--hold",
+            "0",
+            "--exclusive",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

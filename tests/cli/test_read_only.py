@@ -73,7 +73,10 @@ def leaf_commands() -> list[str]:
 
     def walk(prefix: str, cmd: click.Command) -> None:
         if isinstance(cmd, click.Group):
-            for name, sub in cmd.commands.items():
+            ctx = click.Context(cmd)  # the groups load their commands lazily
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                assert sub is not None
                 walk(f"{prefix} {name}".strip(), sub)
         else:
             found.append(prefix)

@@ -174,7 +174,11 @@ def test_tree_places_each_subagent_where_it_was_spawned(conversation: dict[str, 
     ]
     assert order == sorted(order), out
 
-    data = json.loads(show(conversation["path"], conversation["id"], "--tree", "--json").stdout)
+    tree_json = show(conversation["path"], conversation["id"], "--tree", "--json").stdout
+    # One object on one line, as every --json object (docs/cli.md "JSON output"), a
+    # tree's and a message's newlines included.
+    assert len(tree_json.splitlines()) == 1
+    data = json.loads(tree_json)
     [sub] = data["subagents"]
     assert sub["session"]["id"] == conversation["sub"] and sub["after_seq"] == 4
     assert [m["parts"][0]["text"] for m in sub["messages"]] == [

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import re
 import signal
 import textwrap
 import time
@@ -337,6 +338,39 @@ def test_every_sync_method_has_an_async_counterpart_with_the_same_parameters(
     for sync_name, async_name in (("__enter__", "__aenter__"), ("__exit__", "__aexit__")):
         if hasattr(sync_cls, sync_name):
             assert inspect.iscoroutinefunction(getattr(async_cls, async_name))
+
+
+#: What a sync method returns -> what its async twin returns instead.
+ASYNC_VALUES = {
+    "Stream": "AsyncStream",
+    "ToolCallHandle": "AsyncToolCallHandle",
+    "Claim": "AsyncClaim",
+    # Messages.iterate yields messages; its twin is an async iterator (async for).
+    "Iterator": "AsyncIterator",
+}
+
+
+@pytest.mark.parametrize(("sync_cls", "async_cls"), MIRRORS, ids=lambda c: c.__name__)
+def test_every_async_counterpart_returns_what_the_sync_method_returns(
+    sync_cls: type, async_cls: type
+) -> None:
+    """The annotations, read as written: ``Page[Session, str]`` from both
+    ``Sessions.list`` and ``AsyncSessions.list`` (issue 28), an ``AsyncStream`` where
+    the sync method gives a ``Stream``."""
+
+    def spelled(annotation: object) -> str:
+        text = str(annotation).replace("builtins.", "")
+        for sync_name, async_name in ASYNC_VALUES.items():
+            text = re.sub(rf"\b{sync_name}\b", async_name, text)
+        return text
+
+    for name, member in public_members(sync_cls).items():
+        mirror = inspect.getattr_static(async_cls, name, None)
+        if not (inspect.isfunction(member) and inspect.isfunction(mirror)):
+            continue
+        sync_returns = spelled(inspect.signature(member).return_annotation)
+        async_returns = spelled(inspect.signature(mirror).return_annotation)
+        assert async_returns == sync_returns, f"{async_cls.__name__}.{name} returns otherwise"
 
 
 def test_open_async_takes_the_parameters_of_open_plus_threads() -> None:

@@ -208,7 +208,7 @@ def test_lock_cli_holds_the_catalog_and_every_shard(tmp_path: Path) -> None:
         s = store.sessions.create("s")
         store.messages.append(s.id, "user", "x")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetstore", "lock", store.url, "--hold", "30"],
+            [sys.executable, "-m", "fleetstore", "lock", "--store", store.url, "--hold", "30"],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -412,7 +412,7 @@ def test_a_write_refused_by_a_busy_shard_is_not_finished_later(tmp_path: Path) -
         shard = store.router.shards.path_of(shard_key(s.id))
         before = _catalog_counts(store)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetstore", "lock", str(shard), "--hold", "30"],
+            [sys.executable, "-m", "fleetstore", "lock", "--store", str(shard), "--hold", "30"],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -1,6 +1,6 @@
 """Hold a database's write lock the way a process that does not use fleetstore would.
 
-``fleetstore lock PATH --hold SECONDS`` opens PATH with raw apsw (never through
+``fleetstore lock --store PATH --hold SECONDS`` opens PATH with raw apsw (never through
 fleetstore's writer gate), runs ``BEGIN IMMEDIATE`` (or ``BEGIN EXCLUSIVE``),
 prints ``locked PATH pid=PID``, holds the lock, rolls back and prints
 ``released PATH after X.XXs``.  SIGTERM and SIGINT release the lock early.
@@ -12,6 +12,7 @@ knows the SQLite driver.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import signal
@@ -75,8 +76,12 @@ def hold_lock(
     wait: float = 30.0,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    as_json: bool = False,
 ) -> int:
     """Take and hold the SQLite write lock on *path*; return the process exit code.
+    It says ``locked PATH pid=PID`` once the lock is taken and ``released PATH after
+    X.XXs`` (*as_json*: ``{"event": "locked", "path", "pid"}`` and ``{"event":
+    "released", "path", "held_s"}``, one JSON line each).
 
     0: the lock was taken, held for *hold* seconds (or until SIGTERM/SIGINT) and
     released; 1: SQLite error (not a database, I/O error...); 2: *path* is not an
@@ -106,7 +111,12 @@ def hold_lock(
         try:
             with _lock(path, server, exclusive, wait, stop):
                 locked_at = time.monotonic()
-                _say(out, f"locked {shown} pid={os.getpid()}")
+                _say(
+                    out,
+                    json.dumps({"event": "locked", "path": shown, "pid": os.getpid()})
+                    if as_json
+                    else f"locked {shown} pid={os.getpid()}",
+                )
                 until = locked_at + hold if math.isfinite(hold) else math.inf
                 while not stop.requested:
                     remaining = until - time.monotonic()
@@ -127,7 +137,13 @@ def hold_lock(
         except FleetstoreError as exc:
             print(f"fleetstore lock: {type(exc).__name__}: {exc}", file=err, flush=True)
             return EXIT_ERROR
-    _say(out, f"released {shown} after {time.monotonic() - locked_at:.2f}s")
+    held = time.monotonic() - locked_at
+    _say(
+        out,
+        json.dumps({"event": "released", "path": shown, "held_s": round(held, 3)})
+        if as_json
+        else f"released {shown} after {held:.2f}s",
+    )
     return EXIT_OK
 
 

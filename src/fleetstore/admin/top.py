@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fleetstore.core.metrics import Histogram
+from fleetstore.core.render import console, is_terminal, table, use_color
 from fleetstore.core.targets import CATALOG, sharded_root
 from fleetstore.core.units import size as _size
 from fleetstore.engine import inspect
@@ -362,8 +363,12 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def render(f: Frame, width: int | None = None, height: int | None = None) -> list[str]:
-    """The frame as screen lines (no colour: it must read in any terminal and in logs)."""
+def render(
+    f: Frame, width: int | None = None, height: int | None = None, styled: bool = False
+) -> list[str]:
+    """The frame as screen lines, at most *width* characters (unstyled: they read in
+    any terminal and in logs) and *height* lines; *styled* (a terminal that takes
+    colour): the table's header bold, lines not cut (the live screen crops them)."""
     width = width or shutil.get_terminal_size((100, 30)).columns
     lines = [
         f"fleetstore top  {f.path}  {time.strftime('%H:%M:%S', time.localtime(f.at))}",
@@ -396,23 +401,36 @@ def render(f: Frame, width: int | None = None, height: int | None = None) -> lis
     elif f.outbox_error:
         lines.append(f"outbox     unavailable: {f.outbox_error}")
     lines.append("")
-    header = (
-        f"{'PID':>7} {'OPS/S':>7} {'COMMITS/S':>9} {'BATCH':>6} {'WAIT P99':>10} "
-        f"{'COMMITS':>9} {'RETRIES':>8} {'BUSY':>5} {'SPOOL':>6}  COMMAND"
-    )
-    lines.append(header)
-    for r in f.rows:
-        lines.append(
-            f"{r.pid:>7} {_rate(r.ops_per_s):>7} {_rate(r.writes_per_s):>9} "
-            f"{_batch(r.batch_mean):>6} {_ms(r.wait_p99):>10} {r.writes:>9,} "
-            f"{r.retries:>8,} {r.busy:>5,} {r.spool_pending:>6,}  {r.command}"
+    columns = ("PID", "OPS/S", "COMMITS/S", "BATCH", "WAIT P99", "COMMITS", "RETRIES", "BUSY")
+    rows = [
+        (
+            r.pid,
+            _rate(r.ops_per_s),
+            _rate(r.writes_per_s),
+            _batch(r.batch_mean),
+            _ms(r.wait_p99),
+            f"{r.writes:,}",
+            f"{r.retries:,}",
+            f"{r.busy:,}",
+            f"{r.spool_pending:,}",
+            r.command,
         )
+        for r in f.rows
+    ]
+    lines += table(
+        (*columns, "SPOOL", "COMMAND"),
+        rows,
+        right={*columns, "SPOOL"},
+        indent=0,
+        styled=styled,
+        width=width,
+    ).splitlines()
     if not f.rows:
         lines.append("        (no process is publishing figures for this store)")
     if f.interval is None:
         lines.append("")
         lines.append("rates appear from the second frame on")
-    clipped = [line[:width] for line in lines]
+    clipped = lines if styled else [line[:width] for line in lines]
     if height is not None and len(clipped) > height:
         clipped = [*clipped[: height - 1], f"... {len(lines) - height + 1} more"]
     return clipped
@@ -460,15 +478,15 @@ def run(
 ) -> None:
     """Show frames on *out*: redrawn in place on a terminal (``q`` quits), one
     after another otherwise; ``as_json`` prints one JSON object per frame."""
-    live = out.isatty() and not as_json
+    live = is_terminal(out) and not as_json
     old = sample(path, outbox)
     shown = 0
-    with _Keys() as keys:
+    with _Keys() as keys, _Screen(out, live) as screen:
         if count is not None and count > 0 and not live:
             # Rates need two samples: a frame printed once is the second.
             time.sleep(interval)
         else:
-            _show(frame(path, old, None), out, live, as_json)
+            screen.show(frame(path, old, None), as_json)
             shown += 1
         while count is None or shown < count:
             if live:
@@ -478,21 +496,46 @@ def run(
             elif shown:
                 time.sleep(interval)
             new = sample(path, outbox, old)
-            _show(frame(path, new, old), out, live, as_json)
+            screen.show(frame(path, new, old), as_json)
             old = new
             shown += 1
 
 
-def _show(f: Frame, out: TextIO, live: bool, as_json: bool) -> None:
-    if as_json:
-        out.write(json.dumps(f.to_json()) + "\n")
-    elif live:
-        size = shutil.get_terminal_size((100, 30))
-        body = render(f, size.columns, size.lines - 1)
-        out.write("\x1b[H\x1b[2J" + "\n".join(body) + "\n(q quits)")
-    else:
-        out.write("\n".join(render(f, 200)) + "\n\n")
-    out.flush()
+class _Screen:
+    """Where frames go: on a terminal a rich ``Live`` screen (the alternate screen,
+    redrawn in place, the terminal as it was after ``q``); elsewhere frame after
+    frame (``--json``: one JSON object per line)."""
+
+    def __init__(self, out: TextIO, live: bool) -> None:
+        self.out = out
+        self.live: Any = None
+        if live:
+            from rich.live import Live
+
+            self.live = Live(console=console(out), screen=True, auto_refresh=False)
+
+    def __enter__(self) -> _Screen:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def show(self, f: Frame, as_json: bool) -> None:
+        if as_json:
+            self.out.write(json.dumps(f.to_json()) + "\n")
+        elif self.live is not None:
+            from rich.text import Text
+
+            size = shutil.get_terminal_size((100, 30))
+            body = render(f, size.columns, size.lines - 1, styled=use_color(self.out))
+            text = Text.from_ansi("\n".join([*body, "(q quits)"]), no_wrap=True, overflow="crop")
+            self.live.update(text, refresh=True)
+        else:
+            self.out.write("\n".join(render(f, 200)) + "\n\n")
+        self.out.flush()
 
 
 __all__ = ["Frame", "Reader", "Sample", "frame", "layout", "render", "run", "sample", "shard_files"]

@@ -32,11 +32,9 @@ from typing import Any, TextIO
 import fleetstore
 from fleetstore import errors
 from fleetstore.admin.stats import known_as, known_name
+from fleetstore.core.transcripts import DEFAULT_WIDTH, FORMATS
 from fleetstore.models import File, Message, Part, Reasoning, Session, Text, ToolCall, ToolResult
 
-FORMATS = ("text", "markdown", "json")
-#: Characters of a tool call's arguments or a tool's output shown in text and Markdown.
-DEFAULT_WIDTH = 500
 #: Version of the JSON transcript; raised when a field changes meaning or goes away.
 TRANSCRIPT_VERSION = 1
 
@@ -361,9 +359,10 @@ class _Markdown(_Renderer):
 
 
 class _Json(_Renderer):
-    """One JSON object, written as it is read: the session, its usage, ``messages``
-    (one a line), then ``subagents``, each a transcript of the same shape with
-    ``after_seq``, the parent's message it follows (None: before the first)."""
+    """One JSON object on one line (the shape of every ``--json`` object: docs/cli.md),
+    written as it is read: the session, its usage, ``messages``, then ``subagents``,
+    each a transcript of the same shape with ``after_seq``, the parent's message it
+    follows (None: before the first)."""
 
     inline_subagents = False
 
@@ -378,7 +377,7 @@ class _Json(_Renderer):
         out = self.out
         if depth:
             parent = self._firsts[-1]
-            out.write("\n  [" if parent[1] else ",\n")
+            out.write("[" if parent[1] else ",")
             parent[1] = False
         head: dict[str, Any] = {}
         if depth:
@@ -393,7 +392,8 @@ class _Json(_Renderer):
 
     def message(self, m: Message, depth: int) -> None:
         first = self._firsts[-1]
-        self.out.write("\n" if first[0] else ",\n")
+        if not first[0]:
+            self.out.write(",")
         first[0] = False
         self.out.write(json.dumps(self._message(m), ensure_ascii=False))
 
@@ -443,12 +443,11 @@ class _Json(_Renderer):
         return record
 
     def end_messages(self, depth: int) -> None:
-        self.out.write("\n]" if not self._firsts[-1][0] else "]")
-        self.out.write(', "subagents": ')
+        self.out.write('], "subagents": ')
 
     def end(self, session: Session, depth: int) -> None:
         first = self._firsts.pop()
-        self.out.write("[]}" if first[1] else "\n  ]}")
+        self.out.write("[]}" if first[1] else "]}")
 
     def close(self) -> None:
         self.out.write("\n")

@@ -3,15 +3,20 @@ fleetstore.admin.backup)."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from fleetstore import errors
-from fleetstore.cli.util import ProgressBars, env, existing_store
+from fleetstore.cli.util import (
+    ProgressBars,
+    emit_json,
+    env,
+    existing_store,
+    json_option,
+    store_params,
+)
 from fleetstore.cli.util import size as _size
-from fleetstore.cli.util import store_option as _store_option
 
 
 @click.command(
@@ -25,14 +30,8 @@ Exit codes:
      store (back it up with pg_dump: docs/backup.md)""",
 )
 @click.argument("dest", type=click.Path(path_type=str))
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="Print what was copied as JSON.",
-    **env("backup", "json"),
-)
-@_store_option
+@json_option("backup")
+@store_params()
 def backup_command(dest: str, as_json: bool, store: str | None) -> None:
     """Back up a SQLite store (a file or a sharded directory) into the new directory
     DEST while its fleet writes: every database file as of one commit (SQLite's online
@@ -56,7 +55,7 @@ def backup_command(dest: str, as_json: bool, store: str | None) -> None:
         sys.exit(1)
     bars.close()
     if as_json:
-        click.echo(json.dumps(copied.to_json()))
+        emit_json(copied.to_json())
         return
     waited = (
         f"; waited {copied.waited_for_collection:.1f}s for a blob collection"
@@ -88,22 +87,11 @@ Exit codes:
     help="Check the backup (its files' hashes, integrity_check, every blob) and restore nothing.",
     **env("restore", "verify-only"),
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="Print what was restored (or checked) as JSON.",
-    **env("restore", "json"),
-)
-@click.option(
-    "--store",
-    metavar="PATH",
-    default=None,
-    envvar="FLEETSTORE_URL",
-    show_envvar=True,
+@json_option("restore")
+@store_params(
     help="The store to create from the backup: a file path (or sqlite:///path), or "
     "sqlite+sharded:///DIR for a backup of a sharded store. Nothing may be there yet. "
-    "Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db.",
+    "Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db."
 )
 def restore_command(backup_dir: str, verify_only: bool, as_json: bool, store: str | None) -> None:
     """Restore a store from a backup made by `fleetstore backup`: the backup is
@@ -129,7 +117,7 @@ def restore_command(backup_dir: str, verify_only: bool, as_json: bool, store: st
         sys.exit(1)
     bars.close()
     if as_json:
-        click.echo(json.dumps(copied.to_json()))
+        emit_json(copied.to_json())
         return
     what = "checks out" if verify_only else f"restored to {copied.path}, verified"
     click.echo(

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
 import fleetstore
 from fleetstore.cli.util import check_target as _check_target
+from fleetstore.cli.util import cut_note, emit_json, json_option
 from fleetstore.cli.util import effect_json as _effect_json
 from fleetstore.cli.util import env as _env
 from fleetstore.cli.util import open_existing as _open_existing
 from fleetstore.cli.util import reading_store as _reading
-from fleetstore.cli.util import store_option as _store_option
+from fleetstore.cli.util import store_params as _store_params
 from fleetstore.errors import FleetstoreError
+from fleetstore.models import EffectState
 
 
 def _when(t: float | None) -> str:
@@ -28,18 +28,10 @@ def _when(t: float | None) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-_EFFECT_STATES = [s.value for s in fleetstore.EffectState]
+_EFFECT_STATES = [s.value for s in EffectState]
 
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _json_flag(command: str) -> Callable[[F], F]:
-    option: Callable[[F], F] = click.option(
-        "--json", "as_json", is_flag=True, help="JSON on stdout.", **_env(command, "json")
-    )
-    return option
-
+#: Effects read per transaction by ``effects list --all``.
+PAGE = 1000
 
 _EFFECTS_EXIT = """\b
 Exit codes:
@@ -82,54 +74,86 @@ def effects() -> None:
     type=click.IntRange(1, 100_000),
     default=100,
     show_default=True,
-    help="At most this many.",
+    help="At most this many (a cut list says so on stderr).",
     **_env("effects list", "limit"),
 )
-@_json_flag("effects list")
-@_store_option
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help=f"Every effect, however many (read {PAGE} at a time); --limit is ignored.",
+    **_env("effects list", "all"),
+)
+@json_option("effects list", each="effect")
+@_store_params()
 def effects_list(
     thread_key: str | None,
     state: str | None,
     kind: str | None,
     limit: int,
+    every: bool,
     as_json: bool,
     store: str | None,
 ) -> None:
-    """Effects by thread and sequence (JSON: one object per line), with a count
-    per state on stderr."""
+    """Effects by thread and sequence, with a count per state on stderr. A list cut at
+    --limit says so on stderr; --all lists every effect."""
+    rows: list[tuple[str, ...]] = []
+    shown, more, after = 0, False, None
     with _reading("effects list", store) as opened:
         try:
-            found = opened.effects.list(thread_key=thread_key, state=state, kind=kind, limit=limit)
+            while True:
+                want = PAGE if every else min(PAGE, limit - shown)
+                page = opened.effects.list(
+                    thread_key=thread_key, state=state, kind=kind, limit=want, after=after
+                )
+                for e in page:
+                    if as_json:
+                        emit_json(_effect_json(e))
+                    else:
+                        rows.append(_row(e))
+                shown += len(page)
+                more, after = page.more, page.next_cursor
+                if not more or (not every and shown >= limit):
+                    break
             counts = opened.effects.counts()
         except FleetstoreError as exc:
             click.echo(f"fleetstore effects list: {exc}", err=True)
             sys.exit(1)
-    if as_json:
-        for effect in found:
-            click.echo(json.dumps(_effect_json(effect), ensure_ascii=False))
-        return
-    for e in found:
-        note = e.dead_reason or e.last_error or ""
-        if e.state == "running":
-            note = f"{e.lease_owner} until {_when(e.lease_expires_at)}"
-        click.echo(
-            f"{e.id}  {e.thread_key}#{e.seq}  {e.kind:<20} {e.state.value:<9} "
-            f"attempt {e.attempt}/{e.max_attempts}  {note[:80]}"
-        )
+    if rows:
+        from fleetstore.core.render import table
+
+        columns = ("ID", "THREAD#SEQ", "KIND", "STATE", "ATTEMPT", "NOTE")
+        click.echo(table(columns, rows, indent=0))
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    click.echo(f"-- {len(found)} shown; in the store: {summary or 'no effects'}", err=True)
+    click.echo(
+        cut_note(shown, "effect(s)", more, f"in the store: {summary or 'no effects'}"), err=True
+    )
+
+
+def _row(e: fleetstore.Effect) -> tuple[str, ...]:
+    note = e.dead_reason or e.last_error or ""
+    if e.state == "running":
+        note = f"{e.lease_owner} until {_when(e.lease_expires_at)}"
+    return (
+        e.id,
+        f"{e.thread_key}#{e.seq}",
+        e.kind,
+        e.state.value,
+        f"{e.attempt}/{e.max_attempts}",
+        note[:80],
+    )
 
 
 @effects.command(name="show", epilog=_EFFECTS_EXIT)
 @click.argument("effect_id")
-@_json_flag("effects show")
-@_store_option
+@json_option("effects show")
+@_store_params()
 def effects_show(effect_id: str, as_json: bool, store: str | None) -> None:
     """One effect with its payload, result and every failed attempt."""
     with _reading("effects show", store) as opened:
         effect = _get_effect(opened, "show", effect_id)
     if as_json:
-        click.echo(json.dumps(_effect_json(effect), ensure_ascii=False, indent=2))
+        emit_json(_effect_json(effect))
         return
     times = {"available_at", "lease_expires_at", "created_at", "updated_at", "started_at"}
     for name, value in _effect_json(effect).items():
@@ -158,23 +182,25 @@ def _get_effect(opened: fleetstore.Store, command: str, effect_id: str) -> fleet
 
 @effects.command(name="retry", epilog=_EFFECTS_EXIT)
 @click.argument("effect_id")
-@_store_option
-def effects_retry(effect_id: str, store: str | None) -> None:
+@json_option("effects retry")
+@_store_params()
+def effects_retry(effect_id: str, as_json: bool, store: str | None) -> None:
     """Run a dead or cancelled effect again (at the end of its thread, with fresh
     attempts), or a pending one now."""
-    _steer("retry", effect_id, store)
+    _steer("retry", effect_id, store, as_json)
 
 
 @effects.command(name="cancel", epilog=_EFFECTS_EXIT)
 @click.argument("effect_id")
-@_store_option
-def effects_cancel(effect_id: str, store: str | None) -> None:
+@json_option("effects cancel")
+@_store_params()
+def effects_cancel(effect_id: str, as_json: bool, store: str | None) -> None:
     """Cancel a pending or running effect (a worker running it is told at its next
     heartbeat); its thread moves on to its next effect."""
-    _steer("cancel", effect_id, store)
+    _steer("cancel", effect_id, store, as_json)
 
 
-def _steer(command: str, effect_id: str, store: str | None) -> None:
+def _steer(command: str, effect_id: str, store: str | None, as_json: bool) -> None:
     with _open_existing(f"effects {command}", store) as opened:
         _get_effect(opened, command, effect_id)
         try:
@@ -182,12 +208,15 @@ def _steer(command: str, effect_id: str, store: str | None) -> None:
         except FleetstoreError as exc:
             click.echo(f"fleetstore effects {command}: {exc}", err=True)
             sys.exit(1)
-    click.echo(f"{effect.id}: {effect.state.value} ({effect.thread_key}#{effect.seq})")
+    if as_json:
+        emit_json(_effect_json(effect))
+    else:
+        click.echo(f"{effect.id}: {effect.state.value} ({effect.thread_key}#{effect.seq})")
 
 
 @effects.command(name="sweep", epilog=_EFFECTS_EXIT)
-@_json_flag("effects sweep")
-@_store_option
+@json_option("effects sweep", each="swept effect (id, state)")
+@_store_params()
 def effects_sweep(as_json: bool, store: str | None) -> None:
     """Take effects whose lease expired from their lost workers: back to pending
     (replay-safe, attempts left) or to dead, with the reason. Workers also do this
@@ -199,7 +228,8 @@ def effects_sweep(as_json: bool, store: str | None) -> None:
             click.echo(f"fleetstore effects sweep: {exc}", err=True)
             sys.exit(1)
     if as_json:
-        click.echo(json.dumps([{"id": s.id, "state": s.state.value} for s in swept]))
+        for s in swept:
+            emit_json({"id": s.id, "state": s.state.value})
         return
     for s in swept:
         click.echo(f"{s.id}: {s.state.value}")
@@ -244,7 +274,8 @@ Exit codes:
     help="May it run again after its worker was lost? Default: as its kind is declared.",
     **_env("effects enqueue", "replay-safe"),
 )
-@_store_option
+@json_option("effects enqueue")
+@_store_params()
 def effects_enqueue(
     thread_key: str,
     kind: str,
@@ -253,9 +284,11 @@ def effects_enqueue(
     delay: float,
     max_attempts: int,
     replay_safe: bool | None,
+    as_json: bool,
     store: str | None,
 ) -> None:
-    """Add an effect of KIND at the end of THREAD_KEY; PAYLOAD is JSON. Prints its id.
+    """Add an effect of KIND at the end of THREAD_KEY; PAYLOAD is JSON. Prints its id
+    (--json: the effect).
     The store is created if missing (a file that is not a fleetstore store is
     refused, unchanged)."""
     try:
@@ -274,6 +307,7 @@ def effects_enqueue(
                 max_attempts=max_attempts,
                 replay_safe=replay_safe,
             )
+            effect = opened.effects.get(effect_id) if as_json else None
     except fleetstore.AlreadyExists as exc:
         click.echo(f"fleetstore effects enqueue: {exc}", err=True)
         sys.exit(1)
@@ -282,4 +316,7 @@ def effects_enqueue(
     except (FleetstoreError, OSError) as exc:
         click.echo(f"fleetstore effects enqueue: {exc}", err=True)
         sys.exit(1)
-    click.echo(effect_id)
+    if effect is not None:
+        emit_json(_effect_json(effect))
+    else:
+        click.echo(effect_id)

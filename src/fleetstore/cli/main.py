@@ -1,70 +1,103 @@
 """The ``fleetstore`` command: the ``main`` group, ``--version``, and every command
-registered on it.  Each command group is a module of fleetstore.cli of its own.
+registered on it.  Each command group is a module of fleetstore.cli of its own,
+imported when the command is used (``COMMANDS``).
 
 Every option can also be set by the ``FLEETSTORE_*`` variable shown in
 ``--help``; every command documents its exit codes, and none exits 0 on failure.
-The commands are thin: the work lives in ``fleetstore.admin``.
+Every command names its store the same way (``--store``, util.store_params) and
+prints the same JSON shapes (``--json``, util.json_option).  The commands are thin:
+the work lives in ``fleetstore.admin``.
 """
 
 from __future__ import annotations
 
-import click
+from typing import Any
 
-import fleetstore
-from fleetstore.cli.backup import backup_command, restore_command
-from fleetstore.cli.doctor import doctor_command
-from fleetstore.cli.effects import effects
-from fleetstore.cli.lock import lock
-from fleetstore.cli.maintain import maintain_command
-from fleetstore.cli.migrate import migrate_command
-from fleetstore.cli.recover import recover
-from fleetstore.cli.reshard import archive_tree_command, reshard_command, restore_tree_command
-from fleetstore.cli.sessions import sessions
-from fleetstore.cli.stats import stats_command
-from fleetstore.cli.stress import stress_command
-from fleetstore.cli.top import top
-from fleetstore.cli.transfer import export_command, import_command, merge_command
-from fleetstore.cli.worker import worker
+import click
+from click.core import ParameterSource
+
+from fleetstore.cli.util import STORE_ENV, LazyGroup
+from fleetstore.core.version import __version__
+from fleetstore.errors import MissingDependency
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
+#: Every command: the module:attribute that defines it.
+COMMANDS = {
+    "backup": "fleetstore.cli.backup:backup_command",
+    "doctor": "fleetstore.cli.doctor:doctor_command",
+    "effects": "fleetstore.cli.effects:effects",
+    "export": "fleetstore.cli.transfer:export_command",
+    "import": "fleetstore.cli.transfer:import_command",
+    "lock": "fleetstore.cli.lock:lock",
+    "maintain": "fleetstore.cli.maintain:maintain_command",
+    "merge": "fleetstore.cli.transfer:merge_command",
+    "migrate": "fleetstore.cli.migrate:migrate_command",
+    "recover": "fleetstore.cli.recover:recover",
+    "reshard": "fleetstore.cli.reshard:reshard_command",
+    "restore": "fleetstore.cli.backup:restore_command",
+    "sessions": "fleetstore.cli.sessions:sessions",
+    "stats": "fleetstore.cli.stats:stats_command",
+    "stress": "fleetstore.cli.stress:stress_command",
+    "top": "fleetstore.cli.top:top",
+    "worker": "fleetstore.cli.worker:worker",
+}
+
+
+class Main(LazyGroup):
+    """The root group: a missing optional dependency is one line naming its ``pip
+    install`` (exit 1), never a traceback (tests/cli/test_extras.py)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MissingDependency as exc:
+            command = " ".join(filter(None, ["fleetstore", ctx.invoked_subcommand]))
+            click.echo(f"{command}: {exc}", err=True)
+            ctx.exit(1)
+
 
 @click.group(
+    cls=Main,
+    lazy=COMMANDS,
     context_settings=CONTEXT,
     epilog="""\b
-Exit codes: 0 success; 1 the command failed (see its --help); 2 bad usage.
+Exit codes: 0 success; 1 the command failed (see its --help), or an optional
+dependency it needs is not installed (one line names the pip install); 2 bad usage.
 Run `fleetstore COMMAND --help` for a command's options and exit codes.""",
 )
 @click.version_option(
-    fleetstore.__version__, "--version", prog_name="fleetstore", message="%(prog)s %(version)s"
+    __version__, "--version", prog_name="fleetstore", message="%(prog)s %(version)s"
 )
-def main() -> None:
+@click.option(
+    "--store",
+    metavar="PATH",
+    default=None,
+    envvar=STORE_ENV,
+    show_envvar=True,
+    help="The store of the command that follows, as if given to it as --store "
+    "(its own --store wins).",
+)
+@click.pass_context
+def main(ctx: click.Context, store: str | None) -> None:
     """fleetstore: session storage a fleet of agent processes can write at once.
 
     Commands for a fleetstore store: one SQLite file, a sharded directory
-    (sqlite+sharded:///DIR) or a PostgreSQL database (postgresql://...). doctor,
-    maintain, reshard and top work on SQLite stores only. doctor and lock also work
-    on any SQLite file, fleetstore's or another program's; so do maintain's generic
-    steps (with --yes, on a file in WAL mode).
+    (sqlite+sharded:///DIR) or a PostgreSQL database (postgresql://...). Every command
+    names its store with --store PATH (default $FLEETSTORE_URL, else the default
+    store), and prints JSON with --json: JSON lines for a list, one object otherwise.
+    doctor, maintain, reshard and top work on SQLite stores only. doctor and lock also
+    work on any SQLite file, fleetstore's or another program's; so do maintain's
+    generic steps (with --yes, on a file in WAL mode).
     """
-
-
-main.add_command(lock)
-main.add_command(stress_command)
-main.add_command(recover)
-main.add_command(export_command)
-main.add_command(import_command)
-main.add_command(merge_command)
-main.add_command(effects)
-main.add_command(worker)
-main.add_command(top)
-main.add_command(doctor_command, "doctor")
-main.add_command(maintain_command)
-main.add_command(migrate_command)
-main.add_command(reshard_command)
-sessions.add_command(archive_tree_command)
-sessions.add_command(restore_tree_command)
-main.add_command(sessions)
-main.add_command(stats_command)
-main.add_command(backup_command)
-main.add_command(restore_command)
+    # The group's --store before a command that takes none (merge, migrate, reshard
+    # name their stores as arguments; stress has --url) would be silently ignored.
+    name = ctx.invoked_subcommand
+    if name and ctx.get_parameter_source("store") is ParameterSource.COMMANDLINE:
+        command = ctx.command.get_command(ctx, name)  # type: ignore[attr-defined]
+        takes = command is None or isinstance(command, click.Group)
+        if not takes and "store" not in {p.name for p in command.params}:
+            raise click.UsageError(
+                f"fleetstore {name} does not take --store: its --help says how it names its stores",
+                ctx,
+            )

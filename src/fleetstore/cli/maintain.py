@@ -8,10 +8,7 @@ from typing import Any
 import click
 
 from fleetstore import errors
-from fleetstore.admin.maintain.config import Config, NotConfirmed, parse_age
-from fleetstore.admin.maintain.report import format_report, report_json
-from fleetstore.admin.maintain.run import maintain
-from fleetstore.cli.util import ProgressBars, env
+from fleetstore.cli.util import ProgressBars, emit_json, env, json_option, store_params
 
 
 class Age(click.ParamType):  # type: ignore[type-arg]
@@ -20,6 +17,8 @@ class Age(click.ParamType):  # type: ignore[type-arg]
     name = "age"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from fleetstore.admin.maintain.config import parse_age
+
         if isinstance(value, float):
             return value
         try:
@@ -46,13 +45,18 @@ Exit codes:
      archive could not be written or read back (nothing was deleted), a session
      tree written to while it was being deleted was left partly deleted; or the
      file is not a SQLite database, or not in WAL mode (it is left alone)
-  2  bad usage: no database or sharded store at PATH (nothing is created), a bad
+  2  bad usage: no database or sharded store at --store (nothing is created), a bad
      age, an archive FILE that exists, --delete-older-than without --yes, a
      database that is not a fleetstore store without --yes"""
 
 
 @click.command(name="maintain", epilog=_EXIT)
-@click.argument("path", type=click.Path(path_type=str))
+@store_params(
+    legacy_argument=True,
+    help="The store (or any SQLite database in WAL mode, with --yes): its file, a "
+    "directory holding fleetstore.db, sqlite:///absolute/path, or a sharded store "
+    "(sqlite+sharded:///DIR, or DIR). Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db.",
+)
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -104,15 +108,9 @@ Exit codes:
     "write budget + 1m); must exceed every writer's write budget plus a minute.",
     **env("maintain", "blob-grace"),
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="Print the report as JSON on stdout.",
-    **env("maintain", "json"),
-)
+@json_option("maintain")
 def maintain_command(
-    path: str,
+    store: str | None,
     dry_run: bool,
     yes: bool,
     archive: tuple[float, str] | None,
@@ -130,18 +128,23 @@ def maintain_command(
     PRAGMA optimize, incremental vacuum in small batches, and a
     checkpoint (passive; the WAL is truncated only when no reader blocks it). Every
     step writes in short transactions through the normal write path; the report
-    gives each step's transactions and longest lock hold. PATH is the store's file,
-    a directory holding fleetstore.db, or sqlite:///absolute/path. On a database
-    that is not a fleetstore store (another program's) only the generic steps run, with
-    --yes, through one plain connection: no file of fleetstore's is made beside it.
+    gives each step's transactions and longest lock hold. --store is the store's
+    file, a directory holding fleetstore.db, or sqlite:///absolute/path (PATH as an
+    argument still works, deprecated). On a database that is not a fleetstore store
+    (another program's) only the generic steps run, with --yes, through one plain
+    connection: no file of fleetstore's is made beside it.
 
     A sharded store (sqlite+sharded:///DIR, or DIR): every step on every file, the
     catalog then each shard, one open at a time; a blob file goes only when no file
     refers to it; then the shard files that hold no session and that nothing names are
     removed, once nothing was applied in them for an hour and no process has them open.
     """
+    from fleetstore.admin.maintain.config import Config, NotConfirmed
+    from fleetstore.admin.maintain.report import format_report
+    from fleetstore.admin.maintain.run import maintain
+
     config = Config(
-        path=path,
+        path=store,
         dry_run=dry_run,
         yes=yes,
         archive_older_than=archive[0] if archive else None,
@@ -163,7 +166,7 @@ def maintain_command(
         sys.exit(1)
     bars.close()
     if as_json:
-        click.echo(report_json(report))
+        emit_json(report.to_json())
     else:
         click.echo(format_report(report))
     sys.exit(0 if report.ok else 1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import resource
 import sys
 from collections.abc import Callable
@@ -11,14 +10,8 @@ from typing import NoReturn
 import click
 
 from fleetstore import errors
-from fleetstore.cli.util import ProgressBars, env
-from fleetstore.transfer.migrate.report import (
-    DEFAULT_BATCH_ROWS,
-    MigrateReport,
-    VerificationFailed,
-    format_report,
-)
-from fleetstore.transfer.migrate.run import migrate, verify_report
+from fleetstore.cli.util import ProgressBars, emit_json, env, json_option
+from fleetstore.transfer.migrate.report import DEFAULT_BATCH_ROWS, MigrateReport
 
 _EXIT = """\b
 Exit codes:
@@ -66,13 +59,7 @@ def raise_open_file_limit() -> None:
     "the rows in key order) and check every blob of DST.",
     **env("migrate", "verify-only"),
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="Print the report as JSON on stdout.",
-    **env("migrate", "json"),
-)
+@json_option("migrate")
 def migrate_command(src: str, dst: str, batch_rows: int, verify_only: bool, as_json: bool) -> None:
     """Copy a whole store from SRC to DST, SQLite or PostgreSQL either way, and verify.
 
@@ -91,6 +78,8 @@ def migrate_command(src: str, dst: str, batch_rows: int, verify_only: bool, as_j
     sharded, rows are compared per table by a digest that does not depend on their
     order, and every session's content digest is compared too.
     """
+    from fleetstore.transfer.migrate.run import migrate, verify_report
+
     run_copy(
         "migrate",
         migrate,
@@ -118,6 +107,8 @@ def run_copy(
 ) -> NoReturn:
     """``fleetstore migrate`` and ``fleetstore reshard``: copy (or only verify) with
     progress bars, print the report, exit 0 (equal), 1 (differ, failed) or 2 (usage)."""
+    from fleetstore.transfer.migrate.report import VerificationFailed, format_report
+
     raise_open_file_limit()
     bars = ProgressBars()
     try:
@@ -138,7 +129,7 @@ def run_copy(
         sys.exit(1)
     bars.close()
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        emit_json(report.to_json())
     else:
         click.echo(format_report(report, command))
     if not report.ok:

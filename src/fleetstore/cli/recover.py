@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 import fleetstore
+from fleetstore.cli.util import emit_json, json_option, store_params
 from fleetstore.errors import ConfigError, FleetstoreError
 
 
@@ -20,11 +20,11 @@ Exit codes:
   1  an operation was rejected (kept in STORE.spool/rejected.jsonl), a journal is
      damaged (kept: a whole line fails its checksum, or an operation's blob file
      is missing), the replay stopped unfinished (the store stayed locked past the
-     budget, or failed; the journal is kept), PATH is not a fleetstore store (it
-     is left unchanged), or the store could not be opened
-  2  bad usage, or there is no store at PATH (nothing is created)""",
+     budget, or failed; the journal is kept), the store is not a fleetstore store
+     (it is left unchanged), or the store could not be opened
+  2  bad usage, or there is no store at --store (nothing is created)""",
 )
-@click.argument("path", required=False, default=None, type=click.Path(path_type=str))
+@store_params(legacy_argument=True)
 @click.option(
     "--write-budget",
     type=click.FloatRange(min=0),
@@ -34,19 +34,11 @@ Exit codes:
     help="Seconds each replayed write may wait for the lock before the replay stops "
     "unfinished. Default: the store's (60).",
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    default=False,
-    envvar="FLEETSTORE_RECOVER_JSON",
-    show_envvar=True,
-    help="Print the result as JSON on stdout instead of text.",
-)
-def recover(path: str | None, write_budget: float | None, as_json: bool) -> None:
+@json_option("recover")
+def recover(store: str | None, write_budget: float | None, as_json: bool) -> None:
     """Replay the spool journals that dead processes left beside a store.
 
-    PATH is the store's file, a directory holding fleetstore.db, or
+    --store is the store's file, a directory holding fleetstore.db, or
     sqlite:///absolute/path; default $FLEETSTORE_URL, else DATA_DIR/fleetstore.db.
     Each journal whose process is gone is replayed in order and deleted; a live
     process's journal is left alone (busy). A torn last line (no newline: a crash
@@ -64,7 +56,7 @@ def recover(path: str | None, write_budget: float | None, as_json: bool) -> None
     logging.getLogger("fleetstore").addHandler(logging.NullHandler())
     settings = {} if write_budget is None else {"write_budget": write_budget}
     try:
-        store_path, results = recover_journals(path, **settings)
+        store_path, results = recover_journals(store, **settings)
     except fleetstore.NotFound as exc:
         click.echo(f"fleetstore recover: {exc} (nothing was created)", err=True)
         sys.exit(2)
@@ -87,7 +79,7 @@ def recover(path: str | None, write_budget: float | None, as_json: bool) -> None
             "rejected_in_file": in_file,
             "ok": not failed,
         }
-        click.echo(json.dumps(report, indent=2))
+        emit_json(report)
     else:
         if not results:
             click.echo(f"fleetstore recover: {store_path}: nothing to recover")

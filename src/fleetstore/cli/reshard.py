@@ -3,21 +3,22 @@ work is in fleetstore.transfer.reshard and fleetstore.transfer.archive)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 
 import fleetstore
 from fleetstore import errors
 from fleetstore.cli.migrate import raise_open_file_limit, run_copy
-from fleetstore.cli.util import env, existing_store
-from fleetstore.cli.util import store_option as _store_option
-from fleetstore.transfer import archive as _archive
-from fleetstore.transfer import reshard as _reshard
+from fleetstore.cli.util import emit_json, env, existing_store, json_option
+from fleetstore.cli.util import store_params as _store_params
 from fleetstore.transfer.migrate.report import DEFAULT_BATCH_ROWS
+
+if TYPE_CHECKING:
+    from fleetstore.transfer.archive import TreeArchive
 
 _EXIT = """\b
 Exit codes:
@@ -50,13 +51,7 @@ Exit codes:
     help="Copy nothing: compare SRC and DST as a reshard verifies its copy.",
     **env("reshard", "verify-only"),
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="Print the report as JSON on stdout.",
-    **env("reshard", "json"),
-)
+@json_option("reshard")
 def reshard_command(src: str, dst: str, batch_rows: int, verify_only: bool, as_json: bool) -> None:
     """Copy a SQLite store into the other layout, single file <-> sharded, and verify.
 
@@ -76,6 +71,8 @@ def reshard_command(src: str, dst: str, batch_rows: int, verify_only: bool, as_j
     SRC, and stops if one comes; a copy that no longer fits SRC (written since an
     interrupted run) is thrown away and made again, never carried on.
     """
+    from fleetstore.transfer import reshard as _reshard
+
     run_copy(
         "reshard",
         _reshard.reshard,
@@ -115,9 +112,9 @@ def _sharded(command: str, store: str | None) -> Iterator[fleetstore.Store]:
         opened.close(timeout=0)
 
 
-def _print(command: str, done: _archive.TreeArchive, as_json: bool, verb: str) -> None:
+def _print(command: str, done: TreeArchive, as_json: bool, verb: str) -> None:
     if as_json:
-        click.echo(json.dumps(done.to_json(), indent=2))
+        emit_json(done.to_json())
     else:
         click.echo(
             f"fleetstore {command}: tree {done.key} ({done.sessions} sessions, "
@@ -147,14 +144,8 @@ Exit codes:
     help="The archive directory (created if needed): DIR/KEY.db, DIR/KEY.blobs/, DIR/KEY.json.",
     **env("sessions archive-tree", "to"),
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="Print what was moved as JSON.",
-    **env("sessions archive-tree", "json"),
-)
-@_store_option
+@json_option("sessions archive-tree")
+@_store_params()
 def archive_tree_command(session_id: str, dest: str, as_json: bool, store: str | None) -> None:
     """Move a session tree's file out of a sharded store, into DIR.
 
@@ -166,6 +157,8 @@ def archive_tree_command(session_id: str, dest: str, as_json: bool, store: str |
     Interrupted, the same command carries on. fleetstore sessions restore-tree puts
     it back.
     """
+    from fleetstore.transfer import archive as _archive
+
     command = "sessions archive-tree"
     with _sharded(command, store) as opened:
         done = _archive.archive_tree(opened, session_id, dest)
@@ -183,14 +176,8 @@ Exit codes:
 
 @click.command(name="restore-tree", epilog=_RESTORE_EXIT)
 @click.argument("archive", metavar="ARCHIVE")
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="Print what was restored as JSON.",
-    **env("sessions restore-tree", "json"),
-)
-@_store_option
+@json_option("sessions restore-tree")
+@_store_params()
 def restore_tree_command(archive: str, as_json: bool, store: str | None) -> None:
     """Move an archived session tree (ARCHIVE: DIR/KEY.db) back into a sharded store.
 
@@ -199,6 +186,8 @@ def restore_tree_command(archive: str, as_json: bool, store: str | None) -> None
     with the one recorded when it was archived. Interrupted, the same command
     carries on.
     """
+    from fleetstore.transfer import archive as _archive
+
     command = "sessions restore-tree"
     with _sharded(command, store) as opened:
         done = _archive.restore_tree(opened, archive)

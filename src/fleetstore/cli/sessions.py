@@ -4,41 +4,34 @@ short transactions (the facts are read by fleetstore.admin.stats)."""
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fleetstore import errors
-from fleetstore.admin.maintain.config import parse_age
-from fleetstore.admin.maintain.report import Step
-from fleetstore.admin.maintain.retention import delete_tree, message_counts
-from fleetstore.admin.maintain.writer import Writer
-from fleetstore.admin.stats import (
-    known_as,
-    known_name,
-    langgraph_threads,
-    session_exists,
-    session_facts,
-)
-from fleetstore.admin.transcript import (
-    DEFAULT_WIDTH,
-    FORMATS,
-    write_transcript,
-    write_transcript_file,
-)
-from fleetstore.cli.util import ProgressBars, env
+from fleetstore.cli.util import LazyGroup, ProgressBars, cut_note, emit_json, env, json_option
 from fleetstore.cli.util import reading_store as _reading
 from fleetstore.cli.util import size as _size
-from fleetstore.cli.util import store_option as _store_option
+from fleetstore.cli.util import store_params as _store_params
 from fleetstore.cli.util import using_store as _opened
 from fleetstore.cli.util import when as _when
+from fleetstore.core.transcripts import DEFAULT_WIDTH, FORMATS
+
+if TYPE_CHECKING:
+    from fleetstore.engine.base import Tx
+
+#: Sessions read per transaction by ``sessions list`` (a short read each, so a long
+#: listing never holds one snapshot).
+PAGE = 1000
 
 
 def _since(text: str | None) -> float | None:
     """An age (7d) back from now, or a date (2025-01-31, UTC) or ISO time."""
+    from fleetstore.admin.maintain.config import parse_age
+
     if text is None:
         return None
     try:
@@ -64,13 +57,18 @@ Exit codes:
 
 
 @click.group(
+    cls=LazyGroup,
+    lazy={
+        "archive-tree": "fleetstore.cli.reshard:archive_tree_command",
+        "restore-tree": "fleetstore.cli.reshard:restore_tree_command",
+    },
     epilog="""\b
 Exit codes (every subcommand):
   0  done
   1  the store failed (or stayed locked past the write budget); rm: a session was
      written to while being removed (left partly removed)
   2  bad usage, no store at --store (nothing is created), no such session, or rm
-     without --yes"""
+     without --yes""",
 )
 def sessions() -> None:
     """List, show and remove the sessions of a store."""
@@ -104,7 +102,7 @@ def sessions() -> None:
     type=click.IntRange(1, 1_000_000),
     default=50,
     show_default=True,
-    help="At most this many, most recently written first.",
+    help="At most this many, most recently written first (a cut list says so on stderr).",
     **env("sessions list", "limit"),
 )
 @click.option(
@@ -115,9 +113,15 @@ def sessions() -> None:
     **env("sessions list", "threads"),
 )
 @click.option(
-    "--json", "as_json", is_flag=True, help="JSON lines on stdout.", **env("sessions list", "json")
+    "--all",
+    "every",
+    is_flag=True,
+    help=f"Every session (or thread), however many (sessions read {PAGE} at a time); "
+    "--limit is ignored.",
+    **env("sessions list", "all"),
 )
-@_store_option
+@json_option("sessions list", each="session (with --threads: a LangGraph thread)")
+@_store_params()
 def sessions_list(
     project: str | None,
     since: str | None,
@@ -125,85 +129,121 @@ def sessions_list(
     archived: bool,
     limit: int,
     threads: bool,
+    every: bool,
     as_json: bool,
     store: str | None,
 ) -> None:
-    """Sessions, most recently written first: id, last write, messages, parent, and the
-    title, or the id its framework knows it by (openai-agents:SESSION_ID for an Agents
-    SDK session, adk:APP/USER/SESSION_ID for an ADK one; JSON: known_as)."""
+    """Sessions, most recently written first: id, last write, messages, and the title,
+    or the id its framework knows it by (openai-agents:SESSION_ID for an Agents SDK
+    session, adk:APP/USER/SESSION_ID for an ADK one; JSON: known_as), and the parent.
+    A list cut at --limit says so on stderr; --all lists every session."""
+    from fleetstore.admin.maintain.retention import message_counts
+    from fleetstore.admin.stats import known_as, langgraph_threads
+
     if threads:
         if project is not None or since is not None or roots or archived:
             raise click.UsageError(
                 "--threads lists LangGraph threads; --project, --since, --roots and "
                 "--archived filter sessions"
             )
-        _list_threads(store, limit, as_json)
+        _list_threads(store, limit, every, as_json)
         return
-    params = {
+    params: dict[str, object] = {
         "project": project,
         "since": _since(since),
         "include_archived": archived,
         "roots": roots,
-        "limit": limit,
+        "after_updated": None,
+        "after_id": None,
     }
+    table: list[tuple[str, str, int, str]] = []
+    shown, more = 0, False
     with _reading("sessions list", store) as opened:
         q = opened.queries
-        rows = opened.read(lambda tx: tx.execute(q["mnt_sessions_list"], params))
-        if opened.router is not None:
-            # The catalog lists every session; their messages are in their shards.
-            counts = message_counts(opened, [str(r[0]) for r in rows])
-            rows = [(*r[:7], counts.get(str(r[0]), 0), r[8]) for r in rows]
-        more_threads = not rows and bool(langgraph_threads(opened, 1))
-    for sid, parent, proj, title, status, created, updated, messages, metadata in rows:
-        known = known_as(metadata)
-        if as_json:
-            record = {
-                "id": sid,
-                "parent_id": parent,
-                "project": proj,
-                "title": title,
-                "known_as": known,
-                "status": status,
-                "created_at": created,
-                "updated_at": updated,
-                "messages": messages,
-            }
-            click.echo(json.dumps(record, ensure_ascii=False))
-        else:
-            flags = (" (archived)" if status == "archived" else "") + (
-                f" sub of {parent}" if parent else ""
-            )
-            name = _label(title, known)
-            click.echo(f"{sid}  {_when(updated)}  {messages:>6} msgs  {name}{flags}")
-    if not as_json:
-        click.echo(
-            f"-- {len(rows)} session(s)"
-            + ("; the store holds LangGraph threads: --threads lists them" if more_threads else ""),
-            err=True,
-        )
+        while True:
+            want = PAGE if every else min(PAGE, limit - shown)
+            page = {**params, "limit": want + 1}
+
+            def read(tx: Tx, page: dict[str, object] = page) -> list[tuple[Any, ...]]:
+                return tx.execute(q["mnt_sessions_list"], page)
+
+            rows = opened.read(read)
+            more = len(rows) > want
+            rows = rows[:want]
+            if opened.router is not None:
+                # The catalog lists every session; their messages are in their shards.
+                counts = message_counts(opened, [str(r[0]) for r in rows])
+                rows = [(*r[:7], counts.get(str(r[0]), 0), r[8]) for r in rows]
+            for sid, parent, proj, title, status, created, updated, messages, metadata in rows:
+                known = known_as(metadata)
+                if as_json:
+                    emit_json(
+                        {
+                            "id": sid,
+                            "parent_id": parent,
+                            "project": proj,
+                            "title": title,
+                            "known_as": known,
+                            "status": status,
+                            "created_at": created,
+                            "updated_at": updated,
+                            "messages": messages,
+                        }
+                    )
+                else:
+                    flags = (" (archived)" if status == "archived" else "") + (
+                        f" sub of {parent}" if parent else ""
+                    )
+                    table.append((sid, _when(updated), messages, _label(title, known) + flags))
+            shown += len(rows)
+            if not more or not rows or (not every and shown >= limit):
+                break
+            params["after_updated"], params["after_id"] = rows[-1][6], rows[-1][0]
+        more_threads = not shown and bool(langgraph_threads(opened, 1))
+    if table:
+        from fleetstore.core.render import table as render
+
+        columns = ("ID", "LAST WRITE", "MESSAGES", "TITLE")
+        click.echo(render(columns, table, right={"MESSAGES"}, indent=0))
+    extra = "the store holds LangGraph threads: --threads lists them" if more_threads else ""
+    click.echo(cut_note(shown, "session(s)", more, extra), err=True)
 
 
 def _label(title: str | None, known: dict[str, object] | None) -> str:
     """A session's name in a list: the id its framework knows it by (an ADK session's
     title is that id, said once), then its title."""
+    from fleetstore.admin.stats import known_name
+
     same = known is not None and title == known.get("session_id")
     return " ".join(x for x in (known_name(known), "" if same else title or "") if x)
 
 
-def _list_threads(store: str | None, limit: int, as_json: bool) -> None:
-    """``sessions list --threads``: the LangGraph threads, a line (or JSON line) each."""
+def _list_threads(store: str | None, limit: int, every: bool, as_json: bool) -> None:
+    """``sessions list --threads``: the LangGraph threads, a row (or JSON line) each."""
+    from fleetstore.admin.stats import langgraph_threads
+
     with _reading("sessions list", store) as opened:
-        found = langgraph_threads(opened, limit)
-    for t in found:
-        if as_json:
-            click.echo(json.dumps(t, ensure_ascii=False))
-        else:
-            click.echo(
-                f"{t['thread_id']}  {_when(t['last_checkpoint_at'])}  {t['checkpoints']:>6} "
-                f"checkpoints  {_size(t['payload_bytes'])}"
+        found = langgraph_threads(opened, -1 if every else limit + 1)
+    more = not every and len(found) > limit
+    found = found if every else found[:limit]
+    if as_json:
+        for t in found:
+            emit_json(t)
+    elif found:
+        from fleetstore.core.render import table
+
+        rows = [
+            (
+                t["thread_id"],
+                _when(t["last_checkpoint_at"]),
+                t["checkpoints"],
+                _size(t["payload_bytes"]),
             )
-    if not as_json:
-        click.echo(f"-- {len(found)} LangGraph thread(s)", err=True)
+            for t in found
+        ]
+        columns = ("THREAD", "LAST CHECKPOINT", "CHECKPOINTS", "BYTES")
+        click.echo(table(columns, rows, right={"CHECKPOINTS", "BYTES"}, indent=0))
+    click.echo(cut_note(len(found), "LangGraph thread(s)", more), err=True)
 
 
 @sessions.command(name="show", epilog=_EXIT)
@@ -217,12 +257,9 @@ def _list_threads(store: str | None, limit: int, as_json: bool) -> None:
     "object: the session, its usage, every message with every part, the subagents).",
     **env("sessions show", "format"),
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="--format json (with --summary: the summary as JSON).",
-    **env("sessions show", "json"),
+@json_option(
+    "sessions show",
+    what="the transcript, as --format json (with --summary: the summary)",
 )
 @click.option(
     "--width",
@@ -256,7 +293,7 @@ def _list_threads(store: str | None, limit: int, as_json: bool) -> None:
     "and bytes; no conversation.",
     **env("sessions show", "summary"),
 )
-@_store_option
+@_store_params()
 def sessions_show(
     session_id: str,
     fmt: str | None,
@@ -278,6 +315,8 @@ def sessions_show(
     if summary and (tree or output is not None or width is not None or fmt == "markdown"):
         raise click.UsageError("--summary prints the figures only (text or --json)")
     if not summary:
+        from fleetstore.admin.transcript import write_transcript, write_transcript_file
+
         with _reading("sessions show", store) as opened:
             try:
                 if output is None:
@@ -300,6 +339,8 @@ def sessions_show(
                 click.echo(f"fleetstore sessions show: {exc}", err=True)
                 sys.exit(1)
         return
+    from fleetstore.admin.stats import known_as, known_name, session_facts
+
     with _reading("sessions show", store) as opened:
         try:
             facts = session_facts(opened, session_id)
@@ -307,7 +348,7 @@ def sessions_show(
             click.echo(f"fleetstore sessions show: {exc}", err=True)
             sys.exit(2)
     if fmt == "json":
-        click.echo(json.dumps(facts.to_json(), ensure_ascii=False, indent=2))
+        emit_json(facts.to_json())
         return
     s = facts.session
     click.echo(f"{s.id}  {s.title or ''}")
@@ -357,11 +398,17 @@ Exit codes:
     help="Confirm: remove each SESSION with its subagents, messages and state.",
     **env("sessions rm", "yes"),
 )
-@_store_option
-def sessions_rm(session_ids: Sequence[str], yes: bool, store: str | None) -> None:
+@json_option("sessions rm", each="removed session")
+@_store_params()
+def sessions_rm(session_ids: Sequence[str], yes: bool, as_json: bool, store: str | None) -> None:
     """Remove sessions with their subagent sessions, messages, parts, usage and state,
     in short transactions (a long session is deleted a batch of messages at a time,
     so writers wait milliseconds). Blob files go at the next `fleetstore maintain`."""
+    from fleetstore.admin.maintain.report import Step
+    from fleetstore.admin.maintain.retention import delete_tree
+    from fleetstore.admin.maintain.writer import Writer
+    from fleetstore.admin.stats import session_exists
+
     if not yes:
         click.echo(
             f"fleetstore sessions rm: this removes {len(session_ids)} session(s) with their "
@@ -384,10 +431,20 @@ def sessions_rm(session_ids: Sequence[str], yes: bool, store: str | None) -> Non
         bars = ProgressBars()
         for i, sid in enumerate(session_ids, 1):
             result = delete_tree(writer, step, sid)
-            click.echo(
-                f"{sid}: removed {result.sessions} session(s), {result.messages} message(s), "
-                f"{result.states} state value(s)"
-            )
+            if as_json:
+                emit_json(
+                    {
+                        "id": sid,
+                        "sessions": result.sessions,
+                        "messages": result.messages,
+                        "states": result.states,
+                    }
+                )
+            else:
+                click.echo(
+                    f"{sid}: removed {result.sessions} session(s), {result.messages} "
+                    f"message(s), {result.states} state value(s)"
+                )
             bars("rm", i, len(session_ids))
         bars.close()
         click.echo(

@@ -3,18 +3,23 @@
 
 from __future__ import annotations
 
-import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from fleetstore.admin.stress import fleet as stress
+from fleetstore.cli.util import emit_json, json_option
 from fleetstore.errors import ConfigError, FleetstoreError
+
+if TYPE_CHECKING:
+    from fleetstore.admin.stress.config import ExternalLock
 
 
 def _parse_external_locks(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
-) -> tuple[stress.ExternalLock, ...]:
+) -> tuple[ExternalLock, ...]:
+    from fleetstore.admin.stress import fleet as stress
+
     try:
         return tuple(stress.ExternalLock.parse(v) for v in values)
     except ValueError as exc:
@@ -144,7 +149,7 @@ Exit codes:
     callback=_parse_external_locks,
     envvar="FLEETSTORE_STRESS_EXTERNAL_LOCK",
     show_envvar=True,
-    help="HOLD@AT: at second AT of each target's run, start `fleetstore lock TARGET --hold "
+    help="HOLD@AT: at second AT of each target's run, start `fleetstore lock --store TARGET --hold "
     "HOLD` as a separate process (an outside writer). Repeatable; the variable takes "
     "several, separated by spaces.",
 )
@@ -227,15 +232,7 @@ Exit codes:
     help="Self-test: make the fleetstore target broken, skipping every Nth write while "
     "acknowledging it; the verdict must then fail. 0: off.",
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    default=False,
-    envvar="FLEETSTORE_STRESS_JSON",
-    show_envvar=True,
-    help="Print the result as JSON on stdout instead of the table.",
-)
+@json_option("stress")
 @click.option(
     "--report",
     "report_file",
@@ -257,7 +254,7 @@ def stress_command(
     synchronous: str | None,
     write_budget: float | None,
     seed: int | None,
-    external_locks: tuple[stress.ExternalLock, ...],
+    external_locks: tuple[ExternalLock, ...],
     kill_rate: float,
     maintain: bool,
     workers: int,
@@ -282,6 +279,8 @@ def stress_command(
     outbox (stuck, lanes blocked, enqueue-to-settled); the bytes each SQLite target
     keeps (per turn, against the compressed payload). Progress goes to stderr.
     """
+    from fleetstore.admin.stress import fleet as stress
+
     config = stress.StressConfig(
         agents=agents,
         duration=duration,
@@ -327,7 +326,7 @@ def stress_command(
 
         report["report"] = report_html.write(report, report_file)
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        emit_json(report)
     else:
         click.echo(stress.format_report(report))
         if report_file:

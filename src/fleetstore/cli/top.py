@@ -8,6 +8,7 @@ import click
 
 from fleetstore.cli.util import env as _env
 from fleetstore.cli.util import existing_store as _existing_store
+from fleetstore.cli.util import json_option, store_params
 from fleetstore.errors import FleetstoreError
 
 
@@ -17,9 +18,9 @@ Keys (on a terminal): q quits; so does Ctrl-C.
 Exit codes:
   0  quit, or --count frames shown
   1  the store could not be opened
-  2  bad usage, or there is no store at PATH (nothing is created)""",
+  2  bad usage, or there is no store at --store (nothing is created)""",
 )
-@click.argument("path", required=False, default=None, type=click.Path(path_type=str))
+@store_params(legacy_argument=True)
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.1),
@@ -35,21 +36,15 @@ Exit codes:
     help="Show this many frames, then exit (each with rates over the last interval).",
     **_env("top", "count"),
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="One JSON object per frame instead of the screen.",
-    **_env("top", "json"),
-)
-def top(path: str | None, interval: float, count: int | None, as_json: bool) -> None:
+@json_option("top", each="frame")
+def top(store: str | None, interval: float, count: int | None, as_json: bool) -> None:
     """A live view of a store: the processes using it, writes/s, lock-wait p99,
     retries and spooled writes per process, the database and WAL sizes, the
     outbox by state, who holds the write lock, and any process whose read
     transaction keeps the WAL from being reset (how long, how much it grew).
 
     Processes publish their figures beside the store about once a second
-    (`publish_interval`); rates and p99 are over the last interval. PATH: the
+    (`publish_interval`); rates and p99 are over the last interval. --store: the
     store (default: $FLEETSTORE_URL, else the default store); a sharded store
     (sqlite+sharded:///DIR, or DIR) adds its shard files on disk, the shards the
     processes have open and the largest shard WAL.
@@ -57,7 +52,7 @@ def top(path: str | None, interval: float, count: int | None, as_json: bool) -> 
     from fleetstore.admin import top as top_view
     from fleetstore.store.readonly import open_read_only
 
-    db = _existing_store("top", path, server=False)
+    db = _existing_store("top", store, server=False)
     try:
         opened = open_read_only(db)
     except (FleetstoreError, OSError) as exc:

@@ -10,9 +10,11 @@ import click
 import fleetstore
 from fleetstore.cli.util import ProgressBars as _ProgressBars
 from fleetstore.cli.util import check_target as _check_target
+from fleetstore.cli.util import emit_json, json_option
+from fleetstore.cli.util import env as _env
 from fleetstore.cli.util import existing_store as _existing_store
 from fleetstore.cli.util import size as _size
-from fleetstore.cli.util import store_option as _store_option
+from fleetstore.cli.util import store_params as _store_params
 from fleetstore.errors import ConfigError, FleetstoreError
 
 
@@ -31,18 +33,21 @@ Exit codes:
     "--output",
     required=True,
     type=click.Path(dir_okay=False, allow_dash=True, path_type=str),
-    envvar="FLEETSTORE_EXPORT_OUTPUT",
-    show_envvar=True,
+    **_env("export", "output"),
     help="The file to write ('-': standard output).",
 )
-@_store_option
-def export_command(sessions: tuple[str, ...], output: str, store: str | None) -> None:
+@json_option("export")
+@_store_params()
+def export_command(
+    sessions: tuple[str, ...], output: str, as_json: bool, store: str | None
+) -> None:
     """Write sessions, with their messages, state and blobs, to one file.
 
     All sessions of the store, or the SESSIONs given with their subagent trees.
     The file is zstd-compressed JSON lines: a versioned header, the blobs and
     the operations that recreate each session exactly, and a trailer with counts
     and a SHA-256 of everything before it. `fleetstore import` reads it back.
+    The summary (--json: one object) goes to stdout, to stderr with -o -.
     """
     from fleetstore.transfer.export import export_store
 
@@ -62,6 +67,11 @@ def export_command(sessions: tuple[str, ...], output: str, store: str | None) ->
         click.echo(f"fleetstore export: {exc}", err=True)
         sys.exit(1)
     bars.close()
+    if as_json:
+        figures = ("sessions", "messages", "states", "blobs", "blob_bytes", "file_bytes")
+        report = {"output": output, **{k: getattr(summary, k) for k in figures}}
+        emit_json(report, err=output == "-")
+        return
     click.echo(
         f"fleetstore export: {summary.sessions} sessions, {summary.messages} messages, "
         f"{summary.states} state values, {summary.blobs} blobs ({_size(summary.blob_bytes)}) "
@@ -106,15 +116,14 @@ Exit codes:
 @click.argument(
     "file", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=str)
 )
-@_store_option
+@_store_params()
 @click.option(
     "--from",
     "source",
     type=click.Choice(["fleetstore", *_FOREIGN_IMPORTERS]),
     default="fleetstore",
     show_default=True,
-    envvar="FLEETSTORE_IMPORT_FROM",
-    show_envvar=True,
+    **_env("import", "from"),
     help="What FILE is: a `fleetstore export` file, an ADK session database "
     "(the SQLite file of ADK's DatabaseSessionService or SqliteSessionService), or an "
     "OpenAI Agents SDK SQLiteSession database (tables agent_sessions, agent_messages), "
@@ -124,12 +133,14 @@ Exit codes:
     "--add-to-foreign-db",
     "foreign_ok",
     is_flag=True,
-    envvar="FLEETSTORE_IMPORT_ADD_TO_FOREIGN_DB",
-    show_envvar=True,
+    **_env("import", "add-to-foreign-db"),
     help="--store names another program's SQLite database: add fleetstore's tables to "
     "it (switching it to WAL mode). Without this flag such a file is refused, unchanged.",
 )
-def import_command(file: str, store: str | None, source: str, foreign_ok: bool) -> None:
+@json_option("import")
+def import_command(
+    file: str, store: str | None, source: str, foreign_ok: bool, as_json: bool
+) -> None:
     """Import a file written by `fleetstore export` into a store (created if missing;
     a --store that is another program's SQLite file is refused unless
     --add-to-foreign-db).
@@ -156,7 +167,7 @@ def import_command(file: str, store: str | None, source: str, foreign_ok: bool) 
             raise click.UsageError(f"--from {source} reads a file, not standard input")
         importer = importlib.import_module(f"fleetstore.integrations.{_FOREIGN_IMPORTERS[source]}")
         try:
-            code = importer.run_cli(file, store)
+            code = importer.run_cli(file, store, as_json=as_json)
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from None
         sys.exit(code)
@@ -202,6 +213,11 @@ def import_command(file: str, store: str | None, source: str, foreign_ok: bool) 
         if tmp is not None:
             os.unlink(tmp)
     bars.close()
+    if as_json:
+        import dataclasses
+
+        emit_json(dataclasses.asdict(summary))
+        return
     click.echo(
         f"fleetstore import: {summary.sessions} sessions, {summary.messages} messages, "
         f"{summary.states} state values, {summary.blobs} blobs ({_size(summary.blob_bytes)}): "
@@ -222,7 +238,8 @@ Exit codes:
   2  bad usage: fewer than two stores, a SRC that does not exist, a SRC that is DST""",
 )
 @click.argument("stores", nargs=-1, required=True, metavar="SRC... DST")
-def merge_command(stores: tuple[str, ...]) -> None:
+@json_option("merge")
+def merge_command(stores: tuple[str, ...], as_json: bool) -> None:
     """Bring every session of the SRC stores into DST (created if missing), verified.
 
     Each SRC is exported to a temporary file beside DST and imported (see
@@ -258,6 +275,20 @@ def merge_command(stores: tuple[str, ...]) -> None:
     bars.close()
     for problem in report.problems:
         click.echo(f"fleetstore merge: {problem}", err=True)
+    if as_json:
+        emit_json(
+            {
+                "dest": str(report.dest),
+                "sources": [s.source for s in report.sources],
+                "sessions": report.sessions,
+                "messages": report.messages,
+                "blobs": report.blobs,
+                "blob_bytes": report.blob_bytes,
+                "problems": list(report.problems),
+                "ok": report.ok,
+            }
+        )
+        sys.exit(0 if report.ok else 1)
     verdict = "verified" if report.ok else f"NOT verified ({len(report.problems)} problems)"
     click.echo(
         f"fleetstore merge: {len(report.sources)} stores, {report.sessions} sessions, "

@@ -1,33 +1,127 @@
-"""What the ``fleetstore`` commands share: option helpers, opening an existing store,
-sizes, an effect as JSON, progress bars."""
+"""What the ``fleetstore`` commands share: the store they work on (``--store``), the
+``--json`` flag and its one shape, opening an existing store, sizes, an effect as
+JSON, progress bars.
+
+Imported by every command module, so by ``fleetstore --help``: nothing here loads
+the store, apsw, zstandard or rich at import (tests/cli/test_startup.py).
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 import fleetstore
 from fleetstore.core.units import size
 from fleetstore.errors import FleetstoreError
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+STORE_ENV = "FLEETSTORE_URL"
 STORE_HELP = (
-    "The store: its file, a directory holding fleetstore.db, sqlite:///absolute/path, or "
-    "a sharded store (sqlite+sharded:///absolute/dir, or the directory holding its "
-    "catalog.db). Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db."
+    "The store: its file, a directory holding fleetstore.db, sqlite:///absolute/path, a "
+    "sharded store (sqlite+sharded:///absolute/dir, or the directory holding its "
+    "catalog.db) or postgresql://... Default: $FLEETSTORE_URL, else DATA_DIR/fleetstore.db."
 )
-store_option = click.option(
-    "--store",
-    metavar="PATH",
-    default=None,
-    envvar="FLEETSTORE_URL",
-    show_envvar=True,
-    help=STORE_HELP,
-)
+
+
+def store_params(*, legacy_argument: bool = False, help: str = STORE_HELP) -> Callable[[F], F]:
+    """The one way every command names its store: ``--store PATH``, else the group's
+    ``fleetstore --store PATH COMMAND``, else ``$FLEETSTORE_URL``, else the default
+    store.  *legacy_argument*: the command took the store as an argument before
+    (``doctor PATH``); that still works, deprecated (a note on stderr).  The command
+    function receives the result as ``store`` (None: the default store)."""
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            given, legacy = kwargs.pop("store"), kwargs.pop("legacy_path", None)
+            kwargs["store"] = resolve_store(click.get_current_context(), given, legacy)
+            return f(*args, **kwargs)
+
+        wrapped = click.option(
+            "--store",
+            metavar="PATH",
+            default=None,
+            envvar=STORE_ENV,
+            show_envvar=True,
+            help=help,
+        )(command)
+        if legacy_argument:
+            wrapped = click.argument("legacy_path", metavar="[PATH]", required=False, default=None)(
+                wrapped
+            )
+        return wrapped  # type: ignore[return-value]
+
+    return decorate
+
+
+def resolve_store(ctx: click.Context, given: str | None, legacy: str | None) -> str | None:
+    """``--store`` on the command line (the command's, then the group's), the
+    deprecated PATH argument, ``$FLEETSTORE_URL``, or None (the default store)."""
+    on_line = ctx.get_parameter_source("store") is ParameterSource.COMMANDLINE
+    if legacy is not None:
+        if on_line and given != legacy:
+            raise click.UsageError(f"the store is named twice: PATH {legacy} and --store {given}")
+        click.echo(
+            f"{ctx.command_path}: the store as an argument is deprecated; write --store {legacy}",
+            err=True,
+        )
+        return legacy
+    if on_line:
+        return given
+    group = ctx.find_root().params.get("store")
+    return group if group is not None else given
+
+
+def json_option(command: str, *, each: str | None = None, what: str = "") -> Callable[[F], F]:
+    """``--json``, in one of the two shapes every command's JSON has: JSON lines, one
+    object per *each* (a list: sessions, effects, frames), or one JSON object (on one
+    line; *what* says what it holds when the command prints more than one thing)."""
+    help = (
+        f"JSON lines on stdout, one object per {each}, instead of text."
+        if each
+        else "One JSON object on stdout instead of text" + (f": {what}." if what else ".")
+    )
+    option: Callable[[F], F] = click.option(
+        "--json", "as_json", is_flag=True, default=False, help=help, **env(command, "json")
+    )
+    return option
+
+
+def emit_json(value: object, *, err: bool = False) -> None:
+    """*value* as one line of JSON (a list's items go one per call)."""
+    click.echo(json.dumps(value, ensure_ascii=False, default=str), err=err)
+
+
+class LazyGroup(click.Group):
+    """A command group whose commands are imported when first used: *lazy* maps a
+    name to ``module:attribute``.  ``fleetstore --help`` imports every command module
+    (for its short help); a command runs with its own module only, and each module
+    imports what its work needs inside the command (click's lazy-group pattern)."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            import importlib
+
+            module, _, attr = self.lazy[cmd_name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
 
 def existing_store(command: str, store: str | None, *, server: bool = True) -> str:
@@ -188,42 +282,48 @@ def env(command: str, option: str) -> dict[str, Any]:
 
 
 class ProgressBars:
-    """A click progress bar per stage, on stderr, only when stderr is a terminal."""
+    """``progress(stage, done, total)`` for admin and transfer: a rich bar per stage on
+    stderr, only when stderr is a terminal."""
 
     def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
-        self._bar: Any = None
-        self._stage = ""
-        self._pos = 0
+        from fleetstore.core.render import Bar
+
+        self._bar = Bar(sys.stderr)
+        self.enabled = self._bar.enabled
 
     def __call__(self, stage: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if stage != self._stage:
-            self.close()
-            self._bar = click.progressbar(length=max(total, 1), label=stage, file=sys.stderr)
-            self._stage, self._pos = stage, 0
-        self._bar.update(max(done - self._pos, 0))
-        self._pos = max(done, self._pos)
+        self._bar.update(stage, done, total)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.render_finish()
-            self._bar = None
-            self._stage = ""
+        self._bar.close()
+
+
+def cut_note(shown: int, noun: str, more: bool, extra: str = "") -> str:
+    """The footer of a list (stderr): how many were shown and, when the list was
+    cut at --limit, that it was and how to see the rest."""
+    note = f"-- {shown} {noun} shown"
+    if more:
+        note += f"; more not shown (cut at --limit {shown}: --all lists every one)"
+    return note + (f"; {extra}" if extra else "")
 
 
 __all__ = [
+    "STORE_ENV",
+    "LazyGroup",
     "STORE_HELP",
     "ProgressBars",
     "check_target",
+    "cut_note",
     "effect_json",
+    "emit_json",
     "env",
     "existing_store",
+    "json_option",
     "open_existing",
     "reading_store",
+    "resolve_store",
     "size",
-    "store_option",
+    "store_params",
     "using_store",
     "when",
 ]

@@ -51,6 +51,7 @@ from fleetstore.models import (
     Message,
     MessageStatus,
     NewEffect,
+    Page,
     Part,
     Session,
     SessionStatus,
@@ -267,8 +268,9 @@ class Sessions:
         include_archived: bool = False,
         limit: int = 100,
         before: str | None = None,
-    ) -> list[Session]:
-        """Sessions, newest first; *before* (a session id) pages through older ones."""
+    ) -> Page[Session, str]:
+        """Sessions, newest first: at most *limit*, in a ``Page`` whose ``more`` says
+        there are older ones; ``before=page.next_cursor`` (a session id) lists them."""
         check_int(limit, "limit", minimum=1)
         check_opt_str(project, "project")
         for name, value in (("parent_id", parent_id), ("root_id", root_id), ("before", before)):
@@ -281,13 +283,16 @@ class Sessions:
             "root_id": root_id,
             "include_archived": include_archived,
             "before": before,
-            "limit": limit,
+            # One more than asked for: whether there is more is then known.
+            "limit": min(limit, INT_MAX - 1) + 1,
         }
         # A sharded store lists from its catalog: first bring this process's own
         # writes' updated_at into it.
         self._store.sync_catalog(LISTING_SYNC_WAIT)
         rows = self._store.read(lambda tx: tx.execute(self._store.queries["session_list"], params))
-        return [session_from_row(r) for r in rows]
+        found = [session_from_row(r) for r in rows[:limit]]
+        more = len(rows) > limit
+        return Page(found, more=more, next_cursor=found[-1].id if more else None)
 
     def children(self, session_id: str) -> builtins.list[Session]:
         """The subagent sessions spawned by *session_id*."""

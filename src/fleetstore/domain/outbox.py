@@ -55,7 +55,7 @@ from fleetstore.domain.codec import (
 )
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
-from fleetstore.models import Effect, EffectError, EffectState, NewEffect
+from fleetstore.models import Effect, EffectError, EffectState, NewEffect, Page
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
@@ -666,8 +666,10 @@ class Effects:
         kind: str | None = None,
         limit: int = 100,
         after: Effect | None = None,
-    ) -> builtins.list[Effect]:
-        """Effects by thread and seq, filtered; page with ``after=`` the last one."""
+    ) -> Page[Effect, Effect]:
+        """Effects by thread and seq, filtered: at most *limit*, in a ``Page`` whose
+        ``more`` says there are more; ``after=page.next_cursor`` (the last effect)
+        lists them."""
         if state is not None and (not isinstance(state, str) or str(state) not in _STATES):
             raise errors.InvalidInput(f"state must be one of {', '.join(_STATES)}, not {state!r}")
         check_int(limit, "limit", minimum=1, maximum=100_000)
@@ -691,10 +693,12 @@ class Effects:
             "kind": kind,
             "after_thread": after.thread_key if after is not None else None,
             "after_seq": after.seq if after is not None else None,
-            "limit": limit,
+            "limit": limit + 1,  # one more: whether there is more is then known
         }
         rows = self._store.read(lambda tx: tx.execute(q["effect_list"], params))
-        return [effect_from_row(self._store, r) for r in rows]
+        found = [effect_from_row(self._store, r) for r in rows[:limit]]
+        more = len(rows) > limit
+        return Page(found, more=more, next_cursor=found[-1] if more else None)
 
     def counts(self) -> dict[str, int]:
         """Effects per state (every state, zeros included), plus ``expired``:

@@ -43,7 +43,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -284,8 +284,33 @@ class Worker:
                 loop.call_soon_threadsafe(wake.set)
 
     def run(self) -> int:
-        """Run until stopped (or idle, with ``until_idle``); ``EXIT_OK`` or ``EXIT_HARD``."""
-        return asyncio.run(self.run_async())
+        """Run until stopped (or idle, with ``until_idle``); ``EXIT_OK`` or ``EXIT_HARD``.
+
+        In the main thread SIGINT and SIGTERM stop the worker (the second one hard)
+        for the whole call, the event loop's start and teardown included, and the
+        handlers found are put back at the end: a signal there used to fall to
+        Python's default handler, ``KeyboardInterrupt``, and ``fleetstore worker``
+        under ``timeout -s INT`` (which signals twice: the child and its group)
+        printed ``Aborted!`` and exited 1 in 1 run of 3
+        (tests/cli/test_worker_signals.py)."""
+        with self._signals_stop():
+            return asyncio.run(self.run_async())
+
+    @contextlib.contextmanager
+    def _signals_stop(self) -> Iterator[None]:
+        """SIGINT/SIGTERM -> ``_on_signal`` while the block runs (main thread only),
+        then the handlers that were there before."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, lambda signum, _frame: self._on_signal(signum))
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     async def run_async(self) -> int:
         loop = asyncio.get_running_loop()
@@ -295,6 +320,7 @@ class Worker:
         self._store_pool = ThreadPoolExecutor(
             self.concurrency + self.prefetch + 2, thread_name_prefix="fleetstore-store"
         )
+        previous = {int(sig): signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         installed = self._install_signals(loop)
         try:
             if self._declared:
@@ -313,7 +339,11 @@ class Worker:
             return EXIT_HUNG if self._hung and code == EXIT_OK else code
         finally:
             for sig in installed:
+                # remove_signal_handler sets Python's default (SIGINT: KeyboardInterrupt);
+                # put back what was there (run()'s handler, or the caller's).
                 loop.remove_signal_handler(sig)
+                if previous[sig] is not None:
+                    signal.signal(sig, previous[sig])
             self._store_pool.shutdown(wait=True)
             self._loop = self._wake = None
 

@@ -47,14 +47,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any, Self, TypeVar
 
-import psycopg
-import psycopg_pool
-
 from fleetstore import errors
+from fleetstore.core.extras import requires
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import redact
 from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations
+
+with requires("postgres", "a PostgreSQL store"):
+    import psycopg
+    import psycopg_pool
 
 T = TypeVar("T")
 Row = tuple[Any, ...]

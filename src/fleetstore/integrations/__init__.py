@@ -41,10 +41,13 @@ def run_import(
     do_import: Callable[[Store], T],
     describe: Callable[[T], str],
     stopped: str = "the import stopped midway",
+    *,
+    as_json: bool = False,
 ) -> int:
     """The body of ``fleetstore import --from <framework> FILE``: opens *store*,
-    runs *do_import* on it, prints ``describe(summary)`` (stdout) or the reason
-    (stderr), and returns the exit code (0 imported and verified; 1 rejected with
+    runs *do_import* on it, prints ``describe(summary)`` (*as_json*: the summary, a
+    dataclass, as one JSON object) on stdout or the reason on stderr, and returns
+    the exit code (0 imported and verified; 1 rejected with
     nothing written, stopped midway, or not verified).  ``ConfigError`` (a bad
     ``--store``) is raised for the command to report as bad usage."""
     try:
@@ -62,7 +65,13 @@ def run_import(
     except (errors.FleetstoreError, OSError) as exc:
         print(f"fleetstore import: {exc}", file=sys.stderr)
         return 1
-    print(describe(summary))
+    if as_json:
+        import dataclasses
+        import json
+
+        print(json.dumps(dataclasses.asdict(summary), default=str))  # type: ignore[call-overload]
+    else:
+        print(describe(summary))
     return 0
 
 

@@ -52,21 +52,8 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
-from google.adk.errors import StaleSessionError
-from google.adk.errors.already_exists_error import AlreadyExistsError
-from google.adk.errors.session_not_found_error import SessionNotFoundError
-from google.adk.events.event import Event
-from google.adk.sessions.base_session_service import (
-    BaseSessionService,
-    GetSessionConfig,
-    ListSessionsResponse,
-)
-from google.adk.sessions.session import Session
-from google.adk.sessions.state import State
-from pydantic import ValidationError
-from pydantic_core import to_jsonable_python
-
 from fleetstore import errors
+from fleetstore.core.extras import requires
 from fleetstore.core.ids import new_id
 from fleetstore.core.validate import check_text, dump_json
 from fleetstore.domain.codec import decode_value, encode_payload
@@ -76,6 +63,21 @@ from fleetstore.domain.ports import Tx
 from fleetstore.integrations import adopt_store, check_threads
 from fleetstore.store.aio import AsyncStore, _bridge
 from fleetstore.store.facade import Store
+
+with requires("adk", "fleetstore's ADK support"):
+    from google.adk.errors import StaleSessionError
+    from google.adk.errors.already_exists_error import AlreadyExistsError
+    from google.adk.errors.session_not_found_error import SessionNotFoundError
+    from google.adk.events.event import Event
+    from google.adk.sessions.base_session_service import (
+        BaseSessionService,
+        GetSessionConfig,
+        ListSessionsResponse,
+    )
+    from google.adk.sessions.session import Session
+    from google.adk.sessions.state import State
+    from pydantic import ValidationError
+    from pydantic_core import to_jsonable_python
 
 T = TypeVar("T")
 log = logging.getLogger("fleetstore.adk")

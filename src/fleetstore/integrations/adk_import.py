@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from google.adk.events.event import Event
-
 from fleetstore import errors
+from fleetstore.core.extras import requires
 from fleetstore.core.ids import is_valid_id, new_id
 from fleetstore.core.validate import dump_json
 from fleetstore.domain.codec import decode_value, encode_payload
@@ -44,6 +43,9 @@ from fleetstore.domain.ports import Tx
 from fleetstore.integrations.adk import _text_of
 from fleetstore.store.facade import Store
 from fleetstore.transfer.frameworks.adk import AdkSource, AdkSourceSession, read_adk_source
+
+with requires("adk", "importing an ADK session file"):
+    from google.adk.events.event import Event
 
 #: Events per import transaction, and the encoded bytes after which a batch ends early.
 _BATCH = 200
@@ -271,11 +273,13 @@ def summary_line(summary: AdkImportSummary) -> str:
     )
 
 
-def run_cli(file: str, store: str | None) -> int:
+def run_cli(file: str, store: str | None, *, as_json: bool = False) -> int:
     """The body of ``fleetstore import --from adk-sqlite FILE`` (see ``run_import``)."""
     from fleetstore.integrations import run_import
 
-    return run_import(store, lambda opened: import_adk_sqlite(opened, file), summary_line)
+    return run_import(
+        store, lambda opened: import_adk_sqlite(opened, file), summary_line, as_json=as_json
+    )
 
 
 __all__ = ["AdkImportSummary", "import_adk_sqlite", "run_cli", "summary_line"]

@@ -49,19 +49,8 @@ from itertools import islice
 from types import TracebackType
 from typing import Any, TypeVar
 
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    get_checkpoint_metadata,
-)
-from langgraph.checkpoint.serde.base import SerializerProtocol
-
 from fleetstore import errors
+from fleetstore.core.extras import requires
 from fleetstore.domain.frameworks.langgraph import (
     ChannelValue,
     Checkpoints,
@@ -71,6 +60,19 @@ from fleetstore.domain.frameworks.langgraph import (
 from fleetstore.integrations import adopt_store, check_threads
 from fleetstore.store.aio import AsyncStore, _bridge
 from fleetstore.store.facade import Store
+
+with requires("langgraph", "fleetstore's LangGraph support"):
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
 
 T = TypeVar("T")
 

@@ -34,11 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from langgraph.checkpoint.base import writes_sort_key
-from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-
 from fleetstore import errors
+from fleetstore.core.extras import requires
 from fleetstore.core.ids import new_id
 from fleetstore.domain.codec import encode_payload
 from fleetstore.domain.frameworks.langgraph import Typed, canonical_json, thread_key, version_key
@@ -51,6 +48,11 @@ from fleetstore.transfer.frameworks.langgraph import (
     bad_file,
     read_langgraph_source,
 )
+
+with requires("langgraph", "importing a LangGraph checkpoint file"):
+    from langgraph.checkpoint.base import writes_sort_key
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 _EMPTY_VALUE: dict[str, Any] = {"type": "empty", "enc": "bytes", "body": ""}
 
@@ -354,11 +356,13 @@ def summary_line(summary: LangGraphImportSummary) -> str:
     )
 
 
-def run_cli(file: str, store: str | None) -> int:
+def run_cli(file: str, store: str | None, *, as_json: bool = False) -> int:
     """The body of ``fleetstore import --from langgraph-sqlite FILE`` (see ``run_import``)."""
     from fleetstore.integrations import run_import
 
-    return run_import(store, lambda opened: import_langgraph_sqlite(opened, file), summary_line)
+    return run_import(
+        store, lambda opened: import_langgraph_sqlite(opened, file), summary_line, as_json=as_json
+    )
 
 
 __all__ = ["LangGraphImportSummary", "import_langgraph_sqlite", "run_cli", "summary_line"]

@@ -57,16 +57,18 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Final, TypeVar, cast
 
-from agents.items import TResponseInputItem
-from agents.memory.session import _CompactionSnapshot
-from agents.memory.session_settings import SessionSettings
-
 from fleetstore import errors
+from fleetstore.core.extras import requires
 from fleetstore.domain.frameworks import openai_agents as agents_ops
 from fleetstore.domain.frameworks.openai_agents import AgentSession, SessionPage
 from fleetstore.integrations import adopt_store
 from fleetstore.store.aio import AsyncStore, _bridge
 from fleetstore.store.facade import Store
+
+with requires("openai-agents", "fleetstore's OpenAI Agents SDK support"):
+    from agents.items import TResponseInputItem
+    from agents.memory.session import _CompactionSnapshot
+    from agents.memory.session_settings import SessionSettings
 
 T = TypeVar("T")
 log = logging.getLogger("fleetstore.agents")

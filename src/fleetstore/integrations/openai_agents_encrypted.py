@@ -26,12 +26,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.extensions.memory.encrypt_session import EncryptedSession as _SdkEncryptedSession
-from agents.extensions.memory.encrypt_session import _is_encrypted_envelope
-from agents.items import TResponseInputItem
-from agents.run_context import RunContextWrapper
-
+from fleetstore.core.extras import requires
 from fleetstore.integrations.openai_agents import FleetstoreSession
+
+with requires("openai-agents", "fleetstore's OpenAI Agents SDK support"):
+    from agents.extensions.memory.encrypt_session import EncryptedSession as _SdkEncryptedSession
+    from agents.extensions.memory.encrypt_session import _is_encrypted_envelope
+    from agents.items import TResponseInputItem
+    from agents.run_context import RunContextWrapper
 
 
 class EncryptedSession(_SdkEncryptedSession):

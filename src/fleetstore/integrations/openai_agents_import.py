@@ -230,7 +230,9 @@ def _verify(store: Store, plans: Sequence[_Plan]) -> int:
     return verified
 
 
-def run_cli(file: str, store: str | None, *, skip_invalid: bool = False) -> int:
+def run_cli(
+    file: str, store: str | None, *, skip_invalid: bool = False, as_json: bool = False
+) -> int:
     """The body of ``fleetstore import --from openai-agents-sqlite FILE`` (see
     ``run_import``); it stops, if the store stays locked, between two batches."""
     from fleetstore.integrations import run_import
@@ -240,6 +242,7 @@ def run_cli(file: str, store: str | None, *, skip_invalid: bool = False) -> int:
         lambda opened: import_sqlite(opened, file, skip_invalid=skip_invalid),
         lambda summary: f"fleetstore import: {summary.describe()}",
         stopped="the import stopped between two batches",
+        as_json=as_json,
     )
 
 

@@ -66,6 +66,7 @@ from fleetstore.models import (
     EffectState,
     Message,
     NewEffect,
+    Page,
     Part,
     Session,
     StateValue,
@@ -311,7 +312,7 @@ class AsyncSessions:
         include_archived: bool = False,
         limit: int = 100,
         before: str | None = None,
-    ) -> builtins.list[Session]:
+    ) -> Page[Session, str]:
         """``Sessions.list``."""
         return await self._owner._run(
             lambda: self.sync.list(
@@ -695,7 +696,7 @@ class AsyncEffects:
         kind: str | None = None,
         limit: int = 100,
         after: Effect | None = None,
-    ) -> builtins.list[Effect]:
+    ) -> Page[Effect, Effect]:
         """``Effects.list``."""
         return await self._owner._run(
             lambda: self.sync.list(

@@ -183,8 +183,9 @@ def remove_gone(
     """Remove the files of processes that are gone from ``<db>.procs/`` (each one a
     process killed before it could remove its own: the soak of issue 23 left 276),
     and their temporary files.  Returns (the files removed, or that a dry run would
-    remove; how many live processes' files were kept, that of PID *besides* not
-    counted)."""
+    remove; how many other live processes' files were kept: neither this process's
+    own, which goes when it closes the store and whose publisher may or may not have
+    written it yet (a race), nor that of PID *besides*)."""
     now = time.time() if now is None else now
     folder = procs_dir(db_path)
     found = read_published(db_path, now)

@@ -8,10 +8,9 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from fleetstore import errors
 from fleetstore.core.files import private_dirs
 from fleetstore.core.settings import Settings
-from fleetstore.core.targets import local_base, redact
+from fleetstore.core.targets import local_base
 from fleetstore.domain.blobs import DbBlobStore
 from fleetstore.engine.base import Engine
 from fleetstore.store.backend import OneDatabase, migrations
@@ -31,13 +30,8 @@ class ServerBackend(OneDatabase):
 
 def open_server(url: str, settings: Settings, queries: Mapping[str, str]) -> ServerBackend:
     """Connect to (and migrate if needed) the PostgreSQL store at *url*."""
-    try:
-        from fleetstore.engine.postgres import PgDatabase  # an extra: fleetstore[postgres]
-    except ImportError as exc:
-        raise errors.ConfigError(
-            f"{redact(url)}: PostgreSQL stores need psycopg: "
-            f"pip install 'fleetstore[postgres]' ({exc})"
-        ) from exc
+    # An extra: without psycopg this raises MissingDependency naming its pip install.
+    from fleetstore.engine.postgres import PgDatabase
 
     pg = PgDatabase.open(url, migrations("postgresql"), **dataclasses.asdict(settings))
     try:

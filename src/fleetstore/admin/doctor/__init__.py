@@ -1,4 +1,4 @@
-"""``fleetstore doctor PATH``: a strictly read-only health check of any SQLite file.
+"""``fleetstore doctor``: a strictly read-only health check of any SQLite file.
 
 What it looks at, in order (docs/doctor.md has the findings and the ``--json`` schema):
 

@@ -11,7 +11,7 @@ import stat
 from typing import Any
 
 from fleetstore.admin.doctor.probe import LONG_RUNNING_SECONDS, OVERDUE_SLACK_SECONDS, Probe
-from fleetstore.admin.doctor.report import SHARDS_NAMED, Report, Severity, mb, shards_named
+from fleetstore.admin.doctor.report import SHARDS_NAMED, Report, Severity, shards_named
 from fleetstore.core.units import size
 from fleetstore.engine import inspect
 from fleetstore.engine.inspect import FileFacts
@@ -289,7 +289,7 @@ def _space_findings(report: Report, database: dict[str, Any], db_size: int) -> N
         add(
             Severity.WARNING,
             "freelist-high",
-            f"{free} of {pages} pages ({free / pages:.0%}, {mb(free * page_size)}) are free: "
+            f"{free} of {pages} pages ({free / pages:.0%}, {size(free * page_size)}) are free: "
             "the file is much bigger than its data",
             "reclaim the space: `fleetstore maintain` (VACUUM, or incremental_vacuum when "
             "auto_vacuum is incremental)",
@@ -298,7 +298,7 @@ def _space_findings(report: Report, database: dict[str, Any], db_size: int) -> N
         add(
             Severity.WARNING,
             "auto-vacuum-off",
-            f"auto_vacuum is NONE on a {mb(db_size)} file: deleted data never gives "
+            f"auto_vacuum is NONE on a {size(db_size)} file: deleted data never gives "
             "space back without a full VACUUM",
             "PRAGMA auto_vacuum=INCREMENTAL followed by one VACUUM (rewrites the file; needs "
             "the write lock and free disk space of the file's size)",
@@ -348,7 +348,7 @@ def _disk_findings(report: Report, wal_size: int) -> None:
         report.add(
             Severity.PROBLEM,
             "disk-full",
-            f"{directory} has {mb(free)} free: writes, checkpoints, blob files and spool "
+            f"{directory} has {size(free)} free: writes, checkpoints, blob files and spool "
             "journals fail with StorageFull (nothing of a failed write is stored, the WAL "
             "keeps every committed write until a checkpoint gets through)",
             "free space on that file system (or grow it); the next commit's checkpoint "
@@ -358,8 +358,8 @@ def _disk_findings(report: Report, wal_size: int) -> None:
         report.add(
             Severity.WARNING,
             "disk-low",
-            f"{directory} has {mb(free)} free"
-            + (f", less than the WAL holds ({mb(wal_size)})" if free < wal_size else "")
+            f"{directory} has {size(free)} free"
+            + (f", less than the WAL holds ({size(wal_size)})" if free < wal_size else "")
             + ": writes start failing with StorageFull when it runs out",
             "free space on that file system",
         )
@@ -379,7 +379,7 @@ def _wal_findings(
         report.add(
             Severity.WARNING,
             "wal-large",
-            f"the WAL is {mb(wal_size)}, bigger than the database ({mb(db_size)}){live}: "
+            f"the WAL is {size(wal_size)}, bigger than the database ({size(db_size)}){live}: "
             "checkpoints are not keeping up, or a reader keeps the WAL from being reset",
             "end long read transactions, then `fleetstore maintain` or "
             "PRAGMA wal_checkpoint(TRUNCATE) when no reader is active",
@@ -480,7 +480,7 @@ def _lock_findings(report: Report, proc: dict[str, Any], waited: float, wal_size
                 if slot == 0
                 else ", checkpoints stop at its snapshot"
             )
-            + f", so the WAL keeps growing (now {mb(wal_size)})",
+            + f", so the WAL keeps growing (now {size(wal_size)})",
             "end that read transaction (commit or roll back, keep reads short); the next "
             "checkpoint can then reset the WAL",
         )
@@ -665,7 +665,7 @@ def _spool_findings(report: Report, spool: dict[str, Any]) -> None:
             "spool-stale",
             f"{len(stale)} spool journal(s) of processes that are gone hold {ops} "
             "acknowledged write(s) not yet in the database",
-            f"fleetstore recover {report.path}",
+            f"fleetstore recover --store {report.path}",
         )
     damaged = [j["journal"] for j in spool["journals"] if j["damaged"]]
     if damaged:
@@ -673,7 +673,7 @@ def _spool_findings(report: Report, spool: dict[str, Any]) -> None:
             Severity.PROBLEM,
             "spool-damaged",
             f"damaged spool journal(s): {', '.join(damaged)}; recover stops at the damage",
-            f"fleetstore recover {report.path}, then look at the kept file",
+            f"fleetstore recover --store {report.path}, then look at the kept file",
         )
     lacking = [j for j in spool["journals"] if j.get("missing_blobs")]
     if lacking:
@@ -686,7 +686,7 @@ def _spool_findings(report: Report, spool: dict[str, Any]) -> None:
             + (" ..." if len(shas) > 3 else "")
             + "): recover stops before the operation that needs one",
             "put the blob files back under STORE.blobs/ (from a backup), then "
-            f"fleetstore recover {report.path}",
+            f"fleetstore recover --store {report.path}",
         )
     if spool["rejected"]:
         add(
@@ -722,14 +722,14 @@ def _shard_file_findings(report: Report, section: dict[str, Any], url: str) -> N
         add(
             Severity.OK,
             "shards",
-            f"{files} shard file(s), {mb(section['total_bytes'])}: every one checked, "
+            f"{files} shard file(s), {size(section['total_bytes'])}: every one checked, "
             "nothing found",
         )
     else:
         add(
             Severity.OK,
             "shards",
-            f"{files} shard file(s), {mb(section['total_bytes'])}: {section['with_findings']} "
+            f"{files} shard file(s), {size(section['total_bytes'])}: {section['with_findings']} "
             "with findings (listed with their shard)",
         )
     missing = section["missing"]
@@ -756,7 +756,7 @@ def _shard_file_findings(report: Report, section: dict[str, Any], url: str) -> N
             f"no unfinished write names them: {named}; they are not listed and cannot "
             "be read by id",
             "a crash between a shard's write and the catalog's leaves an intent that "
-            f"`fleetstore recover {url}` (or any fleetstore.open) finishes, and none is "
+            f"`fleetstore recover --store {url}` (or any fleetstore.open) finishes, and none is "
             "left here: export the sessions from a copy of the file, or put back the "
             "catalog from a backup",
         )
@@ -785,7 +785,7 @@ def _intent_findings(report: Report, intents: list[dict[str, Any]], url: str) ->
             f"{len(stale)} catalog+shard write(s) of processes that are gone were left "
             f"half done: {named}; until finished, the catalog may not list what the shard "
             "holds (or list what it lost)",
-            f"`fleetstore recover {url}`, or any fleetstore.open() of the store, finishes "
+            f"`fleetstore recover --store {url}`, or any fleetstore.open() of the store, finishes "
             "them (it applies each to its shard again, idempotently, then to the catalog)",
         )
     if live:

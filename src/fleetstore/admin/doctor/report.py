@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetstore.core.render import table
 from fleetstore.core.units import size
 from fleetstore.errors import describe_state
 
@@ -102,10 +103,6 @@ def shards_named(items: list[dict[str, Any]]) -> str:
     return named + (f" and {more} more" if more > 0 else "")
 
 
-def mb(n: int | float) -> str:
-    return f"{n / 1e6:.1f} MB"
-
-
 class Severity(enum.Enum):
     """How bad a finding is; the worst one decides the exit code."""
 
@@ -193,10 +190,12 @@ def format_report(report: Report) -> str:
     lines = [f"fleetstore doctor: {title}", ""]
     files = data["files"]
     lines.append("Files")
-    for role in ("database", "wal", "shm", "journal", "gate"):
-        f = files.get(role)
-        if f:
-            lines.append(f"  {role:<9} {f['size']:>14,} bytes  mode {f['mode']}  uid {f['uid']}")
+    rows = [
+        (role, f"{f['size']:,} bytes", size(f["size"]), f["mode"], f["uid"])
+        for role in ("database", "wal", "shm", "journal", "gate")
+        if (f := files.get(role))
+    ]
+    lines.append(table(("", "bytes", "size", "mode", "uid"), rows, right={"bytes", "size"}))
     db = data["database"]
     lines += ["", "SQLite"]
     lines.append(
@@ -294,22 +293,34 @@ SIZES_LISTED = 8
 
 def _size_lines(sizes: dict[str, Any]) -> list[str]:
     """The bytes of the largest tables (each with its indexes) and of the free pages."""
-    lines = ["", f"Sizes (dbstat: each table with its indexes, of {size(sizes['total_bytes'])})"]
-    for t in sizes["tables"][:SIZES_LISTED]:
-        indexes = (
-            f" (table {size(t['table_bytes'])}, {t['indexes']} index(es) {size(t['index_bytes'])})"
-            if t["indexes"]
-            else ""
+    total = sizes["total_bytes"]
+    rows: list[tuple[str, str, str, str, str]] = [
+        (
+            t["table"],
+            size(t["bytes"]),
+            f"{t['share']:.1%}",
+            size(t["table_bytes"]) if t["indexes"] else "",
+            f"{t['indexes']}: {size(t['index_bytes'])}" if t["indexes"] else "",
         )
-        lines.append(f"  {t['table']:<24} {size(t['bytes']):>10} {t['share']:>6.1%}{indexes}")
+        for t in sizes["tables"][:SIZES_LISTED]
+    ]
     more = len(sizes["tables"]) - SIZES_LISTED
     if more > 0:
         rest = sum(t["bytes"] for t in sizes["tables"][SIZES_LISTED:])
-        lines.append(f"  {f'{more} more table(s)':<24} {size(rest):>10}")
+        rows.append(
+            (f"{more} more table(s)", size(rest), f"{rest / total if total else 0.0:.1%}", "", "")
+        )
     free = sizes["free_bytes"]
-    share = free / sizes["total_bytes"] if sizes["total_bytes"] else 0.0
-    lines.append(f"  {'(free pages)':<24} {size(free):>10} {share:>6.1%}")
-    return lines
+    rows.append(("(free pages)", size(free), f"{free / total if total else 0.0:.1%}", "", ""))
+    return [
+        "",
+        f"Sizes (dbstat: each table with its indexes, of {size(total)})",
+        table(
+            ("table", "size", "share", "table alone", "indexes"),
+            rows,
+            right={"size", "share", "table alone"},
+        ),
+    ]
 
 
 def _shard_lines(section: dict[str, Any]) -> list[str]:
@@ -318,8 +329,8 @@ def _shard_lines(section: dict[str, Any]) -> list[str]:
     lines = ["", f"Shards ({section['directory']}/shards)"]
     indexed = section["indexed_shards"]
     lines.append(
-        f"  {section['shard_files']:,} shard files, {mb(section['total_bytes'])} "
-        f"(WAL {mb(section['wal_bytes'])}); "
+        f"  {section['shard_files']:,} shard files, {size(section['total_bytes'])} "
+        f"(WAL {size(section['wal_bytes'])}); "
         + (
             f"the catalog's index names {indexed:,} ({section['indexed_sessions']:,} sessions)"
             if indexed is not None
@@ -330,8 +341,8 @@ def _shard_lines(section: dict[str, Any]) -> list[str]:
         lines.append(
             "  largest: "
             + ", ".join(
-                f"{e['key']} {mb(e['bytes'])}"
-                + (f" (WAL {mb(e['wal_bytes'])})" if e["wal_bytes"] else "")
+                f"{e['key']} {size(e['bytes'])}"
+                + (f" (WAL {size(e['wal_bytes'])})" if e["wal_bytes"] else "")
                 for e in section["largest"]
             )
         )
@@ -367,6 +378,5 @@ __all__ = [
     "Report",
     "Severity",
     "format_report",
-    "mb",
     "shards_named",
 ]

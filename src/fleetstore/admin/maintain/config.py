@@ -45,7 +45,7 @@ def format_age(seconds: float) -> str:
 class Config:
     """What ``maintain`` is asked to do.  Ages are in seconds."""
 
-    path: str
+    path: str | None  # None: $FLEETSTORE_URL, else the default store
     dry_run: bool = False
     yes: bool = False
     archive_older_than: float | None = None

@@ -4,13 +4,13 @@ figures and the cost of its writes), the ``Report`` of them all, and its text an
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.render import table
 
 #: ``progress(stage, done, total)``.
 Progress = Callable[[str, int, int], None]
@@ -85,15 +85,18 @@ def timed(report: Report, step: Step, fn: Callable[[Step], None]) -> None:
 def format_report(report: Report) -> str:
     kind = "fleetstore store" if report.kind == "fleetstore" else "foreign database"
     lines = [f"fleetstore maintain: {report.path} ({kind}){' (dry run)' if report.dry_run else ''}"]
-    for s in report.steps:
-        cost = ""
-        if s.transactions:
-            cost = (
-                f"  [{s.transactions} tx, max hold {s.max_hold * 1000:.1f} ms, "
-                f"max wait {s.max_wait * 1000:.1f} ms]"
-            )
-        mark = "FAILED " if s.status == "failed" else ""
-        lines.append(f"  {s.name:<10} {mark}{s.summary}{cost}")
+    rows = [
+        (
+            s.name,
+            ("FAILED " if s.status == "failed" else "") + s.summary,
+            f"{s.transactions} tx, max hold {s.max_hold * 1000:.1f} ms, "
+            f"max wait {s.max_wait * 1000:.1f} ms"
+            if s.transactions
+            else "",
+        )
+        for s in report.steps
+    ]
+    lines.append(table(("step", "what it did", "its writes"), rows))
     if not report.dry_run:
         lines.append(
             f"  longest lock hold of a maintenance transaction: {report.max_hold * 1000:.1f} ms"
@@ -101,8 +104,4 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
-def report_json(report: Report) -> str:
-    return json.dumps(report.to_json(), indent=2)
-
-
-__all__ = ["Progress", "Report", "Step", "format_report", "report_json", "timed"]
+__all__ = ["Progress", "Report", "Step", "format_report", "timed"]

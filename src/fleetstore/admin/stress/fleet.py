@@ -60,7 +60,6 @@ from fleetstore.admin.stress.procs import (
     Fleet,
     LockRun,
     Progress,
-    bar,
     child_env,
     sigterm_interrupts,
     stop_processes,
@@ -300,11 +299,14 @@ def _drive(fleet: Fleet, rng: random.Random, progress: Progress) -> None:
             turns = fleet.count_turns()
             if now < fleet.end:
                 progress.show(
-                    f"{target} {bar(elapsed / config.duration)} {elapsed:5.1f}/"
-                    f"{config.duration:g}s {turns:,} turns"
+                    target,
+                    elapsed,
+                    config.duration,
+                    f"{elapsed:5.1f}/{config.duration:g}s {turns:,} turns",
                 )
             else:
-                progress.show(f"{target}: {fleet.agents_running()} agents finishing their turn")
+                running = fleet.agents_running()
+                progress.show(target, 1, 1, f"{running} agents finishing their turn")
         time.sleep(_POLL)
 
 

@@ -57,47 +57,41 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 
 class Progress:
-    """One line on stderr: a redrawn bar on a terminal, a line every few seconds otherwise."""
+    """What the run is doing, on stderr: a rich bar redrawn in place on a terminal
+    (core/render.Bar), a plain line every few seconds otherwise."""
 
     def __init__(self, stream: TextIO | None) -> None:
+        from fleetstore.core.render import Bar
+
         self.stream = stream
-        self.tty = bool(stream is not None and stream.isatty())
+        self.bar = Bar(stream) if stream is not None else None
+        self.tty = self.bar is not None and self.bar.enabled
         self.interval = 0.5 if self.tty else 3.0
         self._next = 0.0
-        self._drawn = False
 
     def due(self) -> bool:
         return self.stream is not None and time.monotonic() >= self._next
 
-    def show(self, text: str) -> None:
-        if self.stream is None:
+    def show(self, label: str, done: float, total: float, note: str = "") -> None:
+        if self.stream is None or self.bar is None:
             return
         self._next = time.monotonic() + self.interval
         if self.tty:
-            self.stream.write("\r\x1b[2K" + text)
-            self._drawn = True
+            self.bar.update(label, done, total, note)
         else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+            share = f" ({min(done / total, 1.0):.0%})" if total > 0 else ""
+            self.stream.write(f"{label}{share} {note}".rstrip() + "\n")
+            self.stream.flush()
 
     def note(self, text: str) -> None:
-        """A line that stays: ends any bar first."""
-        if self.stream is None:
+        """A line that stays (above the bar on a terminal)."""
+        if self.stream is None or self.bar is None:
             return
-        self.done()
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        self.bar.print(text)
 
     def done(self) -> None:
-        if self.stream is not None and self._drawn:
-            self.stream.write("\r\x1b[2K")
-            self.stream.flush()
-            self._drawn = False
-
-
-def bar(fraction: float, width: int = 24) -> str:
-    filled = round(max(0.0, min(1.0, fraction)) * width)
-    return "[" + "#" * filled + "." * (width - filled) + "]"
+        if self.bar is not None:
+            self.bar.close()
 
 
 def child_env() -> dict[str, str]:
@@ -339,11 +333,13 @@ class Fleet:
                             f"{self.cfg['target']} {c.role} {c.index} exited with code "
                             f"{c.proc.returncode} before it was ready: {tail(c.errfile)}"
                         )
-                if progress.due():
+                if progress.due() or not waiting:  # the last one ready: the bar full
                     ready = len(children) - waiting
                     progress.show(
-                        f"{self.cfg['target']}: starting {bar(ready / len(children))} "
-                        f"{ready}/{len(children)} ready"
+                        f"{self.cfg['target']}: starting",
+                        ready,
+                        len(children),
+                        f"{ready}/{len(children)} ready",
                     )
 
     def go(self) -> None:
@@ -454,7 +450,7 @@ class Fleet:
         run.started_at = time.monotonic() - self.start
         run.proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "fleetstore", "lock", self.cfg["url"]),
+                *(sys.executable, "-m", "fleetstore", "lock", "--store", self.cfg["url"]),
                 *("--hold", f"{run.spec.hold:g}", "--wait", f"{wait:.3f}"),
             ],
             stdout=subprocess.PIPE,
@@ -483,7 +479,7 @@ class Fleet:
 
     def launch_maintain(self) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetstore", "maintain", self.cfg["url"], "--json"],
+            [sys.executable, "-m", "fleetstore", "maintain", "--store", self.cfg["url"], "--json"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fleetstore.core.units import size
+
 _COLORS = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")
 _W, _H = 640, 260
 _PAD_L, _PAD_R, _PAD_T, _PAD_B = 60, 16, 14, 36
@@ -410,8 +412,8 @@ def render(report: dict[str, Any]) -> str:
     )
     settings = (
         f"{r['agents']} agents x {r['duration']:g} s per target, think {r['think_ms']:g} ms, "
-        f"tool outputs ~{r['output_bytes']} B ({r['large_rate']:.0%} up to "
-        f"{r['large_bytes'] / 1048576:.3g} MiB), outside locks {faults}, kill rate "
+        f"tool outputs ~{size(r['output_bytes'])} ({r['large_rate']:.0%} up to "
+        f"{size(r['large_bytes'])}), outside locks {faults}, kill rate "
         f"{r['kill_rate']:g}/s, maintenance {'on' if r['maintain'] else 'off'}, "
         f"{r['workers']} outbox workers, synchronous {r['synchronous']}, seed {r['seed']}"
     )

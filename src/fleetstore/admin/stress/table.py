@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetstore.core.render import table
+from fleetstore.core.units import size as _size
+
 
 def format_report(report: dict[str, Any]) -> str:
     """The table ``fleetstore stress`` prints: one column per target."""
@@ -21,7 +24,6 @@ def format_report(report: dict[str, Any]) -> str:
     if r["drop_every"]:
         faults.append(f"BROKEN TARGET: drops every {r['drop_every']}th write")
     rows: list[tuple[str, list[str]]] = [
-        ("", [t["target"] for t in targets]),
         ("acknowledged turns", [f"{t['acknowledged']:,}" for t in targets]),
         ("failed turns", [f"{t['failed']:,}" for t in targets]),
         ("lost", [f"{t['lost']:,}" for t in targets]),
@@ -41,14 +43,7 @@ def format_report(report: dict[str, Any]) -> str:
     if any(t.get("bytes", {}).get("files") for t in targets):
         rows += _bytes_rows(targets)
     main = targets[0]
-    width = max(len(k) for k, _ in rows)
-    cols = [max(len(row[1][i]) for row in rows) for i in range(len(targets))]
-
-    def line(label: str, values: list[str]) -> str:
-        if len(values) < len(cols):
-            return f"  {label:<{width}}  " + "  ".join(values)
-        cells = [v.rjust(cols[i]) for i, v in enumerate(values)]
-        return f"  {label:<{width}}  " + "  ".join(cells)
+    names = [t["target"] for t in targets]
 
     lines = [
         f"fleetstore stress: {r['agents']} agents x {r['duration']:g}s per target, {think}, "
@@ -58,7 +53,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"synchronous {r['synchronous']}, write budget {r['write_budget']:g}s",
         f"  fleetstore target {r['url']}; results under {r['dir']}",
         "",
-        *(line(k, v) for k, v in rows),
+        table(["", *names], [(k, *v) for k, v in rows], right=set(names)),
         "",
     ]
     lines.append(
@@ -155,11 +150,3 @@ def _bytes_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
 
 def _clip(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _size(n: int) -> str:
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= factor:
-            v = n / factor
-            return f"{v:.3g} {unit}" if v < 1000 else f"{v:,.0f} {unit}"
-    return f"{n} B"

@@ -87,7 +87,7 @@ SELECT current_setting('block_size')::bigint,
 -- mnt_auto_vacuum: 0 none, 1 full, 2 incremental
 SELECT 0::bigint
 
--- mnt_sessions_list: sessions newest first (by last update), filtered; NULL filters match all
+-- mnt_sessions_list: sessions newest first (by last update), filtered, after an (updated_at, id) cursor; NULL filters match all
 SELECT s.id, s.parent_id, s.project, s.title, s.status, s.created_at, s.updated_at,
        (SELECT count(*) FROM messages m WHERE m.session_id = s.id), s.metadata
 FROM sessions s
@@ -95,6 +95,8 @@ WHERE (:project IS NULL OR s.project = :project)
   AND (:since IS NULL OR s.updated_at >= :since)
   AND (CAST(:include_archived AS boolean) OR s.status = 'active')
   AND (NOT CAST(:roots AS boolean) OR s.parent_id IS NULL)
+  AND (:after_updated IS NULL OR s.updated_at < :after_updated
+       OR (s.updated_at = :after_updated AND s.id < :after_id))
 ORDER BY s.updated_at DESC, s.id DESC
 LIMIT nullif(greatest(:limit, -1), -1)
 

@@ -79,7 +79,7 @@ SELECT (SELECT page_size FROM pragma_page_size()), (SELECT page_count FROM pragm
 -- mnt_auto_vacuum: 0 none, 1 full, 2 incremental
 SELECT auto_vacuum FROM pragma_auto_vacuum()
 
--- mnt_sessions_list: sessions newest first (by last update), filtered; NULL filters match all
+-- mnt_sessions_list: sessions newest first (by last update), filtered, after an (updated_at, id) cursor; NULL filters match all
 SELECT s.id, s.parent_id, s.project, s.title, s.status, s.created_at, s.updated_at,
        (SELECT count(*) FROM messages m WHERE m.session_id = s.id), s.metadata
 FROM sessions s
@@ -87,6 +87,8 @@ WHERE (:project IS NULL OR s.project = :project)
   AND (:since IS NULL OR s.updated_at >= :since)
   AND (:include_archived OR s.status = 'active')
   AND (NOT :roots OR s.parent_id IS NULL)
+  AND (:after_updated IS NULL OR s.updated_at < :after_updated
+       OR (s.updated_at = :after_updated AND s.id < :after_id))
 ORDER BY s.updated_at DESC, s.id DESC
 LIMIT :limit
 

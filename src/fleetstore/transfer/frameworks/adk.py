@@ -25,13 +25,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from google.adk.events.event import Event
-from pydantic import ValidationError
-
 from fleetstore import errors
+from fleetstore.core.extras import requires
 from fleetstore.core.validate import dump_json
 from fleetstore.domain.frameworks.adk import adk_fs_id
 from fleetstore.engine import foreign, inspect
+
+with requires("adk", "reading an ADK session file"):
+    from google.adk.events.event import Event
+    from pydantic import ValidationError
 
 _TABLES = ("sessions", "events", "app_states", "user_states")
 

@@ -58,6 +58,8 @@ tests/transfer/test_migrate.py and tests/transfer/test_reshard.py.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from fleetstore.transfer.migrate.report import (
     ConcurrentMigrate,
     DestinationNotEmpty,
@@ -67,7 +69,20 @@ from fleetstore.transfer.migrate.report import (
     TableReport,
     VerificationFailed,
 )
-from fleetstore.transfer.migrate.run import migrate, verify, verify_report
+
+if TYPE_CHECKING:
+    from fleetstore.transfer.migrate.run import migrate, verify, verify_report
+
+
+def __getattr__(name: str) -> Any:
+    # The run (and the store, apsw, zstandard with it) only when used: the CLI
+    # imports report.DEFAULT_BATCH_ROWS for `fleetstore --help` (tests/cli/test_startup.py).
+    if name in ("migrate", "verify", "verify_report"):
+        from fleetstore.transfer.migrate import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ConcurrentMigrate",

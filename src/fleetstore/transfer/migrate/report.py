@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.render import table
 
 #: ``progress(stage, done, total)``: called as batches are copied and tables verified.
 Progress = Callable[[str, int, int], None]
@@ -148,11 +149,16 @@ def format_report(report: MigrateReport, command: str = "migrate") -> str:
     ]
     if report.restarted:
         lines.append(f"  started over: {report.restarted}")
-    width = max((len(t.name) for t in report.tables), default=5)
-    lines.append(f"  {'table':<{width}}  {'rows':>10}  {'copied':>10}  verified")
-    for t in report.tables:
-        check = "ok" if t.verified else ("-" if t.src_sha256 is None else "DIFFERS")
-        lines.append(f"  {t.name:<{width}}  {t.rows:>10,}  {t.copied:>10,}  {check}")
+    rows = [
+        (
+            t.name,
+            f"{t.rows:,}",
+            f"{t.copied:,}",
+            "ok" if t.verified else ("-" if t.src_sha256 is None else "DIFFERS"),
+        )
+        for t in report.tables
+    ]
+    lines.append(table(("table", "rows", "copied", "verified"), rows, right={"rows", "copied"}))
     if report.copied:
         lines.append(
             f"  blob payloads copied: {report.blobs_copied:,} ({report.blob_bytes:,} bytes stored)"
