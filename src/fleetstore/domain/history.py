@@ -204,7 +204,7 @@ class Sessions:
         }
         if effect_list:
             args["effects"] = effect_list
-        if self._store.submit(Operation("create_session", args, new_id())) is None:
+        if self._store.submit(Operation("create_session", args, new_id(), True)) is None:
             return Session(
                 id=sid,
                 root_id=sid if parent_id is None else "",
@@ -288,7 +288,7 @@ class Sessions:
         effect_list = prepare_effects(self._store, effects).write()
         if effect_list:
             args["effects"] = effect_list
-        return self._unspooled(Operation("update_session", args, new_id()), session_id)
+        return self._unspooled(Operation("update_session", args, new_id(), True), session_id)
 
     def fork(
         self,
@@ -328,7 +328,7 @@ class Sessions:
         # The first batch of messages goes with the fork's row, hidden; a large
         # session's next batches each in a transaction of their own, and the fork is
         # seen once the last one is in (never half copied).
-        op = Operation("fork_session", args, new_id())
+        op = Operation("fork_session", args, new_id(), True)
         result = self._store.submit(op, spool=False)
         if result is not None and not result.get("done"):
             session_jobs.copy_fork(self._store, new, session_id)
@@ -341,14 +341,14 @@ class Sessions:
             "id": check_id(session_id, "session_id"),
             "archived": check_bool(archived, "archived"),
         }
-        return self._unspooled(Operation("archive_session", args, new_id()), session_id)
+        return self._unspooled(Operation("archive_session", args, new_id(), True), session_id)
 
     def delete(self, session_id: str) -> None:
         """Delete a session with its subagent sessions, messages, parts, usage and state.
         Gone for every reader at once; its rows are then removed in short transactions
         before this returns (past the write budget, by the store's job thread)."""
         args = {"id": check_id(session_id, "session_id")}
-        if self._store.submit(Operation("delete_session", args, new_id())) is not None:
+        if self._store.submit(Operation("delete_session", args, new_id(), True)) is not None:
             session_jobs.purge(self._store, session_id)
 
     def usage(self, session_id: str) -> Usage:
@@ -437,7 +437,7 @@ class Messages:
         }
         if effect_list:
             args["effects"] = effect_list
-        result = self._store.submit(Operation("append_message", args, new_id()))
+        result = self._store.submit(Operation("append_message", args, new_id(), True))
         if result is not None:
             self._seen(session_id)
         if result is None or result.get("duplicate"):
@@ -723,7 +723,7 @@ class Stream:
                     args["effects"] = self._effects
         args["now"] = time.time()
         try:
-            self._store.submit(Operation("stream_write", args, new_id()))
+            self._store.submit(Operation("stream_write", args, new_id(), True))
         except BaseException:
             # Keep them for the next write rather than lose them.  Their keys are
             # fixed and, if the failed write did commit, a rewrite inserts nothing:

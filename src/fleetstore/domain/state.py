@@ -25,7 +25,13 @@ from fleetstore.core.validate import (
     check_int,
     check_str,
 )
-from fleetstore.domain.codec import decode_value, encoded_body, prepare_state, write_payload
+from fleetstore.domain.codec import (
+    check_encoded,
+    columns,
+    decode_value,
+    prepare_state,
+    write_payload,
+)
 from fleetstore.domain.history_ops import session_row
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.outbox import prepare_effects
@@ -70,23 +76,26 @@ class State:
         """Store *value* (JSON-serialisable, or bytes) under *key*; returns it with
         its new version (``None`` while the write waits in this process's spool).
         *effects* are enqueued in the same transaction (the transactional outbox)."""
-        # Every argument checked before a blob file is written.
-        _check_expected(expected_version)
-        head, payload = prepare_state(self._store, session_id, key, value, namespace)
-        prepared = prepare_effects(self._store, effects)
-        effect_list = prepared.write()
+        # Every argument checked before a blob file is written; once, here.
+        if expected_version is not None:
+            check_int(expected_version, "expected_version")
+        store = self._store
+        head, payload = prepare_state(store, session_id, key, value, namespace)
         now = time.time()
         args: dict[str, Any] = {
             **head,
-            "value": write_payload(self._store, payload),
             "session_id": session_id,
             "expected_version": expected_version,
             "now": now,
         }
-        if effect_list:
+        if effects:
+            effect_list = prepare_effects(store, effects).write()
+            args["value"] = write_payload(store, payload)
             args["effects"] = effect_list
-        result = self._store.submit(
-            Operation("put_state", args, new_id()), spool=expected_version is None
+        else:
+            args["value"] = write_payload(store, payload)
+        result = store.submit(
+            Operation("put_state", args, new_id(), True), spool=expected_version is None
         )
         if result is None:
             return StateValue(session_id, key, value, None, namespace, now)
@@ -118,11 +127,12 @@ class State:
             "namespace": namespace,
             "key": key,
             "expected_version": expected_version,
+            "now": time.time(),
         }
         if effect_list:
             args["effects"] = effect_list
         result = self._store.submit(
-            Operation("delete_state", args, new_id()), spool=expected_version is None
+            Operation("delete_state", args, new_id(), True), spool=expected_version is None
         )
         return True if result is None else bool(result.get("deleted", True))
 
@@ -162,12 +172,16 @@ def _check_expected(expected: object) -> None:
 # -- the operations ----------------------------------------------------------------------------
 
 
-def _state_key(a: Args) -> tuple[str, str, str]:
-    return (
-        arg_id(a, "session_id"),
-        arg_str(a, "namespace", optional=False, limit=STATE_NAMESPACE_MAX, empty=False),
-        arg_str(a, "key", optional=False, limit=STATE_KEY_MAX, empty=False),
-    )
+def _state_key(a: Args) -> dict[str, Any]:
+    return {
+        "session_id": arg_id(a, "session_id"),
+        "namespace": arg_str(
+            a, "namespace", optional=False, limit=STATE_NAMESPACE_MAX, empty=False
+        ),
+        "key": arg_str(a, "key", optional=False, limit=STATE_KEY_MAX, empty=False),
+        "expected_version": arg_int(a, "expected_version", minimum=0),
+        "now": arg_time(a, "now"),
+    }
 
 
 def _check_version(current: int | None, expected: int | None, what: str) -> None:
@@ -179,42 +193,45 @@ def _check_version(current: int | None, expected: int | None, what: str) -> None
         )
 
 
-@OPERATIONS.declare("put_state", scope=Scope.SESSION)
+def _check_put(a: Args) -> dict[str, Any]:
+    args = _state_key(a)
+    args["value"] = check_encoded(
+        a.get("value"), f"state {args['namespace']}/{args['key']}", ("json", "bytes")
+    )
+    return args
+
+
+@OPERATIONS.declare("put_state", scope=Scope.SESSION, check=_check_put)
 def put_state(tx: Tx, q: Queries, a: Args) -> Result:
     return write_state(tx, q, a, check_session=True)
 
 
 def write_state(tx: Tx, q: Queries, a: Args, *, check_session: bool) -> Result:
-    """``put_state``'s work; *check_session* False when the caller's transaction
-    already found the session (a stream that made its message in it)."""
-    sid, ns, key = _state_key(a)
-    expected = arg_int(a, "expected_version", minimum=0)
-    value = a.get("value")
-    if not isinstance(value, dict):
-        raise errors.InvalidInput("state value must be an encoded payload")
-    now = arg_time(a, "now")
-    enc, body, sha, size = encoded_body(tx, q, value, f"state {ns}/{key}", now)
-    if enc == "str":
-        raise errors.InvalidInput("state values are JSON or bytes")
+    """``put_state``'s work, its arguments checked; *check_session* False when the
+    caller's transaction already found the session (a stream that made its message in
+    it)."""
+    sid, ns, key, now = a["session_id"], a["namespace"], a["key"], a["now"]
+    enc, body, sha, size = columns(tx, q, a["value"], now)
     if check_session:
         session_row(tx, q, sid)
     rows = tx.execute(q["state_version"], (sid, ns, key))
     current = rows[0][0] if rows else None
-    _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")
+    expected = a.get("expected_version")
+    if expected is not None:
+        _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")
     version = (current or 0) + 1
     tx.execute(q["state_upsert"], (sid, ns, key, version, enc, body, sha, size, now))
     return {"version": version, "updated_at": now}
 
 
-@OPERATIONS.declare("delete_state", scope=Scope.SESSION)
+@OPERATIONS.declare("delete_state", scope=Scope.SESSION, check=_state_key)
 def delete_state(tx: Tx, q: Queries, a: Args) -> Result:
-    sid, ns, key = _state_key(a)
-    expected = arg_int(a, "expected_version", minimum=0)
+    sid, ns, key = a["session_id"], a["namespace"], a["key"]
     rows = tx.execute(q["state_version"], (sid, ns, key))
     if not rows:
         session_row(tx, q, sid)  # an unknown session is NotFound, as for put_state
     current = rows[0][0] if rows else None
-    _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")
+    _check_version(current, a["expected_version"], f"state {ns}/{key} of session {sid!r}")
     if current is not None:
         tx.execute(q["state_delete"], (sid, ns, key))
     return {"deleted": current is not None}

@@ -263,6 +263,12 @@ class Board:
             i = marks.find(1, i + 1)
         return i if i < 0 or self.states[i] < 256 else -1
 
+    def quiet(self) -> bool:
+        """Nothing posted or in flight but (maybe) ours: a lone write need not look."""
+        marks = self._low().translate(_ACTIVE_BYTES)
+        i = marks.find(1)
+        return i < 0 or (i == self.slot and marks.find(1, i + 1) < 0)
+
     def active(self) -> list[int]:
         """Every posted or in-flight slot but ours (in-flight: an orphan)."""
         marks = self._low().translate(_ACTIVE_BYTES)
