@@ -282,7 +282,16 @@ def _break(monkeypatch: pytest.MonkeyPatch, db: Database, step: str) -> None:
         return broken
 
     if step == "WAL size count":
-        monkeypatch.setattr(db._gate, "swap_wal_frames", once(db._gate.swap_wal_frames))
+        # The WAL hook (inside COMMIT) reads the step of its count: make that fail once.
+        value = db._checkpoint_step
+
+        def step_of(self: Database) -> int:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError(f"injected: {step}")
+            return value
+
+        monkeypatch.setattr(Database, "_checkpoint_step", property(step_of), raising=False)
     elif step == "gate release":
         real_flock = gate.fcntl.flock
 

@@ -411,18 +411,24 @@ class Messages:
         mid = new_id() if id is None else check_id(id, "id")
         check_id(session_id, "session_id")
         check_str(role, "role", limit=ROLES_MAX, empty=False)
-        check_opt_str(model, "model", MAX_MODEL)
-        meta = _metadata(metadata)
-        usage_dict = usage_args(usage)
-        if isinstance(parts, Mapping | bytes | bytearray) or not isinstance(parts, Sequence):
+        if model is not None:
+            check_str(model, "model", limit=MAX_MODEL)
+        meta = {} if metadata is None else _metadata(metadata)
+        usage_dict = None if usage is None else usage_args(usage)
+        if parts.__class__ is str:
+            part_list: tuple[Part, ...] = (Text(parts),)
+        elif parts.__class__ in (list, tuple) or (
+            isinstance(parts, Sequence) and not isinstance(parts, str | bytes | bytearray)
+        ):
+            part_list = tuple(parts)
+        else:
             raise errors.InvalidInput(
                 f"parts must be a list of parts or a string, not {type(parts).__name__}"
             )
-        part_list: tuple[Part, ...] = (Text(parts),) if isinstance(parts, str) else tuple(parts)
         prepared = prepare_parts(self._store, part_list)
-        prepared_effects = prepare_effects(self._store, effects)
+        prepared_effects = prepare_effects(self._store, effects) if effects else None
         # Last: they write the blob files, and everything has been checked.
-        effect_list = prepared_effects.write()
+        effect_list = prepared_effects.write() if prepared_effects is not None else None
         encoded = write_parts(self._store, prepared)
         now = time.time()
         args: dict[str, Any] = {

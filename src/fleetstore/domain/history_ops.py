@@ -35,6 +35,7 @@ from fleetstore.core.validate import (
     arg_time,
     check_number,
     dump_json,
+    to_json,
 )
 from fleetstore.domain.codec import check_encoded, columns
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
@@ -42,7 +43,6 @@ from fleetstore.engine.base import Tx
 from fleetstore.models import PART_KINDS, STREAMED_KINDS, USAGE_FIELDS
 
 OPERATIONS = Declarations()
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _COUNTS = tuple(f for f in USAGE_FIELDS if f != "cost")
 
 
@@ -289,7 +289,7 @@ def fork_session(tx: Tx, q: Queries, a: Args) -> Result:
 
 def meta_json(meta: Args) -> str:
     """The JSON text of a checked metadata object (``{}`` costs nothing)."""
-    return _ENCODER.encode(meta) if meta else "{}"
+    return to_json(meta) if meta else "{}"
 
 
 def check_part(part: object, what: str) -> dict[str, Any]:

@@ -23,10 +23,11 @@ import enum
 import json
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id
+from fleetstore.core.validate import to_json
 from fleetstore.engine.base import Tx
 
 Args = Mapping[str, Any]
@@ -87,6 +88,7 @@ Apply = Callable[[Tx, Queries, Args], Result]
 #: An operation's arguments from outside, checked and put in the form its apply
 #: function reads (``InvalidInput`` otherwise).
 Check = Callable[[Args], dict[str, Any]]
+_F = TypeVar("_F", bound=Apply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +142,13 @@ class Declarations:
         creates: str | None = None,
         retry_safe: bool = True,
         check: Check | None = None,
-    ) -> Callable[[Apply], Apply]:
+    ) -> Callable[[_F], _F]:
         if not isinstance(scope, Scope):
             raise TypeError(f"operation {name!r}: scope must be a Scope, not {scope!r}")
         if any(s.name == name for s in self.specs):
             raise ValueError(f"operation {name!r} declared twice")
 
-        def decorate(fn: Apply) -> Apply:
+        def decorate(fn: _F) -> _F:
             self.specs.append(
                 OpSpec(
                     name,
@@ -170,12 +172,9 @@ class Declarations:
 MAX_KEPT_RESULT = 4096
 
 
-_RESULT_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
 def result_json(result: Result) -> str | None:
     try:
-        text = _RESULT_ENCODER.encode(result)
+        text = to_json(result)
     except (TypeError, ValueError):
         return None
     return text if len(text) <= MAX_KEPT_RESULT else None

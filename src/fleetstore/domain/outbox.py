@@ -53,6 +53,7 @@ from fleetstore.domain.codec import (
     columns,
     decode_value,
     prepare_payload,
+    value_payload,
     write_payload,
 )
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
@@ -193,11 +194,11 @@ def insert_effect(tx: Tx, q: Queries, a: Args, now: float) -> Result:
     this for their ``effects`` (the transactional outbox)."""
     eid, thread, kind, key = a["id"], a["thread_key"], a["kind"], a["idempotency_key"]
     for found in (
-        tx.execute(q["effect_by_key"], (key,)) if key is not None else [],
-        [r[:3] for r in tx.execute(q["effect_get"], (eid,))],
+        tx.execute(q["effect_by_key"], (key,)) if key is not None else (),
+        tx.execute(q["effect_get"], (eid,)),
     ):
         if found:
-            old_id, old_thread, old_kind = found[0]
+            old_id, old_thread, old_kind = found[0][:3]
             if (old_thread, old_kind) != (thread, kind):
                 raise errors.AlreadyExists(
                     f"effect {old_id!r} (idempotency key {key!r}) already exists "
@@ -552,38 +553,58 @@ def effect_from_row(store: StorePort, row: Sequence[Any]) -> Effect:
     )
 
 
+def _effect_args(
+    thread_key: object,
+    kind: object,
+    key: object,
+    eid: str,
+    delay: object,
+    max_attempts: object,
+    replay_safe: object,
+) -> dict[str, Any]:
+    """``enqueue_effect`` arguments but its payload, every one checked (the usual
+    values accepted inline: a check function per argument was most of an enqueue's
+    Python calls)."""
+    check_str(thread_key, "thread_key", limit=MAX_THREAD_KEY, empty=False)
+    check_str(kind, "kind", limit=MAX_KIND, empty=False)
+    if key is not None:
+        check_str(key, "idempotency_key", limit=MAX_THREAD_KEY, empty=False)
+    if delay.__class__ is not float or delay != 0.0:
+        check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
+    if max_attempts.__class__ is not int or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        check_int(max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+    return {
+        # An idempotency key names the effect: a retry of the enqueue, spooled
+        # or not, carries the same id, so the caller always learns it.
+        "id": derived_id("effect", key) if key is not None else eid,  # type: ignore[arg-type]
+        "thread_key": thread_key,
+        "kind": kind,
+        "idempotency_key": key,
+        "delay": delay,
+        "max_attempts": max_attempts,
+        "replay_safe": None if replay_safe is None else _replay_safe(replay_safe),
+    }
+
+
 def _prepare_effect(store: StorePort, spec: object) -> tuple[dict[str, Any], Prepared]:
     """``enqueue_effect`` arguments for *spec* (its payload still to write) with
     every check done: nothing written."""
     if not isinstance(spec, NewEffect):
         raise errors.InvalidInput(f"effects must be NewEffect values, not {type(spec).__name__}")
-    for name, value, limit in (
-        ("thread_key", spec.thread_key, MAX_THREAD_KEY),
-        ("kind", spec.kind, MAX_KIND),
-    ):
-        check_str(value, name, limit=limit, empty=False)
-    key = spec.idempotency_key
-    if key is not None:
-        check_str(key, "idempotency_key", limit=MAX_THREAD_KEY, empty=False)
     check_id(spec.id, "id")
-    check_number(spec.delay, "delay", minimum=0.0, maximum=MAX_DELAY)
-    check_int(spec.max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
-    _replay_safe(spec.replay_safe)
+    args = _effect_args(
+        spec.thread_key,
+        spec.kind,
+        spec.idempotency_key,
+        spec.id,
+        spec.delay,
+        spec.max_attempts,
+        spec.replay_safe,
+    )
     if isinstance(spec.payload, bytes | bytearray | memoryview):
         payload = prepare_payload(store, bytes(spec.payload), "bytes")
     else:
         payload = prepare_payload(store, dump_json(spec.payload, "effect payload"), "json")
-    args = {
-        # An idempotency key names the effect: a retry of the enqueue, spooled
-        # or not, carries the same id, so the caller always learns it.
-        "id": derived_id("effect", key) if key is not None else spec.id,
-        "thread_key": spec.thread_key,
-        "kind": spec.kind,
-        "idempotency_key": key,
-        "delay": spec.delay,
-        "max_attempts": spec.max_attempts,
-        "replay_safe": _replay_safe(spec.replay_safe),
-    }
     return args, payload
 
 
@@ -659,17 +680,13 @@ class Effects:
         after its worker was lost mid-run?  (None: as its kind was declared, and
         replay-safe if it never was.)  Past the write budget the enqueue waits
         in this process's spool like any write."""
-        spec = NewEffect(
-            thread_key,
-            kind,
-            payload,
-            idempotency_key=idempotency_key,
-            delay=delay,
-            max_attempts=max_attempts,
-            replay_safe=replay_safe,
+        store = self._store
+        op_id = new_id()
+        args = _effect_args(
+            thread_key, kind, idempotency_key, op_id, delay, max_attempts, replay_safe
         )
-        args = effect_args(self._store, spec)
-        result = self._store.submit(Operation("enqueue_effect", args, new_id(), True))
+        args["payload"] = value_payload(store, payload, "effect payload")
+        result = store.submit(Operation("enqueue_effect", args, op_id, True))
         return str(result["id"]) if result is not None else str(args["id"])
 
     def get(self, effect_id: str) -> Effect:

@@ -106,9 +106,10 @@ def apply(tx: Tx, q: Queries, op: Operation, now: float) -> Result:
     """Apply *op* inside the write transaction *tx*.  Returns the operation's
     result, or ``{"duplicate": True}`` if it had been applied before.  A trusted
     operation's arguments are not looked at again (``checked``)."""
-    spec = REGISTRY.get(op.name)
-    if spec is None:
-        raise errors.InvalidInput(f"unknown operation {op.name!r}")
+    try:
+        spec = REGISTRY[op.name]
+    except KeyError:
+        raise errors.InvalidInput(f"unknown operation {op.name!r}") from None
     if spec.logged:
         found = tx.execute(q["op_applied"], (op.op_id,))
         if found:
@@ -127,7 +128,10 @@ def apply(tx: Tx, q: Queries, op: Operation, now: float) -> Result:
         for effect in effects:
             outbox.insert_effect(tx, q, effect, when)
     if spec.logged:
-        tx.execute(q["op_record"], (op.op_id, op.name, op.session_id, now, result_json(result)))
+        sid = args.get("session_id", args.get("id"))
+        if sid.__class__ is not str:
+            sid = None
+        tx.execute(q["op_record"], (op.op_id, op.name, sid, now, result_json(result)))
     return result
 
 

@@ -25,13 +25,7 @@ from fleetstore.core.validate import (
     check_int,
     check_str,
 )
-from fleetstore.domain.codec import (
-    check_encoded,
-    columns,
-    decode_value,
-    prepare_state,
-    write_payload,
-)
+from fleetstore.domain.codec import check_encoded, columns, decode_value, value_payload
 from fleetstore.domain.history_ops import session_row
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.outbox import prepare_effects
@@ -79,21 +73,33 @@ class State:
         # Every argument checked before a blob file is written; once, here.
         if expected_version is not None:
             check_int(expected_version, "expected_version")
+        check_id(session_id, "session_id")
+        # The usual key and namespace accepted here; anything else goes to _check_key
+        # for its error (a check function each was 4 of a put's 100 Python calls).
+        if (
+            key.__class__ is not str
+            or namespace.__class__ is not str
+            or not 0 < len(key) <= STATE_KEY_MAX
+            or not 0 < len(namespace) <= STATE_NAMESPACE_MAX
+            or not (key + namespace).isascii()
+            or "\x00" in key
+            or "\x00" in namespace
+        ):
+            _check_key(session_id, key, namespace)
         store = self._store
-        head, payload = prepare_state(store, session_id, key, value, namespace)
+        if effects:
+            prepared = prepare_effects(store, effects)  # every one checked, nothing written
         now = time.time()
         args: dict[str, Any] = {
-            **head,
+            "namespace": namespace,
+            "key": key,
+            "value": value_payload(store, value, f"state value {key!r}"),
             "session_id": session_id,
             "expected_version": expected_version,
             "now": now,
         }
         if effects:
-            effect_list = prepare_effects(store, effects).write()
-            args["value"] = write_payload(store, payload)
-            args["effects"] = effect_list
-        else:
-            args["value"] = write_payload(store, payload)
+            args["effects"] = prepared.write()
         result = store.submit(
             Operation("put_state", args, new_id(), True), spool=expected_version is None
         )
@@ -202,11 +208,7 @@ def _check_put(a: Args) -> dict[str, Any]:
 
 
 @OPERATIONS.declare("put_state", scope=Scope.SESSION, check=_check_put)
-def put_state(tx: Tx, q: Queries, a: Args) -> Result:
-    return write_state(tx, q, a, check_session=True)
-
-
-def write_state(tx: Tx, q: Queries, a: Args, *, check_session: bool) -> Result:
+def write_state(tx: Tx, q: Queries, a: Args, *, check_session: bool = True) -> Result:
     """``put_state``'s work, its arguments checked; *check_session* False when the
     caller's transaction already found the session (a stream that made its message in
     it)."""

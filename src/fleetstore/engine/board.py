@@ -257,7 +257,9 @@ class Board:
 
     def posted(self) -> int:
         """A slot posted by another instance, or -1."""
-        marks = self._low().translate(_POSTED_BYTES)
+        marks: bytes = self._mm[STATES_AT : STATES_AT + 4 * BOARD_SLOTS : 4].translate(
+            _POSTED_BYTES
+        )
         i = marks.find(1)
         if i == self.slot and i >= 0:
             i = marks.find(1, i + 1)
@@ -265,7 +267,9 @@ class Board:
 
     def quiet(self) -> bool:
         """Nothing posted or in flight but (maybe) ours: a lone write need not look."""
-        marks = self._low().translate(_ACTIVE_BYTES)
+        marks: bytes = self._mm[STATES_AT : STATES_AT + 4 * BOARD_SLOTS : 4].translate(
+            _ACTIVE_BYTES
+        )
         i = marks.find(1)
         return i < 0 or (i == self.slot and marks.find(1, i + 1) < 0)
 

@@ -153,6 +153,7 @@ class Checkpoints:
     _checkpointer: apsw.Connection | None
     _checkpoint_lock: threading.Lock
     _checkpoint_due: bool
+    _checkpoint_step: int
     _checkpoints: Checkpointer
     _catch_up: CatchUp
     _wal_frames: int

@@ -159,6 +159,8 @@ class Host(Protocol):
 
     def _committed(self, started: float, acquired: float, items: int, served: int) -> None: ...
 
+    def _after_commit(self, wait: float, hold: float, items: int = 0, served: int = 0) -> None: ...
+
     def _handed_over(self) -> None: ...
 
     def _count(self, name: str) -> None: ...
@@ -312,7 +314,13 @@ class Combiner:
                 self._lead_next()
                 raise
             if value is not _PENDING:
-                self._lead_next()
+                with self._lock:
+                    if self._queue:
+                        nxt = self._queue[0]
+                        nxt.lead = True
+                        self._resolve(nxt)
+                    else:
+                        self._leading = False
                 return value
         req = Request(item, started + self._budget)
         with self._lock:
@@ -382,7 +390,7 @@ class Combiner:
         gate.release()
         if board.posted() >= 0:
             self._late_posts()
-        db._committed(started, acquired, 1, 0)
+        db._after_commit(acquired - started, self.clock() - acquired, 1, 0)
         return value
 
     def _late_posts(self) -> None:

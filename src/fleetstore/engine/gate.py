@@ -350,7 +350,10 @@ class WriterGate:
         finally:
             # Whatever failed above, this process's other threads must not wait on
             # a mutex nobody holds any more.
-            self._release_mutex()
+            if self._closed:
+                self._release_mutex()
+            else:
+                self._mutex.release()
         if mm is not None:
             # After the doorbell's new value and the mutex's release (a barrier):
             # a waiter that set its byte before it slept is seen here, or it read the

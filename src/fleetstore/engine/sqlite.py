@@ -188,8 +188,7 @@ class Database(Checkpoints):
         self._idle_readers: list[apsw.Connection] = []
         self._busy_readers: set[apsw.Connection] = set()
         self._gate = WriterGate(self.gate_path, cross_process=self.settings.gate)
-        word = self._gate.moved_word
-        self._moved_seen = 0 if word is None else word.value
+        self._moved_seen = 0 if self._gate.moved_word is None else self._gate.moved_word.value
         self._identity_due = 0.0
         self._metrics = self.shared_metrics if self.shared_metrics is not None else WriteMetrics()
         self._wal_frames = 0
@@ -198,7 +197,10 @@ class Database(Checkpoints):
         #: the next writer of this process to copy the rest before it releases the gate.
         self._catch_up = CatchUp()
         self._frame_bytes = 4096 + 24
+        self._checkpoint_step = max(self.settings.checkpoint_bytes // self._frame_bytes, 1)
         self._write_owner = 0  # thread inside write(), to refuse nesting
+        self._cursor: apsw.Cursor | None = None  # the writer's, from one write to the next
+        self._cursor_of: apsw.Connection | None = None  # ... of this connection
         self._tx_level = self._level  # synchronous of the writer connection now
         # Checkpoints run in a thread of their own: a passive checkpoint fsyncs the WAL
         # and the database (8-12 ms measured), which the writer whose commit crossed
@@ -282,6 +284,7 @@ class Database(Checkpoints):
         except apsw.Error as exc:
             raise translate(exc, self.path) from exc
         self._frame_bytes = page_size + 24
+        self._checkpoint_step = max(self.settings.checkpoint_bytes // self._frame_bytes, 1)
         if mode == "wal" and not fresh:
             return
         # The switch needs the file to itself and fails at once (or silently keeps
@@ -362,28 +365,31 @@ class Database(Checkpoints):
             conn.set_wal_hook(self._on_wal_commit)
 
     def _on_wal_commit(self, _conn: apsw.Connection, _name: str, frames: int) -> int:
-        # Runs inside COMMIT, once the commit is in the WAL: an error returned (or
-        # raised) here would make COMMIT raise for a committed transaction.
+        # Runs inside COMMIT, once the commit is in the WAL, gate held: an error
+        # returned (or raised) here would make COMMIT raise for a committed
+        # transaction.  The gate file carries the WAL size the previous committer saw,
+        # so exactly one process (the one whose commit crosses a multiple of
+        # checkpoint_bytes) checkpoints, where a count per process made a fleet of 64
+        # checkpoint 64 times as often (benchmarks).
         try:
-            self._count_wal_frames(frames)
+            # (No local name for the view: a logged error's traceback keeping this frame
+            # would keep the gate's mapping from being closed.)
+            gate = self._gate
+            if gate._wal_word is None:
+                before = self._wal_frames
+            else:
+                before = gate._wal_word.value
+                gate._wal_word.value = frames
+            if frames <= before:  # the WAL was started over since (a commit adds frames)
+                before = 0
+                self._metrics.count("wal_restarts")
+            self._wal_frames = frames
+            step = self._checkpoint_step
+            if frames // step > before // step:
+                self._checkpoint_due = True
         except Exception as exc:
             self._background_error("WAL size count", exc)
         return apsw.SQLITE_OK
-
-    def _count_wal_frames(self, frames: int) -> None:
-        # Gate held.  The gate file carries the WAL size the previous committer saw,
-        # so exactly one process (the one whose commit crosses a multiple of
-        # checkpoint_bytes) checkpoints, where a count per process made a fleet of
-        # 64 checkpoint 64 times as often (benchmarks).
-        shared = self._gate.swap_wal_frames(frames)
-        before = self._wal_frames if shared is None else shared
-        if frames <= before:  # the WAL was started over since (a commit adds frames)
-            before = 0
-            self._metrics.count("wal_restarts")
-        self._wal_frames = frames
-        step = max(self.settings.checkpoint_bytes // self._frame_bytes, 1)
-        if frames // step > before // step:
-            self._checkpoint_due = True
 
     def _check_process(self) -> None:
         # (A forked child was already dealt with by the at-fork hook.)
@@ -427,6 +433,8 @@ class Database(Checkpoints):
 
     def _discard(self, conn: apsw.Connection) -> None:
         self._metrics.count("discarded_connections")
+        if self._cursor_of is conn:
+            self._cursor = self._cursor_of = None
         if conn is self._writer:
             self._writer = None
         with contextlib.suppress(apsw.Error), _guard.inside():
@@ -454,11 +462,19 @@ class Database(Checkpoints):
         try:
             tx = self._open_write(started, started + self.settings.write_budget)
             acquired = time.monotonic()
+            # A block of code of its own may read another database attached to the
+            # writer, whose locks can be busy: it gets the busy timeout back (the store's
+            # operations take no other lock, and their writes set none).
+            conn = tx._conn
+            conn.setbusytimeout(self.settings.busy_timeout_ms)
             try:
                 yield tx
             except BaseException:
                 self._end_write(tx, commit=False)
                 raise
+            finally:
+                with contextlib.suppress(apsw.Error):
+                    conn.setbusytimeout(0)
             self._end_write(tx, commit=True)
         finally:
             self._hand_on(gate)
@@ -479,12 +495,14 @@ class Database(Checkpoints):
             except Exception as exc:
                 self._background_error(step, exc)
 
-    def _after_commit(self, wait: float, hold: float) -> None:
+    def _after_commit(self, wait: float, hold: float, items: int = 0, served: int = 0) -> None:
         """What follows a commit: figures, and a checkpoint if due.  Never raises (the
         commit stands whatever happens here: tests/engine/test_faults.py)."""
         try:
-            self._metrics.record_write(wait, hold)
-            self._maybe_checkpoint()
+            self._metrics.record_write(wait, hold, items, served)
+            if self._checkpoint_due:
+                self._checkpoint_due = False
+                self._checkpoints.request()
         except Exception as exc:
             self._background_error("after commit", exc)
 
@@ -535,17 +553,22 @@ class Database(Checkpoints):
         None), within its budget; else, or if that does not succeed in time, it raises
         ``CommitUncertain``.  A full disk is waited out within the budget, then
         ``StorageFull``."""
-        self._check_process()
-        if not all(callable(getattr(item, name, None)) for name in ("run", "payload", "result")):
-            raise errors.InvalidInput(
-                f"item must have run(), payload() and result() (engine.base.Item), not "
-                f"{type(item).__name__}"
-            )
-        if self._write_owner == threading.get_ident():
+        if self._closed:
+            raise errors.StoreClosed(f"{self.path}: the database was closed")
+        if self._write_owner and self._write_owner == threading.get_ident():
             raise errors.DatabaseError(
                 f"{self.path}: db.submit() inside a db.write() block of the same thread"
             )
-        return self._combiner.submit(item, time.monotonic())
+        try:
+            return self._combiner.submit(item, time.monotonic())
+        except AttributeError:
+            # Looked at here, not per write (a check per write was 12 Python calls).
+            if not all(callable(getattr(item, n, None)) for n in ("run", "payload", "result")):
+                raise errors.InvalidInput(
+                    f"item must have run(), payload() and result() (engine.base.Item), not "
+                    f"{type(item).__name__}"
+                ) from None
+            raise
 
     def _open_write(self, started: float, deadline: float, level: int = -1) -> WriteTx:
         """The gate held: BEGIN IMMEDIATE on the writer connection within *deadline*
@@ -562,12 +585,24 @@ class Database(Checkpoints):
             if level >= 0:
                 self._set_level(conn, self._level)
             raise
-        if not self._still_here(started):
+        # (No local name for the gate's view: a traceback keeping this frame would keep
+        # the mapping from being closed by a caller that drops the file.)
+        gate = self._gate
+        if (
+            started >= self._identity_due
+            or (gate.moved_word is not None and gate.moved_word.value != self._moved_seen)
+        ) and not self._still_here(started):
             self._rollback(conn)
             _guard.exit()
             raise errors.FileMoved(f"{self.path}: the file was moved or removed")
         self._write_owner = threading.get_ident()
-        return WriteTx(conn, self.path)
+        tx = WriteTx(conn, self.path, time.time())
+        # The writer's cursor is kept from one transaction to the next (a cursor per
+        # transaction was 4 Python calls a write): every statement is read whole, so
+        # none is left active; a transaction that failed drops it (engine/tx.py).
+        if self._cursor_of is conn:
+            tx._cursor_ = self._cursor
+        return tx
 
     def _end_write(self, tx: Tx, commit: bool) -> None:
         """COMMIT (*commit*) or roll back the transaction of ``_open_write``; a COMMIT
@@ -575,7 +610,8 @@ class Database(Checkpoints):
         every path).  Then, gate still held, the WAL's last frames are copied if a
         checkpoint asked for it."""
         conn = tx._conn  # type: ignore[attr-defined]
-        tx._drop_cursor()  # type: ignore[attr-defined]
+        self._cursor, tx._cursor_ = tx._cursor_, None  # type: ignore[attr-defined]
+        self._cursor_of = conn if self._cursor is not None else None
         try:
             if commit:
                 try:
@@ -608,14 +644,9 @@ class Database(Checkpoints):
 
     def _committed(self, started: float, acquired: float, items: int, served: int) -> None:
         """Group commit's figures after a COMMIT; never raises (see ``_after_commit``)."""
-        try:
-            self._metrics.count("batched_items", items)
-            if served:
-                self._metrics.count("served", served)
-            self._metrics.peak("batch_max", items)
-        except Exception as exc:
-            self._background_error("after commit", exc)
-        self._after_commit(acquired - started, time.monotonic() - acquired)
+        self._after_commit(acquired - started, time.monotonic() - acquired, items, served)
+
+    #: (The combiner's lone writes call ``_after_commit`` themselves.)
 
     def _handed_over(self) -> None:
         self._metrics.count("handed_over")
@@ -743,13 +774,13 @@ class Database(Checkpoints):
         was a tenth of the engine's own cost of a write: issue 24).  A file moved or
         removed is refused (``FileMoved``): a fresh one made at its path would lose the
         writes made here."""
-        word = self._gate.moved_word
-        moved = word is not None and word.value != self._moved_seen
+        gate = self._gate
+        moved = gate.moved_word is not None and gate.moved_word.value != self._moved_seen
         if now < self._identity_due and not moved:
             return True
         self._identity_due = now + IDENTITY_EVERY
-        if moved and word is not None:
-            self._moved_seen = word.value
+        if moved and gate.moved_word is not None:
+            self._moved_seen = gate.moved_word.value
         if self._identity is None or self._same_file():
             return True
         self._identity_due = float("inf")  # gone for good: every later write and read
@@ -784,7 +815,7 @@ class Database(Checkpoints):
         if conn is None:
             conn = self._connect("reader")
         self._busy_readers.add(conn)
-        tx = ReadTx(conn, self.path)
+        tx = ReadTx(conn, self.path, time.time())
         healthy = False
         try:
             try:

@@ -215,9 +215,16 @@ class Store:
             ):
                 check_bool(flag, name)
         blobs = self.blobs
-        if not (isinstance(blobs, BlobStore) and blobs._kept):
-            return self._submit(op, spool, must_land, independent)
+        if blobs.__class__ is BlobStore and blobs._kept:
+            return self._settling(op, spool, must_land, independent)
+        return self._submit(op, spool, must_land, independent)
+
+    def _settling(
+        self, op: Operation, spool: bool, must_land: bool, independent: bool
+    ) -> dict[str, Any] | None:
         # The blob files this write stored before it waited: see BlobStore.settle.
+        blobs = self.blobs
+        assert isinstance(blobs, BlobStore)
         shas = referenced_shas(op.args)
         try:
             result = self._submit(op, spool, must_land, independent)
