@@ -168,7 +168,7 @@ def measure(name: str, n: int, rounds: int, sync: str, root: Path) -> dict[str, 
             for i in range(n, 2 * n):
                 op(i)
             fs_cpu.append((time.process_time() - started) / n)
-            calls = _calls(lambda: op(10 * n))
+            calls = _calls(lambda op=op: op(10 * n))  # type: ignore[misc]
         finally:
             store.close()
         statements = sum(len(t) for t in txs) // n

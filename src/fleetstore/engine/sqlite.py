@@ -346,10 +346,7 @@ class Database(Checkpoints):
     def _configure(self, conn: apsw.Connection, role: str) -> None:
         """Every connection, on open and again after migrations: busy timeout (the
         backstop), synchronous, foreign keys; writers also hand checkpoints to us."""
-        # The writer keeps no busy timeout: its BEGIN IMMEDIATE is the only statement
-        # that can wait, and fleetstore retries it itself, 1 ms steps, gate holder only
-        # (setting it and back around every BEGIN was 1-2 us a write: issue 24).
-        conn.setbusytimeout(0 if role == "writer" else self.settings.busy_timeout_ms)
+        conn.setbusytimeout(self.settings.busy_timeout_ms)
         conn.execute(f"PRAGMA synchronous={self.settings.synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         if role == "reader":
@@ -363,6 +360,12 @@ class Database(Checkpoints):
             # checkpoint after release (DESIGN.md: 1.3-1.56x).
             conn.execute("PRAGMA wal_autocheckpoint=0")
             conn.set_wal_hook(self._on_wal_commit)
+            # The writer keeps no busy timeout once configured (these pragmas may meet
+            # another process making the file): its BEGIN IMMEDIATE is the only statement
+            # of a write that can wait, and fleetstore retries it itself, 1 ms steps,
+            # gate holder only (setting it and back around every BEGIN was 1-2 us a
+            # write: issue 24).
+            conn.setbusytimeout(0)
 
     def _on_wal_commit(self, _conn: apsw.Connection, _name: str, frames: int) -> int:
         # Runs inside COMMIT, once the commit is in the WAL, gate held: an error
