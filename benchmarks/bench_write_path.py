@@ -140,8 +140,8 @@ from benchlib import (
 
 BENCH_DIR = Path(__file__).resolve().parent
 
-TARGETS = ("fleetstore", "opencode", "zcode", "raw-1", "raw-batched")
-STRESS_TARGETS = ("fleetstore", "opencode", "zcode")
+TARGETS = ("fleetstore", "fleetstore-natural", "opencode", "zcode", "raw-1", "raw-batched")
+STRESS_TARGETS = ("fleetstore", "fleetstore-natural", "opencode", "zcode")
 RAW_TARGETS = ("raw-1", "raw-batched")
 AGENTS = (1, 4, 16, 64)
 THINKS_MS = (0.0, 10.0)
@@ -485,6 +485,7 @@ class _Stress:
 
         cls = {"fleetstore": stress._Fleetstore, "opencode": peers._Opencode}
         cls["zcode"] = peers._Zcode
+        cls["fleetstore-natural"] = stress._Fleetstore
         self.error_name = stress._error_name
         self.target = cls[kind](cfg, agent)
         self.store = getattr(self.target, "store", None)
@@ -832,8 +833,10 @@ def _collect(conns: list[Connection], what: str, timeout: float) -> list[tuple[s
 def _cell_cfg(spec: dict[str, Any], url: str, run: dict[str, Any]) -> dict[str, Any]:
     """The stress module's agent configuration for one cell."""
     target = spec["target"]
+    natural = target == "fleetstore-natural"  # the stress module's fleetstore, other calls
     return {
-        "target": "raw" if target in RAW_TARGETS else target,
+        "target": "raw" if target in RAW_TARGETS else "fleetstore" if natural else target,
+        "shape": "natural" if natural else "fused",
         "url": url,
         "run_id": run["run_id"],
         "seed": run["seed"],
@@ -1004,7 +1007,7 @@ def _verify(
             journals.append(str(path))
         report = verify_main({**cfg, "journals": journals})
         keys = ["lost", "duplicated", "out_of_order", "corrupt"]
-        if target == "fleetstore":
+        if cfg["target"] == "fleetstore":
             keys += ["state_behind", "stuck_effects", "index_problems"]
         problems = {k: report[k] for k in keys if report.get(k)}
         if report.get("integrity", "ok") != "ok":
@@ -1176,6 +1179,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     for sync, think, agents in configs:
         fs = _find(rows, sync, think, agents, "fleetstore")
+        natural = _find(rows, sync, think, agents, "fleetstore-natural")
         for other in ("opencode", "zcode"):
             peer = _find(rows, sync, think, agents, other)
             add(
@@ -1185,6 +1189,20 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 agents,
                 _ratio(fs, peer, "turns_per_s"),
             )
+            add(
+                f"fleetstore-natural / {other} turns/s",
+                sync,
+                think,
+                agents,
+                _ratio(natural, peer, "turns_per_s"),
+            )
+        add(
+            "fleetstore-natural / fleetstore CPU per turn",
+            sync,
+            think,
+            agents,
+            _ratio(natural, fs, "cpu_ms_per_turn"),
+        )
         for raw in ("raw-batched", "raw-1"):
             base = _find(rows, sync, think, agents, raw)
             add(

@@ -30,7 +30,7 @@ def test_the_write_path_benchmark_runs_every_target_and_verifies_it(tmp_path: Pa
     doc = json.loads(out.read_text())
     assert not doc.get("aborted")
     cells = doc["cells"]
-    targets = {"fleetstore", "opencode", "zcode", "raw-1", "raw-batched"}
+    targets = {"fleetstore", "fleetstore-natural", "opencode", "zcode", "raw-1", "raw-batched"}
     assert {(c["agents"], c["target"]) for c in cells} == {(n, t) for n in (1, 4) for t in targets}
     for cell in cells:
         assert cell["turns"] > 0 and not cell["problems"], cell["label"]

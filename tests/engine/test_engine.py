@@ -299,12 +299,15 @@ def test_wal_switch_waits_under_the_gate_and_never_fails_silently(tmp_path: Path
 
 def test_migrations_reassert_connection_settings(tmp_path: Path) -> None:
     hostile = Migration(
-        1, "turns things off", "PRAGMA foreign_keys=OFF; PRAGMA busy_timeout=0; CREATE TABLE t(v)"
+        1,
+        "turns things off",
+        "PRAGMA foreign_keys=OFF; PRAGMA busy_timeout=12345; CREATE TABLE t(v)",
     )
     with Database.open(tmp_path / "m.db", migrations=[hostile], synchronous="FULL") as db:
         (writer,) = [r for r in db.connection_report() if r["role"] == "writer"]
         assert writer["foreign_keys"] is True
-        assert writer["busy_timeout"] == 5000
+        # The writer's own: none (fleetstore retries its BEGIN itself, gate held).
+        assert writer["busy_timeout"] == 0
         assert writer["synchronous"] == "FULL"
         assert writer["wal_autocheckpoint"] == 0
 
@@ -522,16 +525,20 @@ def test_child_forked_inside_a_write_block_cannot_commit_the_parents_transaction
 @pytest.mark.skipif(
     gate_module._syscall is None, reason="no futex on this platform: waiters poll instead"
 )
-def test_gate_release_rings_the_doorbell_of_a_sleeping_waiter(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slot", [-1, 3], ids=["no slot", "a board slot"])
+def test_gate_release_rings_the_doorbell_of_a_sleeping_waiter(tmp_path: Path, slot: int) -> None:
+    """A release rings only when a sleeper says it sleeps (its byte, or the byte of
+    processes without a board slot): the sleeper here must be woken."""
     gate_path = str(tmp_path / "d.gate")
     sleeper, ringer = WriterGate(gate_path), WriterGate(gate_path)
+    sleeper.sleeper = slot
     assert sleeper._bell is not None
     rung = sleeper._bell.value
     woke: list[float] = []
 
     def wait() -> None:
         started = time.monotonic()
-        sleeper._wait(rung, 10.0)  # far longer than the test may take
+        sleeper._sleep(rung, 10.0)  # far longer than the test may take
         woke.append(time.monotonic() - started)
 
     thread = threading.Thread(target=wait)

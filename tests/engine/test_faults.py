@@ -282,7 +282,16 @@ def _break(monkeypatch: pytest.MonkeyPatch, db: Database, step: str) -> None:
         return broken
 
     if step == "WAL size count":
-        monkeypatch.setattr(db._gate, "swap_wal_frames", once(db._gate.swap_wal_frames))
+        # The WAL hook (inside COMMIT) reads the step of its count: make that fail once.
+        value = db._checkpoint_step
+
+        def step_of(self: Database) -> int:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError(f"injected: {step}")
+            return value
+
+        monkeypatch.setattr(Database, "_checkpoint_step", property(step_of), raising=False)
     elif step == "gate release":
         real_flock = gate.fcntl.flock
 
@@ -378,6 +387,7 @@ def test_a_batch_whose_results_cannot_be_handed_back_still_lands_each_item_once(
     to write that item's result into its slot.  The holder's write returns; the other
     is told to apply its item itself (RETRY), finds it there, and lands it once."""
     from fleetstore.engine.board import POSTED, Board, Taken
+    from fleetstore.engine.combine import Request
     from tests.agents.combine_agent import SCHEMA, TAG, KeyItem, applier
 
     path = tmp_path / "g.db"
@@ -399,8 +409,9 @@ def test_a_batch_whose_results_cannot_be_handed_back_still_lands_each_item_once(
             raise OSError(5, "Input/output error (injected)")
 
         monkeypatch.setattr(Board, "put_results", broken)
-        monkeypatch.setattr(holder._gate, "try_acquire", lambda: True)  # it holds it already
-        assert holder.submit(KeyItem("h", 1)) == {"key": "h", "inserted": True}
+        own = Request(KeyItem("h", 1), time.monotonic() + 30)
+        holder._combiner._serve([own], None, time.monotonic())  # holds the gate; releases it
+        assert own.outcome() == {"key": "h", "inserted": True}
         monkeypatch.undo()
         other.join(30)
         assert outcome["w"] == {"key": "w", "inserted": False}  # found there: applied once
@@ -430,6 +441,7 @@ def test_a_holder_commits_a_waiters_item_as_durably_as_the_waiter_asked(
     committed by a NORMAL holder, without the WAL fsync FULL promises.  Each item carries
     its process's durability; the holder commits its batch at the highest it holds."""
     from fleetstore.engine.board import POSTED, Board
+    from fleetstore.engine.combine import Request
     from tests.agents.combine_agent import SCHEMA, TAG, KeyItem, applier
 
     path = tmp_path / "g.db"
@@ -447,9 +459,9 @@ def test_a_holder_commits_a_waiters_item_as_durably_as_the_waiter_asked(
         other.start()
         _wait(lambda: any(board.states[i] == POSTED for i in range(len(board.states))))
         faults.recording = True
-        monkeypatch.setattr(holder._gate, "try_acquire", lambda: True)  # it holds it already
-        holder.submit(KeyItem("h", 1))
-        monkeypatch.undo()
+        own = Request(KeyItem("h", 1), time.monotonic() + 30)
+        holder._combiner._serve([own], None, time.monotonic())  # holds the gate; releases it
+        own.outcome()
         faults.recording = False
         other.join(30)
         assert outcome["w"] == {"key": "w", "inserted": True}

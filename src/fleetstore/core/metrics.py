@@ -153,11 +153,20 @@ class WriteMetrics:
                 "error": f"{type(exc).__name__}: {exc}"[:2000],
             }
 
-    def record_write(self, wait: float, hold: float) -> None:
+    def record_write(self, wait: float, hold: float, items: int = 0, served: int = 0) -> None:
+        """A commit: how long its writer waited for the lock and held it; *items*
+        written in it (group commit: *served* of them for other processes)."""
         with self._lock:
-            self.counters["writes"] += 1
+            counters = self.counters
+            counters["writes"] += 1
             self.lock_wait.add(wait)
             self.lock_hold.add(hold)
+            if items:
+                counters["batched_items"] += items
+                if served:
+                    counters["served"] += served
+                if items > counters["batch_max"]:
+                    counters["batch_max"] = items
 
     def export(self) -> dict[str, Any]:
         """The raw histograms, for merging across processes (``Histogram.from_buckets``)."""

@@ -78,7 +78,7 @@ def check_id(value: object, what: str) -> str:
         raise errors.InvalidInput(
             f"{what} must be an id (a short string without '/'), not {_show(value)}"
         )
-    return str(value)
+    return value  # type: ignore[return-value]
 
 
 def check_opt_id(value: object, what: str) -> str | None:
@@ -95,7 +95,7 @@ def check_str(value: object, what: str, *, limit: int = MAX_SHORT, empty: bool =
         raise errors.InvalidInput(f"{what} must be {size}, not {_show(value)}")
     if "\x00" in value:
         raise errors.InvalidInput(f"{what} must not contain NUL (U+0000), not {_show(value)}")
-    return check_text(value, what)
+    return value if value.isascii() else check_text(value, what)
 
 
 def check_opt_str(value: object, what: str, limit: int = MAX_SHORT) -> str | None:
@@ -193,16 +193,34 @@ def object_json(value: object, what: str, limit: int = MAX_METADATA) -> str:
 # One encoder: json.dumps with any option builds a new JSONEncoder per call, which was
 # a tenth of the JSON cost of a turn (profile in docs/design.md, "Group commit").
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+# ... and its C function called directly: JSONEncoder.encode and .iterencode are two
+# Python frames per value, three times a write (issue 24).  With cycle detection, as
+# JSONEncoder's: a value that holds itself is refused, not a recursion.
+_C_ENCODE = (
+    json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+        {}, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+    if json.encoder.c_make_encoder is not None  # type: ignore[attr-defined]
+    else None
+)
+
+
+def to_json(value: object) -> str:
+    """JSON text for *value*, compact (``TypeError``/``ValueError`` if it is not JSON)."""
+    if _C_ENCODE is None:
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODE(value, 0))
 
 
 def dump_json(value: object, what: str, limit: int | None = None) -> str:
     """JSON text for *value* (at most *limit* bytes of UTF-8, if given), or
     ``InvalidInput`` naming *what* could not be stored."""
     try:
-        text = _ENCODER.encode(value)
+        text = to_json(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise errors.InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
-    check_text(text, what)
+    if not text.isascii():
+        check_text(text, what)
     return text if limit is None else check_size(text, what, limit)
 
 
@@ -343,5 +361,6 @@ __all__ = [
     "check_time",
     "check_timeout",
     "dump_json",
+    "to_json",
     "object_json",
 ]

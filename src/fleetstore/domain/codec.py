@@ -28,12 +28,16 @@ from fleetstore.core.validate import (
     check_str,
     check_text,
     dump_json,
+    to_json,
 )
 from fleetstore.domain.blobs import CODEC, check_sha
 from fleetstore.domain.operations import Args, Queries
 from fleetstore.domain.ports import StorePort
 from fleetstore.engine.base import Tx
 from fleetstore.models import PART_TYPES, File, Part, Reasoning, Text, ToolCall, ToolResult
+
+#: The encodings of a payload: text, JSON text, bytes (base64 in an operation).
+ENCODINGS = ("str", "json", "bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +74,8 @@ def _encoded(store: StorePort, raw: bytes, value: str | bytes, enc: str) -> dict
             "blob": {"sha256": ref.sha256, "size": ref.size, "stored_size": ref.stored_size},
         }
     if isinstance(value, str):
-        return {"enc": enc, "body": value}
-    return {"enc": enc, "body": base64.b64encode(raw).decode("ascii")}
+        return {"enc": enc, "body": value, "size": len(raw)}
+    return {"enc": enc, "body": base64.b64encode(raw).decode("ascii"), "size": len(raw)}
 
 
 def _raw(store: StorePort, value: str | bytes) -> bytes:
@@ -128,14 +132,30 @@ def _prepare_part(store: StorePort, part: object) -> Prepared:
     return Prepared(head, _raw(store, value), value, enc)
 
 
-def prepare_parts(store: StorePort, parts: Sequence[object]) -> list[Prepared]:
-    """*parts* checked, nothing written (``write_parts`` writes their blobs)."""
-    return [_prepare_part(store, p) for p in parts]
+def prepare_parts(store: StorePort, parts: Sequence[object]) -> list[Prepared | dict[str, Any]]:
+    """*parts* checked, nothing written (``write_parts`` writes their blobs).  Short
+    ASCII text (most parts) is encoded here at once: the general way was a dozen
+    Python calls a part (issue 24)."""
+    limit = store.settings.blob_threshold
+    out: list[Prepared | dict[str, Any]] = []
+    for p in parts:
+        cls = p.__class__
+        if cls is Text or cls is Reasoning:
+            text = p.text  # type: ignore[attr-defined]
+            if text.__class__ is str and text.isascii() and len(text) < limit:
+                out.append(
+                    {"kind": cls.kind, "meta": {}, "enc": "str", "body": text, "size": len(text)}
+                )
+                continue
+        out.append(_prepare_part(store, p))
+    return out
 
 
-def write_parts(store: StorePort, prepared: Sequence[Prepared]) -> list[dict[str, Any]]:
+def write_parts(
+    store: StorePort, prepared: Sequence[Prepared | dict[str, Any]]
+) -> list[dict[str, Any]]:
     """The operation JSON of prepared parts, their blob files written."""
-    return [write_payload(store, p) for p in prepared]
+    return [p if p.__class__ is dict else write_payload(store, p) for p in prepared]  # type: ignore[arg-type]
 
 
 def encode_parts(store: StorePort, parts: Sequence[object]) -> list[dict[str, Any]]:
@@ -199,6 +219,37 @@ def decode_part(store: StorePort, row: Sequence[Any]) -> Part:
     raise errors.CorruptStore(f"part of unknown kind {kind!r} in message {_mid}")
 
 
+def value_payload(store: StorePort, value: Any, what: str) -> dict[str, Any]:
+    """The encoded payload of a JSON value or bytes (a state value, an effect's payload),
+    checked; a blob file written if it is large.  One function for the common case
+    (prepare_payload, _raw and write_payload were 7 Python calls a write)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return write_payload(store, prepare_payload(store, bytes(value), "bytes"))
+    try:
+        text = to_json(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise errors.InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise errors.InvalidInput(
+                f"{what} is not valid Unicode text (a lone surrogate at position {exc.start})"
+            ) from None
+    settings = store.settings
+    if size >= settings.blob_threshold:
+        if size > settings.max_payload_bytes:
+            raise errors.PayloadTooLarge(
+                f"payload of {size:,} bytes is over max_payload_bytes ({settings.max_payload_bytes:,})"
+            )
+        ref = store.blobs.put(text.encode("utf-8"))
+        blob = {"sha256": ref.sha256, "size": ref.size, "stored_size": ref.stored_size}
+        return {"enc": "json", "blob": blob}
+    return {"enc": "json", "body": text, "size": size}
+
+
 def prepare_state(
     store: StorePort, session_id: object, key: object, value: Any, namespace: object
 ) -> tuple[dict[str, Any], Prepared]:
@@ -227,27 +278,28 @@ def encode_state(
 # -- inside the transaction: an encoded payload's columns -------------------------------
 
 
-def blob_ref(tx: Tx, q: Queries, ref: object, now: float) -> tuple[str, int]:
-    if not isinstance(ref, dict):
-        raise errors.InvalidInput("blob reference must be an object")
-    sha = check_sha(ref.get("sha256"))
-    size = arg_int(ref, "size", optional=False)
-    stored = arg_int(ref, "stored_size", optional=False)
-    tx.execute(q["blob_insert"], (sha, size, stored, CODEC, now))
-    return sha, size
-
-
-def encoded_body(
-    tx: Tx, q: Queries, item: Args, what: str, now: float
-) -> tuple[str, Any, str | None, int]:
-    """(enc, inline body, blob sha, size) from an encoded payload:
-    ``{"enc": "str"|"json"|"bytes", "body": ...}`` or ``{"enc": ..., "blob": {...}}``."""
+def check_encoded(item: object, what: str, encs: tuple[str, ...] = ENCODINGS) -> dict[str, Any]:
+    """An encoded payload from outside (a spool journal, a file, another process),
+    checked: ``{"enc", "body", "size"}`` inline or ``{"enc", "blob": {"sha256", "size",
+    "stored_size"}}``, its encoding one of *encs* (``InvalidInput`` otherwise).  The
+    payloads the API makes are checked where they are made (``_encoded``)."""
+    if not isinstance(item, dict):
+        raise errors.InvalidInput(f"{what}: must be an encoded payload")
     enc = item.get("enc")
-    if enc not in ("str", "json", "bytes"):
+    if enc not in ENCODINGS:
         raise errors.InvalidInput(f"{what}: unknown encoding {enc!r}")
+    if enc not in encs:
+        raise errors.InvalidInput(f"{what}: {' or '.join(encs)}, not {enc}")
     if "blob" in item:
-        sha, size = blob_ref(tx, q, item["blob"], now)
-        return enc, None, sha, size
+        ref = item["blob"]
+        if not isinstance(ref, dict):
+            raise errors.InvalidInput("blob reference must be an object")
+        blob = {
+            "sha256": check_sha(ref.get("sha256")),
+            "size": arg_int(ref, "size", optional=False),
+            "stored_size": arg_int(ref, "stored_size", optional=False),
+        }
+        return {"enc": enc, "blob": blob}
     body = item.get("body")
     if not isinstance(body, str):
         raise errors.InvalidInput(f"{what}: body must be a string")
@@ -266,23 +318,49 @@ def encoded_body(
             raise errors.InvalidInput(f"{what}: body is not base64") from None
         if len(raw) > MAX_INLINE:
             raise errors.InvalidInput(f"{what}: an inline body is at most {MAX_INLINE:,} bytes")
-        return enc, raw, None, len(raw)
+        return {"enc": enc, "body": body, "size": len(raw)}
     if enc == "json":
         try:
             json.loads(body)
         except ValueError:
             raise errors.InvalidInput(f"{what}: body is not JSON") from None
+    return {"enc": enc, "body": body, "size": len(body.encode("utf-8"))}
+
+
+def columns(tx: Tx, q: Queries, item: Args, now: float) -> tuple[str, Any, str | None, int]:
+    """(enc, inline body, blob sha, size) of a checked encoded payload; a blob's row is
+    inserted (it refers to a file written before the transaction).  Trusts *item*."""
+    enc = item["enc"]
+    blob = item.get("blob")
+    if blob is not None:
+        sha, size = blob["sha256"], blob["size"]
+        tx.execute(q["blob_insert"], (sha, size, blob["stored_size"], CODEC, now))
+        return enc, None, sha, size
+    body = item["body"]
+    if enc == "bytes":
+        raw = base64.b64decode(body)
+        return enc, raw, None, len(raw)
     if "\x00" in body:
         # PostgreSQL text cannot hold NUL (the body column is BYTEA there): such a body
         # goes as its UTF-8 bytes on both engines, and reads decode it (decode_value).
-        return enc, body.encode("utf-8"), None, len(body.encode("utf-8"))
-    return enc, body, None, len(body.encode("utf-8"))
+        return enc, body.encode("utf-8"), None, item["size"]
+    return enc, body, None, item["size"]
+
+
+def encoded_body(
+    tx: Tx, q: Queries, item: Args, what: str, now: float
+) -> tuple[str, Any, str | None, int]:
+    """``columns`` of an encoded payload not checked yet (``check_encoded``)."""
+    return columns(tx, q, check_encoded(item, what), now)
 
 
 __all__ = [
+    "ENCODINGS",
     "Prepared",
-    "blob_ref",
+    "check_encoded",
+    "columns",
     "encode_state",
+    "value_payload",
     "encoded_body",
     "decode_part",
     "decode_value",

@@ -233,7 +233,7 @@ class Sessions:
         }
         if effect_list:
             args["effects"] = effect_list
-        if self._store.submit(Operation("create_session", args, new_id())) is None:
+        if self._store.submit(Operation("create_session", args, new_id(), True)) is None:
             return Session(
                 id=sid,
                 root_id=sid if parent_id is None else "",
@@ -321,7 +321,7 @@ class Sessions:
         effect_list = prepare_effects(self._store, effects).write()
         if effect_list:
             args["effects"] = effect_list
-        return self._unspooled(Operation("update_session", args, new_id()), session_id)
+        return self._unspooled(Operation("update_session", args, new_id(), True), session_id)
 
     def fork(
         self,
@@ -361,7 +361,7 @@ class Sessions:
         # The first batch of messages goes with the fork's row, hidden; a large
         # session's next batches each in a transaction of their own, and the fork is
         # seen once the last one is in (never half copied).
-        op = Operation("fork_session", args, new_id())
+        op = Operation("fork_session", args, new_id(), True)
         result = self._store.submit(op, spool=False)
         if result is not None and not result.get("done"):
             session_jobs.copy_fork(self._store, new, session_id)
@@ -374,14 +374,14 @@ class Sessions:
             "id": check_id(session_id, "session_id"),
             "archived": check_bool(archived, "archived"),
         }
-        return self._unspooled(Operation("archive_session", args, new_id()), session_id)
+        return self._unspooled(Operation("archive_session", args, new_id(), True), session_id)
 
     def delete(self, session_id: str) -> None:
         """Delete a session with its subagent sessions, messages, parts, usage and state.
         Gone for every reader at once; its rows are then removed in short transactions
         before this returns (past the write budget, by the store's job thread)."""
         args = {"id": check_id(session_id, "session_id")}
-        if self._store.submit(Operation("delete_session", args, new_id())) is not None:
+        if self._store.submit(Operation("delete_session", args, new_id(), True)) is not None:
             session_jobs.purge(self._store, session_id)
 
     def usage(self, session_id: str) -> Usage:
@@ -444,18 +444,24 @@ class Messages:
         mid = new_id() if id is None else check_id(id, "id")
         check_id(session_id, "session_id")
         check_str(role, "role", limit=ROLES_MAX, empty=False)
-        check_opt_str(model, "model", MAX_MODEL)
-        meta = _metadata(metadata)
-        usage_dict = usage_args(usage)
-        if isinstance(parts, Mapping | bytes | bytearray) or not isinstance(parts, Sequence):
+        if model is not None:
+            check_str(model, "model", limit=MAX_MODEL)
+        meta = {} if metadata is None else _metadata(metadata)
+        usage_dict = None if usage is None else usage_args(usage)
+        if parts.__class__ is str:
+            part_list: tuple[Part, ...] = (Text(parts),)
+        elif parts.__class__ in (list, tuple) or (
+            isinstance(parts, Sequence) and not isinstance(parts, str | bytes | bytearray)
+        ):
+            part_list = tuple(parts)
+        else:
             raise errors.InvalidInput(
                 f"parts must be a list of parts or a string, not {type(parts).__name__}"
             )
-        part_list: tuple[Part, ...] = (Text(parts),) if isinstance(parts, str) else tuple(parts)
         prepared = prepare_parts(self._store, part_list)
-        prepared_effects = prepare_effects(self._store, effects)
+        prepared_effects = prepare_effects(self._store, effects) if effects else None
         # Last: they write the blob files, and everything has been checked.
-        effect_list = prepared_effects.write()
+        effect_list = prepared_effects.write() if prepared_effects is not None else None
         encoded = write_parts(self._store, prepared)
         now = time.time()
         args: dict[str, Any] = {
@@ -470,7 +476,7 @@ class Messages:
         }
         if effect_list:
             args["effects"] = effect_list
-        result = self._store.submit(Operation("append_message", args, new_id()))
+        result = self._store.submit(Operation("append_message", args, new_id(), True))
         if result is not None:
             self._seen(session_id)
         if result is None or result.get("duplicate"):
@@ -787,7 +793,7 @@ class Stream:
                     args["effects"] = self._effects
         args["now"] = time.time()
         try:
-            self._store.submit(Operation("stream_write", args, new_id()))
+            self._store.submit(Operation("stream_write", args, new_id(), True))
         except BaseException:
             # Keep them for the next write rather than lose them.  Their keys are
             # fixed and, if the failed write did commit, a rewrite inserts nothing:

@@ -16,6 +16,8 @@ job in the same transaction: the fork is seen whole or not at all
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from fleetstore import errors
@@ -33,13 +35,15 @@ from fleetstore.core.validate import (
     arg_time,
     check_number,
     dump_json,
+    to_json,
 )
-from fleetstore.domain.codec import encoded_body
+from fleetstore.domain.codec import check_encoded, columns
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
 from fleetstore.engine.base import Tx
 from fleetstore.models import PART_KINDS, STREAMED_KINDS, USAGE_FIELDS
 
 OPERATIONS = Declarations()
+_COUNTS = tuple(f for f in USAGE_FIELDS if f != "cost")
 
 
 #: Rows one purge transaction removes at most (chunks, messages with their parts and
@@ -71,16 +75,28 @@ def _job_in_the_way(tx: Tx, q: Queries, session_id: str) -> None:
 # -- sessions --------------------------------------------------------------------------------
 
 
+def check_create(a: Args) -> dict[str, Any]:
+    return {
+        "id": arg_id(a, "id"),
+        "parent_id": arg_id(a, "parent_id", optional=True),
+        "project": arg_str(a, "project"),
+        "title": arg_str(a, "title"),
+        "metadata": json.loads(arg_meta(a)),
+        "created_at": arg_time(a, "created_at"),
+    }
+
+
 @OPERATIONS.declare(
-    "create_session", scope=Scope.TREE, session_args=("parent_id", "id"), creates="id"
+    "create_session",
+    scope=Scope.TREE,
+    session_args=("parent_id", "id"),
+    creates="id",
+    check=check_create,
 )
 def create_session(tx: Tx, q: Queries, a: Args) -> Result:
-    sid = arg_id(a, "id")
-    parent = arg_id(a, "parent_id", optional=True)
-    project = arg_str(a, "project")
-    title = arg_str(a, "title")
-    metadata = arg_meta(a)
-    now = arg_time(a, "created_at")
+    sid, parent, project, title = a["id"], a["parent_id"], a["project"], a["title"]
+    metadata = meta_json(a["metadata"])
+    now = a["created_at"]
     _job_in_the_way(tx, q, sid)
     existing = tx.execute(q["session_identity"], (sid,))
     if existing:
@@ -271,19 +287,13 @@ def fork_session(tx: Tx, q: Queries, a: Args) -> Result:
 # -- messages --------------------------------------------------------------------------------
 
 
-def _part_meta(part: Args, what: str) -> str:
-    meta = part.get("meta")
-    if meta is None:
-        meta = {}
-    if not isinstance(meta, dict):
-        raise errors.InvalidInput(f"{what}: meta must be an object")
-    return dump_json(meta, f"{what} meta", MAX_PART_META)
+def meta_json(meta: Args) -> str:
+    """The JSON text of a checked metadata object (``{}`` costs nothing)."""
+    return to_json(meta) if meta else "{}"
 
 
-def insert_part(
-    tx: Tx, q: Queries, message_id: str, session_id: str, seq: int, part: object, now: float
-) -> None:
-    what = f"part {seq} of message {message_id}"
+def check_part(part: object, what: str) -> dict[str, Any]:
+    """A message part's operation JSON from outside, checked."""
     if not isinstance(part, dict):
         raise errors.InvalidInput(f"{what}: must be an object")
     kind = part.get("kind")
@@ -291,46 +301,104 @@ def insert_part(
         raise errors.InvalidInput(
             f"{what}: unknown part kind {kind!r}; known: {', '.join(PART_KINDS)}"
         )
-    enc, body, sha, size = encoded_body(tx, q, part, what, now)
+    meta = part.get("meta")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise errors.InvalidInput(f"{what}: meta must be an object")
+    dump_json(meta, f"{what} meta", MAX_PART_META)
+    return {"kind": kind, "meta": meta, **check_encoded(part, what)}
+
+
+def insert_part(
+    tx: Tx, q: Queries, message_id: str, session_id: str, seq: int, part: Args, now: float
+) -> None:
+    """Insert a checked part."""
+    enc, body, sha, size = columns(tx, q, part, now)
+    meta = meta_json(part["meta"])
     tx.execute(
-        q["part_insert"],
-        (message_id, seq, session_id, kind, _part_meta(part, what), enc, body, sha, size),
+        q["part_insert"], (message_id, seq, session_id, part["kind"], meta, enc, body, sha, size)
     )
 
 
-def _usage(
-    tx: Tx, q: Queries, message_id: str, session_id: str, model: str | None, usage: object
-) -> None:
+def check_usage(usage: object) -> dict[str, Any] | None:
+    """A message's usage from outside, checked: counts and a cost (None: none)."""
     if usage is None:
-        return
+        return None
     if not isinstance(usage, dict):
         raise errors.InvalidInput("usage must be an object")
     unknown = set(usage) - set(USAGE_FIELDS)
     if unknown:
         raise errors.InvalidInput(f"usage has unknown fields: {', '.join(sorted(unknown))}")
-    counts = [arg_int(usage, f) or 0 for f in USAGE_FIELDS if f != "cost"]
-    cost = check_number(usage.get("cost", 0.0), "usage cost", minimum=0.0)
-    tx.execute(q["usage_upsert"], (message_id, session_id, model, *counts, cost))
+    checked: dict[str, Any] = {f: arg_int(usage, f) or 0 for f in _COUNTS}
+    checked["cost"] = check_number(usage.get("cost", 0.0), "usage cost", minimum=0.0)
+    return checked
 
 
-@OPERATIONS.declare("append_message", scope=Scope.SESSION)
-def append_message(tx: Tx, q: Queries, a: Args) -> Result:
+def _usage(
+    tx: Tx, q: Queries, message_id: str, session_id: str, model: str | None, usage: Args | None
+) -> None:
+    if usage is None:
+        return
+    counts = [usage.get(f) or 0 for f in _COUNTS]
+    tx.execute(q["usage_upsert"], (message_id, session_id, model, *counts, usage.get("cost", 0.0)))
+
+
+def check_chunks(chunks: object) -> list[dict[str, Any]]:
+    """Streamed text from outside, checked."""
+    if not isinstance(chunks, list) or not chunks:
+        raise errors.InvalidInput("chunks must be a non-empty list")
+    out = []
+    for c in chunks:
+        if not isinstance(c, dict):
+            raise errors.InvalidInput("each chunk must be an object")
+        kind = c.get("kind")
+        if kind not in STREAMED_KINDS:
+            raise errors.InvalidInput(
+                f"only {' and '.join(STREAMED_KINDS)} parts stream, not {kind!r}"
+            )
+        out.append(
+            {
+                "part_seq": arg_int(c, "part_seq", optional=False),
+                "seq": arg_int(c, "seq", optional=False),
+                "kind": kind,
+                "text": arg_str(c, "text", optional=False, limit=MAX_TEXT),
+            }
+        )
+    return out
+
+
+def check_append(a: Args) -> dict[str, Any]:
     mid = arg_id(a, "id")
-    sid = arg_id(a, "session_id")
     role = arg_str(a, "role", optional=False, limit=ROLES_MAX)
     if not role:
         raise errors.InvalidInput("role must not be empty")
     status = a.get("status", "complete")
     if status not in ("complete", "streaming"):
         raise errors.InvalidInput(f"a new message is 'complete' or 'streaming', not {status!r}")
-    model = arg_str(a, "model", limit=MAX_MODEL)
-    metadata = arg_meta(a)
     parts = a.get("parts")
     if parts is None:
         parts = []
     if not isinstance(parts, list):
         raise errors.InvalidInput("parts must be a list")
-    now = arg_time(a, "created_at")
+    return {
+        "id": mid,
+        "session_id": arg_id(a, "session_id"),
+        "role": role,
+        "status": status,
+        "model": arg_str(a, "model", limit=MAX_MODEL),
+        "metadata": json.loads(arg_meta(a)),
+        "parts": [check_part(p, f"part {i} of message {mid}") for i, p in enumerate(parts)],
+        "usage": check_usage(a.get("usage")),
+        "created_at": arg_time(a, "created_at"),
+    }
+
+
+@OPERATIONS.declare("append_message", scope=Scope.SESSION, check=check_append)
+def append_message(tx: Tx, q: Queries, a: Args) -> Result:
+    mid, sid, role, model = a["id"], a["session_id"], a["role"], a["model"]
+    status = a.get("status", "complete")
+    now = a["created_at"]
     existing = tx.execute(q["message_identity"], (mid,))
     if existing:
         if existing[0][0] == sid:
@@ -338,13 +406,12 @@ def append_message(tx: Tx, q: Queries, a: Args) -> Result:
         raise errors.AlreadyExists(f"message {mid!r} already exists in another session")
     session_row(tx, q, sid)
     seq = tx.execute(q["message_last_seq"], (sid,))[0][0] + 1
-    tx.execute(
-        q["message_insert"],
-        (mid, sid, seq, role, status, model, metadata, now, now if status == "complete" else None),
-    )
-    for i, part in enumerate(parts):
+    done = now if status == "complete" else None
+    metadata = meta_json(a["metadata"])
+    tx.execute(q["message_insert"], (mid, sid, seq, role, status, model, metadata, now, done))
+    for i, part in enumerate(a["parts"]):
         insert_part(tx, q, mid, sid, i, part, now)
-    _usage(tx, q, mid, sid, model, a.get("usage"))
+    _usage(tx, q, mid, sid, model, a["usage"])
     tx.execute(q["session_touch"], (now, sid))
     return {"id": mid, "seq": seq, "created_at": now}
 
@@ -357,24 +424,13 @@ def streaming_status(tx: Tx, q: Queries, mid: str, sid: str) -> str:
     return str(rows[0][2])
 
 
-def insert_chunks(tx: Tx, q: Queries, mid: str, sid: str, chunks: object) -> None:
-    """Streamed text: each chunk is a new row keyed (message, part, seq), so a replay
-    inserts nothing and no part is ever rewritten whole."""
-    if not isinstance(chunks, list) or not chunks:
-        raise errors.InvalidInput("chunks must be a non-empty list")
+def insert_chunks(tx: Tx, q: Queries, mid: str, sid: str, chunks: Sequence[Args]) -> None:
+    """Streamed text (checked chunks): each chunk is a new row keyed (message, part,
+    seq), so a replay inserts nothing and no part is ever rewritten whole."""
     for c in chunks:
-        if not isinstance(c, dict):
-            raise errors.InvalidInput("each chunk must be an object")
-        part_seq = arg_int(c, "part_seq", optional=False)
-        seq = arg_int(c, "seq", optional=False)
-        kind = c.get("kind")
-        if kind not in STREAMED_KINDS:
-            raise errors.InvalidInput(
-                f"only {' and '.join(STREAMED_KINDS)} parts stream, not {kind!r}"
-            )
-        text = arg_str(c, "text", optional=False, limit=MAX_TEXT)
-        tx.execute(q["part_insert_streamed"], (mid, part_seq, sid, kind))
-        tx.execute(q["chunk_insert"], (mid, part_seq, seq, text))
+        part_seq = c["part_seq"]
+        tx.execute(q["part_insert_streamed"], (mid, part_seq, sid, c["kind"]))
+        tx.execute(q["chunk_insert"], (mid, part_seq, c["seq"], c["text"]))
 
 
 def finish_streaming(
@@ -386,31 +442,47 @@ def finish_streaming(
     model: str | None = None,
     known: bool = False,
 ) -> None:
-    """Mark the streaming message *mid* ``complete`` or ``error`` (``a``: status,
-    error, usage, now), with its usage.  *known*: the caller knows the message's
-    *model* (else it is read)."""
-    status = a.get("status")
-    if status not in ("complete", "error"):
-        raise errors.InvalidInput(f"a message finishes 'complete' or 'error', not {status!r}")
-    error = arg_str(a, "error", limit=64 * 1024)
-    now = arg_time(a, "now")
+    """Mark the streaming message *mid* ``complete`` or ``error`` (``a``, checked:
+    status, error, usage, now), with its usage.  *known*: the caller knows the
+    message's *model* (else it is read)."""
+    now = a["now"]
     if not known:
         model = tx.execute(q["message_model"], (mid,))[0][0]
     _usage(tx, q, mid, sid, model, a.get("usage"))
-    tx.execute(q["message_finish"], (status, error, now, mid))
+    tx.execute(q["message_finish"], (a["status"], a.get("error"), now, mid))
     tx.execute(q["session_touch"], (now, sid))
 
 
-def create_streaming(tx: Tx, q: Queries, mid: str, sid: str, a: Args) -> tuple[int, bool]:
-    """A ``streaming`` message *mid* of session *sid* (``a``: role, model, metadata,
-    created_at, now), unless it exists: (its seq, whether it was made now).  The
-    session's ``updated_at`` is not touched (the write that finishes it does)."""
+def check_finish(a: Args) -> dict[str, Any]:
+    """How a streamed message ends, from outside, checked."""
+    status = a.get("status")
+    if status not in ("complete", "error"):
+        raise errors.InvalidInput(f"a message finishes 'complete' or 'error', not {status!r}")
+    return {
+        "status": status,
+        "error": arg_str(a, "error", limit=MAX_ERROR_TEXT),
+        "usage": check_usage(a.get("usage")),
+    }
+
+
+def check_open(a: Args) -> dict[str, Any]:
+    """A streamed message's row, from outside, checked."""
     role = arg_str(a, "role", optional=False, limit=ROLES_MAX)
     if not role:
         raise errors.InvalidInput("role must not be empty")
-    model = arg_str(a, "model", limit=256)
-    metadata = arg_meta(a)
-    now = arg_time(a, "created_at")
+    return {
+        "role": role,
+        "model": arg_str(a, "model", limit=256),
+        "metadata": json.loads(arg_meta(a)),
+        "created_at": arg_time(a, "created_at"),
+    }
+
+
+def create_streaming(tx: Tx, q: Queries, mid: str, sid: str, a: Args) -> tuple[int, bool]:
+    """A ``streaming`` message *mid* of session *sid* (``a``, checked: role, model,
+    metadata, created_at), unless it exists: (its seq, whether it was made now).  The
+    session's ``updated_at`` is not touched (the write that finishes it does)."""
+    role, model, metadata, now = a["role"], a["model"], meta_json(a["metadata"]), a["created_at"]
     existing = tx.execute(q["message_identity"], (mid,))
     if existing:
         if existing[0][0] == sid:
@@ -422,44 +494,60 @@ def create_streaming(tx: Tx, q: Queries, mid: str, sid: str, a: Args) -> tuple[i
     return seq, True
 
 
-@OPERATIONS.declare("append_chunks", scope=Scope.SESSION, logged=False)
+def _check_chunks(a: Args) -> dict[str, Any]:
+    return {
+        "message_id": arg_id(a, "message_id"),
+        "session_id": arg_id(a, "session_id"),
+        "chunks": check_chunks(a.get("chunks")),
+    }
+
+
+@OPERATIONS.declare("append_chunks", scope=Scope.SESSION, logged=False, check=_check_chunks)
 def append_chunks(tx: Tx, q: Queries, a: Args) -> Result:
     """Streamed text of one flush (streams now write ``stream_write``; kept for spool
     journals and callers of the operation)."""
-    mid = arg_id(a, "message_id")
-    sid = arg_id(a, "session_id")
-    chunks = a.get("chunks")
-    if not isinstance(chunks, list) or not chunks:
-        raise errors.InvalidInput("chunks must be a non-empty list")
+    mid, sid = a["message_id"], a["session_id"]
     if streaming_status(tx, q, mid, sid) != "streaming":
         return {"duplicate": True}  # the message was finished: this is a replay
-    insert_chunks(tx, q, mid, sid, chunks)
+    insert_chunks(tx, q, mid, sid, a["chunks"])
     return {"id": mid}
 
 
-@OPERATIONS.declare("add_part", scope=Scope.SESSION, logged=False)
-def add_part(tx: Tx, q: Queries, a: Args) -> Result:
+def _check_add_part(a: Args) -> dict[str, Any]:
     mid = arg_id(a, "message_id")
-    sid = arg_id(a, "session_id")
     seq = arg_int(a, "seq", optional=False)
+    return {
+        "message_id": mid,
+        "session_id": arg_id(a, "session_id"),
+        "seq": seq,
+        "part": check_part(a.get("part"), f"part {seq} of message {mid}"),
+        "now": arg_time(a, "now"),
+    }
+
+
+@OPERATIONS.declare("add_part", scope=Scope.SESSION, logged=False, check=_check_add_part)
+def add_part(tx: Tx, q: Queries, a: Args) -> Result:
+    mid, sid, seq = a["message_id"], a["session_id"], a["seq"]
     if streaming_status(tx, q, mid, sid) != "streaming":
         return {"duplicate": True}
     if tx.execute(q["part_exists"], (mid, seq)):
         return {"duplicate": True}
-    insert_part(tx, q, mid, sid, seq, a.get("part"), arg_time(a, "now"))
+    insert_part(tx, q, mid, sid, seq, a["part"], a["now"])
     return {"id": mid}
 
 
-@OPERATIONS.declare("finish_message", scope=Scope.SESSION)
+def _check_finish_message(a: Args) -> dict[str, Any]:
+    return {
+        "message_id": arg_id(a, "message_id"),
+        "session_id": arg_id(a, "session_id"),
+        **check_finish(a),
+        "now": arg_time(a, "now"),
+    }
+
+
+@OPERATIONS.declare("finish_message", scope=Scope.SESSION, check=_check_finish_message)
 def finish_message(tx: Tx, q: Queries, a: Args) -> Result:
-    mid = arg_id(a, "message_id")
-    sid = arg_id(a, "session_id")
-    if a.get("status") not in ("complete", "error"):
-        raise errors.InvalidInput(
-            f"a message finishes 'complete' or 'error', not {a.get('status')!r}"
-        )
-    arg_str(a, "error", limit=MAX_ERROR_TEXT)
-    arg_time(a, "now")
+    mid, sid = a["message_id"], a["session_id"]
     if streaming_status(tx, q, mid, sid) != "streaming":
         return {"duplicate": True}
     finish_streaming(tx, q, mid, sid, a)

@@ -7,10 +7,14 @@ in ``applied_ops`` inside the same transaction and are skipped when found
 there; the others (stream chunks, hot and many) are idempotent by their primary
 keys.  Retries, the spool, export/import and metrics all go through ``apply``.
 
-Arguments are checked here, inside the transaction, because operations also
-arrive from spool journals and export files: a bad one raises ``InvalidInput``
-(or ``NotFound``, ``AlreadyExists``, ``VersionConflict``) and the transaction
-rolls back whole.
+Arguments are checked once, where they come in (issue 24: they were checked three
+times, at the API, by the facade and inside the transaction).  The API checks its
+callers' values and builds an operation whose arguments are already in the form its
+apply function reads (``trusted``); an operation from outside (a spool journal, an
+export file, another process's group-commit post, ``Store.apply``) is decoded by
+``registry.decode``, which runs its declaration's ``check``.  Apply functions trust
+what they are given; a bad operation raises ``InvalidInput`` (or ``NotFound``,
+``AlreadyExists``, ``VersionConflict``) and changes nothing.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable, Container, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id
+from fleetstore.core.validate import to_json
 from fleetstore.engine.base import Tx
 
 Args = Mapping[str, Any]
@@ -45,11 +50,15 @@ class Scope(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Operation:
-    """One write: ``name`` in the registry, JSON ``args``, a unique ``op_id``."""
+    """One write: ``name`` in the registry, JSON ``args``, a unique ``op_id``.
+    *trusted*: the arguments were made by the API, checked, in the form the apply
+    function reads (never serialised: a journal's or a file's operation is decoded and
+    checked again by ``registry.decode``)."""
 
     name: str
     args: Mapping[str, Any]
     op_id: str
+    trusted: bool = field(default=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.name, "id": self.op_id, "args": dict(self.args)}
@@ -76,6 +85,10 @@ class Operation:
 
 
 Apply = Callable[[Tx, Queries, Args], Result]
+#: An operation's arguments from outside, checked and put in the form its apply
+#: function reads (``InvalidInput`` otherwise).
+Check = Callable[[Args], dict[str, Any]]
+_F = TypeVar("_F", bound=Apply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +112,8 @@ class OpSpec:
     #: or idempotent by its keys): so another process may apply it for this one (group
     #: commit) and apply it again if that process died.  Not so for a claim.
     retry_safe: bool = True
+    #: Checks arguments from outside (None: *fn* checks them itself, each time).
+    check: Check | None = None
 
 
 class Declarations:
@@ -126,30 +141,30 @@ class Declarations:
         session_args: tuple[str, ...] = ("session_id", "id"),
         creates: str | None = None,
         retry_safe: bool = True,
-    ) -> Callable[[Apply], Apply]:
+        check: Check | None = None,
+    ) -> Callable[[_F], _F]:
         if not isinstance(scope, Scope):
             raise TypeError(f"operation {name!r}: scope must be a Scope, not {scope!r}")
         if any(s.name == name for s in self.specs):
             raise ValueError(f"operation {name!r} declared twice")
 
-        def decorate(fn: Apply) -> Apply:
+        def decorate(fn: _F) -> _F:
             self.specs.append(
-                OpSpec(name, fn, scope, logged, single_statement, session_args, creates, retry_safe)
+                OpSpec(
+                    name,
+                    fn,
+                    scope,
+                    logged,
+                    single_statement,
+                    session_args,
+                    creates,
+                    retry_safe,
+                    check,
+                )
             )
             return fn
 
         return decorate
-
-
-def check_effects(spec: OpSpec, effects: object) -> list[dict[str, Any]]:
-    """The ``effects`` argument of a history operation: a list of objects, on a logged
-    operation (a duplicate must be recognised to add none), else ``InvalidInput``."""
-    if not spec.logged or not isinstance(effects, list):
-        raise errors.InvalidInput(f"{spec.name}: effects must be a list, on a logged operation")
-    for effect in effects:
-        if not isinstance(effect, dict):
-            raise errors.InvalidInput(f"{spec.name}: each effect must be an object")
-    return effects
 
 
 #: Results longer than this are not kept (a duplicate then returns only its flag);
@@ -157,12 +172,9 @@ def check_effects(spec: OpSpec, effects: object) -> list[dict[str, Any]]:
 MAX_KEPT_RESULT = 4096
 
 
-_RESULT_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
 def result_json(result: Result) -> str | None:
     try:
-        text = _RESULT_ENCODER.encode(result)
+        text = to_json(result)
     except (TypeError, ValueError):
         return None
     return text if len(text) <= MAX_KEPT_RESULT else None
@@ -181,13 +193,13 @@ def earlier_result(text: object) -> Result:
 __all__ = [
     "Apply",
     "Args",
+    "Check",
     "Declarations",
     "OpSpec",
     "Operation",
     "Queries",
     "Result",
     "Scope",
-    "check_effects",
     "earlier_result",
     "result_json",
 ]

@@ -36,6 +36,7 @@ from fleetstore.core.validate import (
     arg_int,
     arg_number,
     arg_str,
+    arg_time,
     check_bool,
     check_id,
     check_int,
@@ -48,9 +49,11 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain.codec import (
     Prepared,
+    check_encoded,
+    columns,
     decode_value,
-    encoded_body,
     prepare_payload,
+    value_payload,
     write_payload,
 )
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
@@ -157,34 +160,52 @@ def _kinds_arg(a: Args) -> str | None:
 # -- operations ---------------------------------------------------------------------------------
 
 
-def enqueue_in(tx: Tx, q: Queries, a: Args, now: float) -> Result:
-    """Insert one effect (``enqueue_effect``'s arguments) in the transaction *tx*;
-    history operations call this for their ``effects`` (the transactional outbox)."""
+def check_effect(a: Args) -> dict[str, Any]:
+    """An effect to enqueue (``enqueue_effect``'s arguments, or one of a history
+    operation's ``effects``) from outside, checked and in the form ``insert_effect``
+    reads."""
     eid = arg_id(a, "id")
-    thread = arg_str(a, "thread_key", False, MAX_THREAD_KEY, empty=False)
-    kind = arg_str(a, "kind", False, MAX_KIND, empty=False)
-    key = arg_str(a, "idempotency_key", True, MAX_THREAD_KEY, empty=False)
-    delay = arg_number(a, "delay", 0.0, 0.0, MAX_DELAY)
-    max_attempts = arg_int(a, "max_attempts", False, 1, MAX_ATTEMPTS_LIMIT, DEFAULT_MAX_ATTEMPTS)
-    safe = _replay_safe(a.get("replay_safe"))
-    payload = a.get("payload")
-    if not isinstance(payload, dict):
-        raise errors.InvalidInput("an effect payload must be an encoded payload")
-    enc, body, sha, size = encoded_body(tx, q, payload, f"payload of effect {eid}", now)
-    if enc == "str":
-        raise errors.InvalidInput("effect payloads are JSON or bytes")
+    return {
+        "id": eid,
+        "thread_key": arg_str(a, "thread_key", False, MAX_THREAD_KEY, empty=False),
+        "kind": arg_str(a, "kind", False, MAX_KIND, empty=False),
+        "idempotency_key": arg_str(a, "idempotency_key", True, MAX_THREAD_KEY, empty=False),
+        "delay": arg_number(a, "delay", 0.0, 0.0, MAX_DELAY),
+        "max_attempts": arg_int(
+            a, "max_attempts", False, 1, MAX_ATTEMPTS_LIMIT, DEFAULT_MAX_ATTEMPTS
+        ),
+        "replay_safe": _replay_safe(a.get("replay_safe")),
+        "payload": check_encoded(a.get("payload"), f"payload of effect {eid}", ("json", "bytes")),
+    }
+
+
+def check_effect_list(effects: object) -> list[dict[str, Any]]:
+    """The ``effects`` argument of a history operation from outside, checked."""
+    if not isinstance(effects, list):
+        raise errors.InvalidInput("effects must be a list")
+    for effect in effects:
+        if not isinstance(effect, dict):
+            raise errors.InvalidInput("each effect must be an object")
+    return [check_effect(e) for e in effects]
+
+
+def insert_effect(tx: Tx, q: Queries, a: Args, now: float) -> Result:
+    """Insert one checked effect in the transaction *tx*; history operations call
+    this for their ``effects`` (the transactional outbox)."""
+    eid, thread, kind, key = a["id"], a["thread_key"], a["kind"], a["idempotency_key"]
     for found in (
-        tx.execute(q["effect_by_key"], (key,)) if key is not None else [],
-        [r[:3] for r in tx.execute(q["effect_get"], (eid,))],
+        tx.execute(q["effect_by_key"], (key,)) if key is not None else (),
+        tx.execute(q["effect_get"], (eid,)),
     ):
         if found:
-            old_id, old_thread, old_kind = found[0]
+            old_id, old_thread, old_kind = found[0][:3]
             if (old_thread, old_kind) != (thread, kind):
                 raise errors.AlreadyExists(
                     f"effect {old_id!r} (idempotency key {key!r}) already exists "
                     f"for thread {old_thread!r}, kind {old_kind!r}"
                 )
             return {"id": old_id, "duplicate": True}
+    enc, body, sha, size = columns(tx, q, a["payload"], now)
     seq = tx.execute(q["effect_thread_last_seq"], (thread,))[0][0] + 1
     head = not tx.execute(q["effect_thread_has_active"], (thread,))
     tx.execute(
@@ -199,9 +220,9 @@ def enqueue_in(tx: Tx, q: Queries, a: Args, now: float) -> Result:
             "blob_sha": sha,
             "size": size,
             "is_head": int(head),
-            "max_attempts": max_attempts,
-            "replay_safe": safe,
-            "available_at": now + delay,
+            "max_attempts": a["max_attempts"],
+            "replay_safe": a["replay_safe"],
+            "available_at": now + a["delay"],
             "key": key,
             "now": now,
         },
@@ -209,9 +230,13 @@ def enqueue_in(tx: Tx, q: Queries, a: Args, now: float) -> Result:
     return {"id": eid, "seq": seq}
 
 
-@OPERATIONS.declare("enqueue_effect", scope=Scope.CATALOG)
+def _check_enqueue(a: Args) -> dict[str, Any]:
+    return {**check_effect(a), "now": arg_time(a, "now")}
+
+
+@OPERATIONS.declare("enqueue_effect", scope=Scope.CATALOG, check=_check_enqueue)
 def enqueue_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    return enqueue_in(tx, q, a, float(a["now"]))
+    return insert_effect(tx, q, a, a["now"])
 
 
 @OPERATIONS.declare(
@@ -528,38 +553,58 @@ def effect_from_row(store: StorePort, row: Sequence[Any]) -> Effect:
     )
 
 
+def _effect_args(
+    thread_key: object,
+    kind: object,
+    key: object,
+    eid: str,
+    delay: object,
+    max_attempts: object,
+    replay_safe: object,
+) -> dict[str, Any]:
+    """``enqueue_effect`` arguments but its payload, every one checked (the usual
+    values accepted inline: a check function per argument was most of an enqueue's
+    Python calls)."""
+    check_str(thread_key, "thread_key", limit=MAX_THREAD_KEY, empty=False)
+    check_str(kind, "kind", limit=MAX_KIND, empty=False)
+    if key is not None:
+        check_str(key, "idempotency_key", limit=MAX_THREAD_KEY, empty=False)
+    if delay.__class__ is not float or delay != 0.0:
+        check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
+    if max_attempts.__class__ is not int or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        check_int(max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+    return {
+        # An idempotency key names the effect: a retry of the enqueue, spooled
+        # or not, carries the same id, so the caller always learns it.
+        "id": derived_id("effect", key) if key is not None else eid,  # type: ignore[arg-type]
+        "thread_key": thread_key,
+        "kind": kind,
+        "idempotency_key": key,
+        "delay": delay,
+        "max_attempts": max_attempts,
+        "replay_safe": None if replay_safe is None else _replay_safe(replay_safe),
+    }
+
+
 def _prepare_effect(store: StorePort, spec: object) -> tuple[dict[str, Any], Prepared]:
     """``enqueue_effect`` arguments for *spec* (its payload still to write) with
     every check done: nothing written."""
     if not isinstance(spec, NewEffect):
         raise errors.InvalidInput(f"effects must be NewEffect values, not {type(spec).__name__}")
-    for name, value, limit in (
-        ("thread_key", spec.thread_key, MAX_THREAD_KEY),
-        ("kind", spec.kind, MAX_KIND),
-    ):
-        check_str(value, name, limit=limit, empty=False)
-    key = spec.idempotency_key
-    if key is not None:
-        check_str(key, "idempotency_key", limit=MAX_THREAD_KEY, empty=False)
     check_id(spec.id, "id")
-    check_number(spec.delay, "delay", minimum=0.0, maximum=MAX_DELAY)
-    check_int(spec.max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
-    _replay_safe(spec.replay_safe)
+    args = _effect_args(
+        spec.thread_key,
+        spec.kind,
+        spec.idempotency_key,
+        spec.id,
+        spec.delay,
+        spec.max_attempts,
+        spec.replay_safe,
+    )
     if isinstance(spec.payload, bytes | bytearray | memoryview):
         payload = prepare_payload(store, bytes(spec.payload), "bytes")
     else:
         payload = prepare_payload(store, dump_json(spec.payload, "effect payload"), "json")
-    args = {
-        # An idempotency key names the effect: a retry of the enqueue, spooled
-        # or not, carries the same id, so the caller always learns it.
-        "id": derived_id("effect", key) if key is not None else spec.id,
-        "thread_key": spec.thread_key,
-        "kind": spec.kind,
-        "idempotency_key": key,
-        "delay": spec.delay,
-        "max_attempts": spec.max_attempts,
-        "replay_safe": spec.replay_safe,
-    }
     return args, payload
 
 
@@ -635,17 +680,13 @@ class Effects:
         after its worker was lost mid-run?  (None: as its kind was declared, and
         replay-safe if it never was.)  Past the write budget the enqueue waits
         in this process's spool like any write."""
-        spec = NewEffect(
-            thread_key,
-            kind,
-            payload,
-            idempotency_key=idempotency_key,
-            delay=delay,
-            max_attempts=max_attempts,
-            replay_safe=replay_safe,
+        store = self._store
+        op_id = new_id()
+        args = _effect_args(
+            thread_key, kind, idempotency_key, op_id, delay, max_attempts, replay_safe
         )
-        args = effect_args(self._store, spec)
-        result = self._store.submit(Operation("enqueue_effect", args, new_id()))
+        args["payload"] = value_payload(store, payload, "effect payload")
+        result = store.submit(Operation("enqueue_effect", args, op_id, True))
         return str(result["id"]) if result is not None else str(args["id"])
 
     def get(self, effect_id: str) -> Effect:
@@ -765,6 +806,7 @@ class Effects:
                 "claim_op": op_id,
             },
             op_id,
+            True,
         )
         result = self._store.submit(op, independent=True)
         assert result is not None  # independent operations are never spooled
@@ -776,7 +818,7 @@ class Effects:
     def sweep(self) -> builtins.list[Swept]:
         """Take effects whose lease expired from their lost owners: back to
         ``pending`` (replay-safe, attempts left) or to ``dead`` with the reason."""
-        op = Operation("sweep_effects", {}, new_id())
+        op = Operation("sweep_effects", {}, new_id(), True)
         result = self._store.submit(op, independent=True)
         assert result is not None
         return [Swept(eid, EffectState(state)) for eid, state in result["swept"]]
@@ -785,13 +827,17 @@ class Effects:
         """Run a dead or cancelled effect again (at the end of its thread, with
         fresh attempts), or a pending one now."""
         check_id(effect_id, "effect_id")
-        self._store.submit(Operation("retry_effect", {"id": effect_id}, new_id()), spool=False)
+        self._store.submit(
+            Operation("retry_effect", {"id": effect_id}, new_id(), True), spool=False
+        )
         return self.get(effect_id)
 
     def cancel(self, effect_id: str) -> Effect:
         """Cancel a pending or running effect; its thread moves on."""
         check_id(effect_id, "effect_id")
-        self._store.submit(Operation("cancel_effect", {"id": effect_id}, new_id()), spool=False)
+        self._store.submit(
+            Operation("cancel_effect", {"id": effect_id}, new_id(), True), spool=False
+        )
         return self.get(effect_id)
 
     def declare(self, kinds: Mapping[str, bool]) -> None:
@@ -802,7 +848,7 @@ class Effects:
         for kind, safe in kinds.items():
             check_str(kind, "kind", limit=MAX_KIND, empty=False)
             check_bool(safe, f"replay_safe of kind {kind!r}")
-        op = Operation("declare_effect_kinds", {"kinds": dict(kinds)}, new_id())
+        op = Operation("declare_effect_kinds", {"kinds": dict(kinds)}, new_id(), True)
         self._store.submit(op, independent=True)
 
     def kinds(self) -> dict[str, bool]:
@@ -847,7 +893,9 @@ class Claim:
             "owner": self.owner,
             "lease": self.lease if lease is None else lease,
         }
-        result = self._store.submit(Operation("heartbeat_effect", args, new_id()), independent=True)
+        result = self._store.submit(
+            Operation("heartbeat_effect", args, new_id(), True), independent=True
+        )
         assert result is not None
         self.lease_expires_at = float(result["lease_expires_at"])
         return self.lease_expires_at
@@ -908,6 +956,7 @@ class Claim:
             "settle_effect",
             {"id": self.id, "fence": self.fence, "outcome": outcome, **args},
             new_id(),
+            True,
         )
         if must_land:
             applied = self._store.submit(op, must_land=True)
@@ -930,6 +979,8 @@ __all__ = [
     "PreparedEffects",
     "Swept",
     "effects_args",
-    "enqueue_in",
+    "check_effect",
+    "check_effect_list",
+    "insert_effect",
     "prepare_effects",
 ]

@@ -25,7 +25,7 @@ from fleetstore.core.validate import (
     check_int,
     check_str,
 )
-from fleetstore.domain.codec import decode_value, encoded_body, prepare_state, write_payload
+from fleetstore.domain.codec import check_encoded, columns, decode_value, value_payload
 from fleetstore.domain.history_ops import session_row
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.outbox import prepare_effects
@@ -70,23 +70,38 @@ class State:
         """Store *value* (JSON-serialisable, or bytes) under *key*; returns it with
         its new version (``None`` while the write waits in this process's spool).
         *effects* are enqueued in the same transaction (the transactional outbox)."""
-        # Every argument checked before a blob file is written.
-        _check_expected(expected_version)
-        head, payload = prepare_state(self._store, session_id, key, value, namespace)
-        prepared = prepare_effects(self._store, effects)
-        effect_list = prepared.write()
+        # Every argument checked before a blob file is written; once, here.
+        if expected_version is not None:
+            check_int(expected_version, "expected_version")
+        check_id(session_id, "session_id")
+        # The usual key and namespace accepted here; anything else goes to _check_key
+        # for its error (a check function each was 4 of a put's 100 Python calls).
+        if (
+            key.__class__ is not str
+            or namespace.__class__ is not str
+            or not 0 < len(key) <= STATE_KEY_MAX
+            or not 0 < len(namespace) <= STATE_NAMESPACE_MAX
+            or not (key + namespace).isascii()
+            or "\x00" in key
+            or "\x00" in namespace
+        ):
+            _check_key(session_id, key, namespace)
+        store = self._store
+        if effects:
+            prepared = prepare_effects(store, effects)  # every one checked, nothing written
         now = time.time()
         args: dict[str, Any] = {
-            **head,
-            "value": write_payload(self._store, payload),
+            "namespace": namespace,
+            "key": key,
+            "value": value_payload(store, value, f"state value {key!r}"),
             "session_id": session_id,
             "expected_version": expected_version,
             "now": now,
         }
-        if effect_list:
-            args["effects"] = effect_list
-        result = self._store.submit(
-            Operation("put_state", args, new_id()), spool=expected_version is None
+        if effects:
+            args["effects"] = prepared.write()
+        result = store.submit(
+            Operation("put_state", args, new_id(), True), spool=expected_version is None
         )
         if result is None:
             return StateValue(session_id, key, value, None, namespace, now)
@@ -118,11 +133,12 @@ class State:
             "namespace": namespace,
             "key": key,
             "expected_version": expected_version,
+            "now": time.time(),
         }
         if effect_list:
             args["effects"] = effect_list
         result = self._store.submit(
-            Operation("delete_state", args, new_id()), spool=expected_version is None
+            Operation("delete_state", args, new_id(), True), spool=expected_version is None
         )
         return True if result is None else bool(result.get("deleted", True))
 
@@ -162,12 +178,16 @@ def _check_expected(expected: object) -> None:
 # -- the operations ----------------------------------------------------------------------------
 
 
-def _state_key(a: Args) -> tuple[str, str, str]:
-    return (
-        arg_id(a, "session_id"),
-        arg_str(a, "namespace", optional=False, limit=STATE_NAMESPACE_MAX, empty=False),
-        arg_str(a, "key", optional=False, limit=STATE_KEY_MAX, empty=False),
-    )
+def _state_key(a: Args) -> dict[str, Any]:
+    return {
+        "session_id": arg_id(a, "session_id"),
+        "namespace": arg_str(
+            a, "namespace", optional=False, limit=STATE_NAMESPACE_MAX, empty=False
+        ),
+        "key": arg_str(a, "key", optional=False, limit=STATE_KEY_MAX, empty=False),
+        "expected_version": arg_int(a, "expected_version", minimum=0),
+        "now": arg_time(a, "now"),
+    }
 
 
 def _check_version(current: int | None, expected: int | None, what: str) -> None:
@@ -179,42 +199,41 @@ def _check_version(current: int | None, expected: int | None, what: str) -> None
         )
 
 
-@OPERATIONS.declare("put_state", scope=Scope.SESSION)
-def put_state(tx: Tx, q: Queries, a: Args) -> Result:
-    return write_state(tx, q, a, check_session=True)
+def _check_put(a: Args) -> dict[str, Any]:
+    args = _state_key(a)
+    args["value"] = check_encoded(
+        a.get("value"), f"state {args['namespace']}/{args['key']}", ("json", "bytes")
+    )
+    return args
 
 
-def write_state(tx: Tx, q: Queries, a: Args, *, check_session: bool) -> Result:
-    """``put_state``'s work; *check_session* False when the caller's transaction
-    already found the session (a stream that made its message in it)."""
-    sid, ns, key = _state_key(a)
-    expected = arg_int(a, "expected_version", minimum=0)
-    value = a.get("value")
-    if not isinstance(value, dict):
-        raise errors.InvalidInput("state value must be an encoded payload")
-    now = arg_time(a, "now")
-    enc, body, sha, size = encoded_body(tx, q, value, f"state {ns}/{key}", now)
-    if enc == "str":
-        raise errors.InvalidInput("state values are JSON or bytes")
+@OPERATIONS.declare("put_state", scope=Scope.SESSION, check=_check_put)
+def write_state(tx: Tx, q: Queries, a: Args, *, check_session: bool = True) -> Result:
+    """``put_state``'s work, its arguments checked; *check_session* False when the
+    caller's transaction already found the session (a stream that made its message in
+    it)."""
+    sid, ns, key, now = a["session_id"], a["namespace"], a["key"], a["now"]
+    enc, body, sha, size = columns(tx, q, a["value"], now)
     if check_session:
         session_row(tx, q, sid)
     rows = tx.execute(q["state_version"], (sid, ns, key))
     current = rows[0][0] if rows else None
-    _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")
+    expected = a.get("expected_version")
+    if expected is not None:
+        _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")
     version = (current or 0) + 1
     tx.execute(q["state_upsert"], (sid, ns, key, version, enc, body, sha, size, now))
     return {"version": version, "updated_at": now}
 
 
-@OPERATIONS.declare("delete_state", scope=Scope.SESSION)
+@OPERATIONS.declare("delete_state", scope=Scope.SESSION, check=_state_key)
 def delete_state(tx: Tx, q: Queries, a: Args) -> Result:
-    sid, ns, key = _state_key(a)
-    expected = arg_int(a, "expected_version", minimum=0)
+    sid, ns, key = a["session_id"], a["namespace"], a["key"]
     rows = tx.execute(q["state_version"], (sid, ns, key))
     if not rows:
         session_row(tx, q, sid)  # an unknown session is NotFound, as for put_state
     current = rows[0][0] if rows else None
-    _check_version(current, expected, f"state {ns}/{key} of session {sid!r}")
+    _check_version(current, a["expected_version"], f"state {ns}/{key} of session {sid!r}")
     if current is not None:
         tx.execute(q["state_delete"], (sid, ns, key))
     return {"deleted": current is not None}

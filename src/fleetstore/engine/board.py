@@ -257,11 +257,21 @@ class Board:
 
     def posted(self) -> int:
         """A slot posted by another instance, or -1."""
-        marks = self._low().translate(_POSTED_BYTES)
+        marks: bytes = self._mm[STATES_AT : STATES_AT + 4 * BOARD_SLOTS : 4].translate(
+            _POSTED_BYTES
+        )
         i = marks.find(1)
         if i == self.slot and i >= 0:
             i = marks.find(1, i + 1)
         return i if i < 0 or self.states[i] < 256 else -1
+
+    def quiet(self) -> bool:
+        """Nothing posted or in flight but (maybe) ours: a lone write need not look."""
+        marks: bytes = self._mm[STATES_AT : STATES_AT + 4 * BOARD_SLOTS : 4].translate(
+            _ACTIVE_BYTES
+        )
+        i = marks.find(1)
+        return i < 0 or (i == self.slot and marks.find(1, i + 1) < 0)
 
     def active(self) -> list[int]:
         """Every posted or in-flight slot but ours (in-flight: an orphan)."""

@@ -99,14 +99,18 @@ class CatchUp:
     def __init__(self) -> None:
         self._asked = threading.Event()
         self._done = threading.Event()
+        #: Whether a checkpoint asks: a plain attribute, read after every commit.
+        self.wanted = False
 
     def ask(self, timeout: float) -> bool:
         """(The checkpoint thread.)  True once a writer did it within *timeout*."""
         self._done.clear()
         self._asked.set()
+        self.wanted = True
         if self._done.wait(timeout):
             return True
         self._asked.clear()
+        self.wanted = False
         return False
 
     def asked(self) -> bool:
@@ -118,6 +122,7 @@ class CatchUp:
         18: a failed checkpoint after COMMIT once reached the caller); the next
         checkpoint retries."""
         self._asked.clear()
+        self.wanted = False
         try:
             if before is not None:
                 before()  # what the frames refer to, durable first (blob files)
@@ -148,6 +153,7 @@ class Checkpoints:
     _checkpointer: apsw.Connection | None
     _checkpoint_lock: threading.Lock
     _checkpoint_due: bool
+    _checkpoint_step: int
     _checkpoints: Checkpointer
     _catch_up: CatchUp
     _wal_frames: int

@@ -159,6 +159,8 @@ class Host(Protocol):
 
     def _committed(self, started: float, acquired: float, items: int, served: int) -> None: ...
 
+    def _after_commit(self, wait: float, hold: float, items: int = 0, served: int = 0) -> None: ...
+
     def _handed_over(self) -> None: ...
 
     def _count(self, name: str) -> None: ...
@@ -298,18 +300,115 @@ class Combiner:
     # -- this process's threads ---------------------------------------------------------------
 
     def submit(self, item: Item, started: float) -> object:
+        with self._lock:
+            alone = not self._leading
+            if alone:
+                self._leading = True
+        if alone:
+            # Nobody of this process queued: the straight path, if the gate is free and
+            # nothing is posted (issue 24: group commit's round machinery cost a lone
+            # writer about 115 Python calls a write, for nothing).
+            try:
+                value = self._alone(item, started)
+            except BaseException:
+                self._lead_next()
+                raise
+            if value is not _PENDING:
+                with self._lock:
+                    if self._queue:
+                        nxt = self._queue[0]
+                        nxt.lead = True
+                        self._resolve(nxt)
+                    else:
+                        self._leading = False
+                return value
         req = Request(item, started + self._budget)
         with self._lock:
             self._queue.append(req)
-            lead = not self._leading
-            if lead:
-                self._leading = True
-            else:
+            lead = alone
+            if not lead:
                 req.event = threading.Event()
         if not lead and not self._follow(req):
             return req.outcome()
         self._lead(started)
         return req.outcome()
+
+    def _lead_next(self) -> None:
+        """This thread led; the next queued thread leads now (or nobody does)."""
+        with self._lock:
+            if self._queue:
+                nxt = self._queue[0]
+                nxt.lead = True
+                self._resolve(nxt)
+            else:
+                self._leading = False
+
+    def _alone(self, item: Item, started: float) -> object:
+        """*item* written in place, when the gate is free and the board quiet: one
+        transaction, nothing of the round's machinery.  ``_PENDING`` when it must go
+        the way of a batch instead (the gate taken, a slot posted, a full disk, a
+        COMMIT whose outcome is unknown): nothing of it is then written."""
+        db = self._db
+        gate = db._gate
+        board = self._board
+        if board is None or board.slot < 0 or not gate.try_acquire():
+            return _PENDING
+        if not board.quiet():
+            gate.release()
+            return _PENDING
+        try:
+            tx = db._open_write(started, started + self._budget)
+        except errors.StorageFull:
+            gate.release()
+            return _PENDING
+        except BaseException:
+            gate.release()
+            raise
+        acquired = self.clock()
+        try:
+            value = item.run(tx)
+        except errors.StorageFull:
+            db._end_write(tx, commit=False)
+            gate.release()
+            return _PENDING
+        except BaseException:
+            db._end_write(tx, commit=False)
+            gate.release()
+            raise
+        try:
+            db._end_write(tx, commit=True)
+        except (errors.StorageFull, errors.CommitUncertain) as exc:
+            gate.release()
+            if isinstance(exc, errors.CommitUncertain):
+                if item.payload() is None:
+                    raise  # not safe to apply again: the caller decides
+                db._count("ambiguous_commits")
+            return _PENDING  # applied again as a batch: found, or written
+        except BaseException:
+            gate.release()
+            raise
+        gate.release()
+        if board.posted() >= 0:
+            self._late_posts()
+        db._after_commit(acquired - started, self.clock() - acquired, 1, 0)
+        return value
+
+    def _late_posts(self) -> None:
+        """Someone posted while we held the gate (its own try found it taken): serve
+        it now rather than let it nap."""
+        board = self._board
+        assert board is not None
+        if self._db._gate.try_acquire():
+            try:
+                nxt = board.posted()
+                if nxt >= 0 and board.tag(nxt) == self._tag:
+                    self._round([], self.clock())
+                nxt = board.posted()
+                if nxt >= 0:
+                    self._kick(nxt)
+            finally:
+                self._db._gate.release()
+                self._wake()
 
     def _follow(self, req: Request) -> bool:
         """Wait for the leader to carry *req*, no longer than its deadline; True if it
@@ -578,8 +677,8 @@ class Combiner:
         held = True
         try:
             if board is not None:
-                if board.slot < 0:
-                    board.claim(self.alive)
+                if board.slot < 0 and board.claim(self.alive):
+                    self._db._gate.sleeper = board.slot
                 elif waiting is not None:
                     self._reclaim(board, waiting)
                 board.withdraw()

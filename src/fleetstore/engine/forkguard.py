@@ -12,6 +12,11 @@ import threading
 from collections.abc import Iterator
 
 
+class _Depth(threading.local):
+    #: How deep this thread is inside SQLite calls (guards nest).
+    n = 0
+
+
 class ForkGuard:
     """Threads count themselves in while they run SQLite code; ``os.fork`` waits
     (in a before-fork hook) until no *other* thread is inside.
@@ -26,22 +31,25 @@ class ForkGuard:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # A plain lock for the way in and out (a Condition's own __enter__ is Python
+        # code, twice per write); the condition on it only while a fork waits.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._inside = 0
         self._forking = 0  # the thread ident that is forking
-        self._depth = threading.local()
+        self._depth = _Depth()
 
     def enter(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            while self._forking and self._forking != me:
-                self._cond.wait()
+        with self._mutex:
+            if self._forking and self._forking != threading.get_ident():
+                while self._forking and self._forking != threading.get_ident():
+                    self._cond.wait()
             self._inside += 1
-        self._depth.n = getattr(self._depth, "n", 0) + 1
+        self._depth.n += 1
 
     def exit(self) -> None:
         self._depth.n -= 1
-        with self._cond:
+        with self._mutex:
             self._inside -= 1
             if self._forking:
                 self._cond.notify_all()
@@ -70,7 +78,8 @@ class ForkGuard:
 
     def after_fork_in_child(self) -> None:
         # Only the forking thread exists here; its own count carries over.
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._inside = getattr(self._depth, "n", 0)
         self._forking = 0
 

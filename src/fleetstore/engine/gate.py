@@ -46,6 +46,20 @@ _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _FUTEX_WAIT_BITSET, _FUTEX_WAKE_BITSET = 9, 10
 _ALL_BITS = 0xFFFFFFFF
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "riscv64": 98}.get(platform.machine())
+#: Where waiters say they sleep on the doorbell: one byte per board slot (a process
+#: with a slot) and one for any process without (set once, never cleared).  A release
+#: rings only when one is set: a FUTEX_WAKE per write with nobody asleep was 1-2 us of
+#: every lone writer's (issue 24).
+SLEEPERS_AT = 2048
+#: Raised by a tool of ours that moves or removes the database (an archive, maintain):
+#: a writer or reader that sees it change looks whether its file is still at the path
+#: (``Database``: ``FileMoved``) instead of an ``os.stat`` per write.
+MOVED_AT = 20
+_ANONYMOUS = BOARD_SLOTS
+#: x86 orders loads after loads and stores after stores; the one reordering that
+#: matters here (a load before an earlier store) is ruled out by a locked instruction
+#: between them, which releasing a threading.Lock is.  Elsewhere: always ring.
+_RING_ALWAYS = platform.machine() not in ("x86_64", "AMD64", "i686")
 
 
 class _Timespec(ctypes.Structure):
@@ -126,6 +140,23 @@ def _allocated(fd: int, offset: int, length: int) -> bool:
         return False
 
 
+def announce_moved(gate_path: str | os.PathLike[str]) -> None:
+    """Tell every process using the database of the gate file *gate_path* that the
+    database was moved or removed (it was renamed by one of our tools): they look at
+    their file's identity at their next write or read.  Nothing if there is no gate
+    file (nobody uses it)."""
+    try:
+        fd = os.open(gate_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_size >= BOARD_OFFSET and _allocated(fd, 0, BOARD_OFFSET):
+            value = int.from_bytes(os.pread(fd, 4, MOVED_AT), "little")
+            os.pwrite(fd, ((value + 1) & 0xFFFFFFFF).to_bytes(4, "little"), MOVED_AT)
+    finally:
+        os.close(fd)
+
+
 class GateTimeout(Exception):
     """The gate was not obtained before the deadline."""
 
@@ -145,12 +176,16 @@ class WriterGate:
         self.mapping: mmap.mmap | None = None
         self.board: Any = None
         self._bell: ctypes.c_uint32 | None = None
+        self.moved_word: ctypes.c_uint32 | None = None
         self._wal_word: ctypes.c_uint32 | None = None
         self._bell_addr = ctypes.c_void_p(0)
         self._timeout = _Timespec(0, 0)
         self._timeout_ref = ctypes.byref(self._timeout)
         # Each ring writes a value no other ring is likely to write (see _ring).
         self._ring_value = (os.getpid() * 2654435761) & 0xFFFFFFFF
+        #: This process's board slot (engine/combine.py sets it), whose byte in the
+        #: sleepers' area it sets while it sleeps on the doorbell (-1: none yet).
+        self.sleeper = -1
         if not cross_process:
             self._fd = 0
             return
@@ -170,9 +205,10 @@ class WriterGate:
                 self.mapping = self._map
                 self._bell = ctypes.c_uint32.from_buffer(self._map)
                 self._wal_word = ctypes.c_uint32.from_buffer(self._map, 4)
+                self.moved_word = ctypes.c_uint32.from_buffer(self._map, MOVED_AT)
                 self._bell_addr = ctypes.c_void_p(ctypes.addressof(self._bell))
             except (OSError, ValueError):
-                self._map = self._bell = self._wal_word = None
+                self._map = self._bell = self._wal_word = self.moved_word = None
 
     def acquire(self, deadline: float) -> bool:
         if not self._mutex.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
@@ -199,7 +235,7 @@ class WriterGate:
                     # A wake-up we may have taken belongs to the next waiter.
                     self._ring()
                     raise GateTimeout("gate held by another process")
-                self._wait(rung, min(remaining, _MAX_NAP))
+                self._sleep(rung, min(remaining, _MAX_NAP))
         except BaseException:
             self._release_mutex()
             raise
@@ -232,6 +268,20 @@ class WriterGate:
             except BlockingIOError:
                 pass
         return False
+
+    def _sleep(self, rung: int, seconds: float) -> None:
+        """``_wait`` with this process's sleeper byte set (the futex syscall orders it
+        before the kernel reads the doorbell)."""
+        mm = self._map
+        if mm is None:
+            return self._wait(rung, seconds)
+        mine = self.sleeper if self.sleeper >= 0 else _ANONYMOUS
+        mm[SLEEPERS_AT + mine] = 1
+        try:
+            self._wait(rung, seconds)
+        finally:
+            if mine != _ANONYMOUS and self._map is not None:
+                mm[SLEEPERS_AT + mine] = 0
 
     def _wait(self, rung: int, seconds: float) -> None:
         if self._bell is None or _syscall is None:
@@ -287,14 +337,33 @@ class WriterGate:
         return previous
 
     def release(self) -> None:
+        mm = None
         try:
             if self._cross_process and self._fd >= 0:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
-                self._ring()
+                if self._closed or _RING_ALWAYS:
+                    self._ring()
+                elif self._bell is not None:
+                    self._ring_value = (self._ring_value + 1) & 0xFFFFFFFF
+                    self._bell.value = self._ring_value
+                    mm = self._map
         finally:
             # Whatever failed above, this process's other threads must not wait on
             # a mutex nobody holds any more.
-            self._release_mutex()
+            if self._closed:
+                self._release_mutex()
+            else:
+                self._mutex.release()
+        if mm is not None:
+            # After the doorbell's new value and the mutex's release (a barrier):
+            # a waiter that set its byte before it slept is seen here, or it read the
+            # new value and does not sleep (tests/engine/test_engine.py::test_gate_*).
+            try:
+                sleeping = mm.find(b"\x01", SLEEPERS_AT, SLEEPERS_AT + _ANONYMOUS + 1) >= 0
+            except ValueError:  # closed meanwhile by close() in another thread
+                return
+            if sleeping and _syscall is not None:
+                _syscall(_SYS_FUTEX, self._bell_addr, _FUTEX_WAKE, 1, None, None, 0)
 
     def _release_mutex(self) -> None:
         # Called with the mutex held: a close() that came while a writer owned
@@ -304,7 +373,8 @@ class WriterGate:
         self._mutex.release()
 
     def _drop_descriptor(self) -> None:
-        self._bell = self._wal_word = None  # ctypes views must go before the map can close
+        # ctypes views must go before the map can close
+        self._bell = self._wal_word = self.moved_word = None
         if self.board is not None:
             self.board.detach()
             self.board = None
@@ -333,6 +403,8 @@ class WriterGate:
 
 __all__ = [
     "BOARD_OFFSET",
+    "MOVED_AT",
+    "announce_moved",
     "BOARD_SLOTS",
     "GATE_FILE_BYTES",
     "SLOT_BYTES",

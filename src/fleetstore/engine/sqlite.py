@@ -43,7 +43,7 @@ from fleetstore.engine.forkguard import GUARD
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.inspect import HEADER_BYTES, SQLITE_MAGIC
 from fleetstore.engine.proclocks import lock_holders
-from fleetstore.engine.translate import commit_error, translate
+from fleetstore.engine.translate import translate
 from fleetstore.engine.tx import ReadTx, WriteTx, _Tx
 
 T = TypeVar("T")
@@ -58,6 +58,9 @@ _BEGIN_RETRY_SLEEP = 0.001
 _BEGIN_FIRST_RETRIES = (0.0, 0.00005, 0.0001, 0.0002, 0.0005)
 _MAX_IDLE_READERS = 4
 _LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
+#: How often (seconds) a write or read looks whether the file at the path is still
+#: the one opened, when nothing announced a move (``FileMoved``: a file moved by hand).
+IDENTITY_EVERY = 0.1
 
 
 def _callable(fn: object) -> None:
@@ -185,6 +188,8 @@ class Database(Checkpoints):
         self._idle_readers: list[apsw.Connection] = []
         self._busy_readers: set[apsw.Connection] = set()
         self._gate = WriterGate(self.gate_path, cross_process=self.settings.gate)
+        self._moved_seen = 0 if self._gate.moved_word is None else self._gate.moved_word.value
+        self._identity_due = 0.0
         self._metrics = self.shared_metrics if self.shared_metrics is not None else WriteMetrics()
         self._wal_frames = 0
         self._checkpoint_due = False
@@ -192,7 +197,10 @@ class Database(Checkpoints):
         #: the next writer of this process to copy the rest before it releases the gate.
         self._catch_up = CatchUp()
         self._frame_bytes = 4096 + 24
+        self._checkpoint_step = max(self.settings.checkpoint_bytes // self._frame_bytes, 1)
         self._write_owner = 0  # thread inside write(), to refuse nesting
+        self._cursor: apsw.Cursor | None = None  # the writer's, from one write to the next
+        self._cursor_of: apsw.Connection | None = None  # ... of this connection
         self._tx_level = self._level  # synchronous of the writer connection now
         # Checkpoints run in a thread of their own: a passive checkpoint fsyncs the WAL
         # and the database (8-12 ms measured), which the writer whose commit crossed
@@ -267,11 +275,17 @@ class Database(Checkpoints):
         conn = self._writer_connection()
         try:
             with _guard.inside():
-                page_size = _pragma(conn, "page_size")
-                mode = self._journal_mode(conn)
+                # (A first read may meet another process recovering the WAL: wait.)
+                conn.setbusytimeout(self.settings.busy_timeout_ms)
+                try:
+                    page_size = _pragma(conn, "page_size")
+                    mode = self._journal_mode(conn)
+                finally:
+                    conn.setbusytimeout(0)
         except apsw.Error as exc:
             raise translate(exc, self.path) from exc
         self._frame_bytes = page_size + 24
+        self._checkpoint_step = max(self.settings.checkpoint_bytes // self._frame_bytes, 1)
         if mode == "wal" and not fresh:
             return
         # The switch needs the file to itself and fails at once (or silently keeps
@@ -280,7 +294,6 @@ class Database(Checkpoints):
         started = time.monotonic()
         deadline = started + self.settings.write_budget
         self._acquire_gate(started, deadline)
-        conn.setbusytimeout(0)
         try:
             if fresh:
                 with contextlib.suppress(apsw.Error), _guard.inside():
@@ -305,7 +318,6 @@ class Database(Checkpoints):
                     )
                 time.sleep(_BEGIN_RETRY_SLEEP)
         finally:
-            conn.setbusytimeout(self.settings.busy_timeout_ms)
             self._gate.release()
 
     @staticmethod
@@ -349,30 +361,39 @@ class Database(Checkpoints):
             # checkpoint after release (DESIGN.md: 1.3-1.56x).
             conn.execute("PRAGMA wal_autocheckpoint=0")
             conn.set_wal_hook(self._on_wal_commit)
+            # The writer keeps no busy timeout once configured (these pragmas may meet
+            # another process making the file): its BEGIN IMMEDIATE is the only statement
+            # of a write that can wait, and fleetstore retries it itself, 1 ms steps,
+            # gate holder only (setting it and back around every BEGIN was 1-2 us a
+            # write: issue 24).
+            conn.setbusytimeout(0)
 
     def _on_wal_commit(self, _conn: apsw.Connection, _name: str, frames: int) -> int:
-        # Runs inside COMMIT, once the commit is in the WAL: an error returned (or
-        # raised) here would make COMMIT raise for a committed transaction.
+        # Runs inside COMMIT, once the commit is in the WAL, gate held: an error
+        # returned (or raised) here would make COMMIT raise for a committed
+        # transaction.  The gate file carries the WAL size the previous committer saw,
+        # so exactly one process (the one whose commit crosses a multiple of
+        # checkpoint_bytes) checkpoints, where a count per process made a fleet of 64
+        # checkpoint 64 times as often (benchmarks).
         try:
-            self._count_wal_frames(frames)
+            # (No local name for the view: a logged error's traceback keeping this frame
+            # would keep the gate's mapping from being closed.)
+            gate = self._gate
+            if gate._wal_word is None:
+                before = self._wal_frames
+            else:
+                before = gate._wal_word.value
+                gate._wal_word.value = frames
+            if frames <= before:  # the WAL was started over since (a commit adds frames)
+                before = 0
+                self._metrics.count("wal_restarts")
+            self._wal_frames = frames
+            step = self._checkpoint_step
+            if frames // step > before // step:
+                self._checkpoint_due = True
         except Exception as exc:
             self._background_error("WAL size count", exc)
         return apsw.SQLITE_OK
-
-    def _count_wal_frames(self, frames: int) -> None:
-        # Gate held.  The gate file carries the WAL size the previous committer saw,
-        # so exactly one process (the one whose commit crosses a multiple of
-        # checkpoint_bytes) checkpoints, where a count per process made a fleet of
-        # 64 checkpoint 64 times as often (benchmarks).
-        shared = self._gate.swap_wal_frames(frames)
-        before = self._wal_frames if shared is None else shared
-        if frames <= before:  # the WAL was started over since (a commit adds frames)
-            before = 0
-            self._metrics.count("wal_restarts")
-        self._wal_frames = frames
-        step = max(self.settings.checkpoint_bytes // self._frame_bytes, 1)
-        if frames // step > before // step:
-            self._checkpoint_due = True
 
     def _check_process(self) -> None:
         # (A forked child was already dealt with by the at-fork hook.)
@@ -416,6 +437,8 @@ class Database(Checkpoints):
 
     def _discard(self, conn: apsw.Connection) -> None:
         self._metrics.count("discarded_connections")
+        if self._cursor_of is conn:
+            self._cursor = self._cursor_of = None
         if conn is self._writer:
             self._writer = None
         with contextlib.suppress(apsw.Error), _guard.inside():
@@ -428,7 +451,8 @@ class Database(Checkpoints):
         """A write transaction: gate, then ``BEGIN IMMEDIATE``, both waited for within
         ``write_budget`` seconds (``StoreBusy`` past it, nothing written).  The body runs
         once; if it raises, the transaction is rolled back and the error re-raised."""
-        self._check_process()
+        if self._closed:
+            raise errors.StoreClosed(f"{self.path}: the database was closed")
         if self._write_owner == threading.get_ident():
             # The gate is not re-entrant: without this check the inner write
             # would wait out the whole budget on its own thread.
@@ -437,41 +461,28 @@ class Database(Checkpoints):
                 "do all the work in one block"
             )
         started = time.monotonic()
-        deadline = started + self.settings.write_budget
         gate = self._gate  # a child forked inside the block releases the old one
-        self._acquire_gate(started, deadline)
-        self._write_owner = threading.get_ident()
+        self._acquire_gate(started, started + self.settings.write_budget)
         try:
-            conn = self._writer_connection()
-            self._begin_immediate(conn, started, deadline)  # returns inside the fork guard
+            tx = self._open_write(started, started + self.settings.write_budget)
+            acquired = time.monotonic()
+            # A block of code of its own may read another database attached to the
+            # writer, whose locks can be busy: it gets the busy timeout back (the store's
+            # operations take no other lock, and their writes set none).
+            conn = tx._conn
+            conn.setbusytimeout(self.settings.busy_timeout_ms)
             try:
-                acquired = time.monotonic()
-                if self._identity is not None and not self._same_file():
-                    self._rollback(conn)
-                    raise errors.FileMoved(f"{self.path}: the file was moved or removed")
-                tx = WriteTx(conn, self.path)
-                try:
-                    yield tx
-                    tx._drop_cursor()
-                    conn.execute("COMMIT")
-                except BaseException as exc:
-                    self._metrics.count("write_errors")
-                    tx._drop_cursor()
-                    failed = commit_error(exc, self.path, conn)
-                    self._rollback(conn)
-                    if failed is not None:
-                        raise failed from exc
-                    raise
-                finally:
-                    tx._open = False
-                committed = time.monotonic()
-                self._catch_up_if_asked()
+                yield tx
+            except BaseException:
+                self._end_write(tx, commit=False)
+                raise
             finally:
-                _guard.exit()
+                with contextlib.suppress(apsw.Error):
+                    conn.setbusytimeout(0)
+            self._end_write(tx, commit=True)
         finally:
-            self._write_owner = 0
             self._hand_on(gate)
-        self._after_commit(acquired - started, committed - acquired)
+        self._after_commit(acquired - started, time.monotonic() - acquired)
 
     def _hand_on(self, gate: WriterGate) -> None:
         """Release the gate after a transaction, committed or not, waking the next
@@ -488,12 +499,14 @@ class Database(Checkpoints):
             except Exception as exc:
                 self._background_error(step, exc)
 
-    def _after_commit(self, wait: float, hold: float) -> None:
+    def _after_commit(self, wait: float, hold: float, items: int = 0, served: int = 0) -> None:
         """What follows a commit: figures, and a checkpoint if due.  Never raises (the
         commit stands whatever happens here: tests/engine/test_faults.py)."""
         try:
-            self._metrics.record_write(wait, hold)
-            self._maybe_checkpoint()
+            self._metrics.record_write(wait, hold, items, served)
+            if self._checkpoint_due:
+                self._checkpoint_due = False
+                self._checkpoints.request()
         except Exception as exc:
             self._background_error("after commit", exc)
 
@@ -544,24 +557,30 @@ class Database(Checkpoints):
         None), within its budget; else, or if that does not succeed in time, it raises
         ``CommitUncertain``.  A full disk is waited out within the budget, then
         ``StorageFull``."""
-        self._check_process()
-        if not all(callable(getattr(item, name, None)) for name in ("run", "payload", "result")):
-            raise errors.InvalidInput(
-                f"item must have run(), payload() and result() (engine.base.Item), not "
-                f"{type(item).__name__}"
-            )
-        if self._write_owner == threading.get_ident():
+        if self._closed:
+            raise errors.StoreClosed(f"{self.path}: the database was closed")
+        if self._write_owner and self._write_owner == threading.get_ident():
             raise errors.DatabaseError(
                 f"{self.path}: db.submit() inside a db.write() block of the same thread"
             )
-        return self._combiner.submit(item, time.monotonic())
+        try:
+            return self._combiner.submit(item, time.monotonic())
+        except AttributeError:
+            # Looked at here, not per write (a check per write was 12 Python calls).
+            if not all(callable(getattr(item, n, None)) for n in ("run", "payload", "result")):
+                raise errors.InvalidInput(
+                    f"item must have run(), payload() and result() (engine.base.Item), not "
+                    f"{type(item).__name__}"
+                ) from None
+            raise
 
     def _open_write(self, started: float, deadline: float, level: int = -1) -> WriteTx:
         """The gate held: BEGIN IMMEDIATE on the writer connection within *deadline*
         (``StoreBusy`` past it), committed at durability *level* (-1: this connection's;
         SQLite reads ``synchronous`` when a transaction begins, so it is set before);
-        inside the fork guard until ``_end_write``."""
-        conn = self._writer_connection()
+        inside the fork guard until ``_end_write``.  The one way every write of this
+        engine begins (``write()``, group commit's rounds and its lone writes)."""
+        conn = self._writer or self._writer_connection()
         if level >= 0:
             self._set_level(conn, level)
         try:
@@ -570,17 +589,33 @@ class Database(Checkpoints):
             if level >= 0:
                 self._set_level(conn, self._level)
             raise
-        if self._identity is not None and not self._same_file():
+        # (No local name for the gate's view: a traceback keeping this frame would keep
+        # the mapping from being closed by a caller that drops the file.)
+        gate = self._gate
+        if (
+            started >= self._identity_due
+            or (gate.moved_word is not None and gate.moved_word.value != self._moved_seen)
+        ) and not self._still_here(started):
             self._rollback(conn)
             _guard.exit()
             raise errors.FileMoved(f"{self.path}: the file was moved or removed")
         self._write_owner = threading.get_ident()
-        return WriteTx(conn, self.path)
+        tx = WriteTx(conn, self.path, time.time())
+        # The writer's cursor is kept from one transaction to the next (a cursor per
+        # transaction was 4 Python calls a write): every statement is read whole, so
+        # none is left active; a transaction that failed drops it (engine/tx.py).
+        if self._cursor_of is conn:
+            tx._cursor_ = self._cursor
+        return tx
 
     def _end_write(self, tx: Tx, commit: bool) -> None:
-        assert isinstance(tx, WriteTx)
-        conn = tx._conn
-        tx._drop_cursor()
+        """COMMIT (*commit*) or roll back the transaction of ``_open_write``; a COMMIT
+        that fails is rolled back and raised as its fleetstore error (one mapping for
+        every path).  Then, gate still held, the WAL's last frames are copied if a
+        checkpoint asked for it."""
+        conn = tx._conn  # type: ignore[attr-defined]
+        self._cursor, tx._cursor_ = tx._cursor_, None  # type: ignore[attr-defined]
+        self._cursor_of = conn if self._cursor is not None else None
         try:
             if commit:
                 try:
@@ -590,11 +625,13 @@ class Database(Checkpoints):
                     failed = translate(exc, self.path, conn, commit=True)
                     self._rollback(conn)
                     raise failed from exc
+                if self._catch_up.wanted:
+                    self._catch_up_if_asked()
             else:
                 self._metrics.count("write_errors")
                 self._rollback(conn)
         finally:
-            tx._open = False
+            tx._open = False  # type: ignore[attr-defined]
             self._write_owner = 0
             if self._tx_level != self._level:
                 self._set_level(conn, self._level)
@@ -611,15 +648,9 @@ class Database(Checkpoints):
 
     def _committed(self, started: float, acquired: float, items: int, served: int) -> None:
         """Group commit's figures after a COMMIT; never raises (see ``_after_commit``)."""
-        self._catch_up_if_asked()
-        try:
-            self._metrics.count("batched_items", items)
-            if served:
-                self._metrics.count("served", served)
-            self._metrics.peak("batch_max", items)
-        except Exception as exc:
-            self._background_error("after commit", exc)
-        self._after_commit(acquired - started, time.monotonic() - acquired)
+        self._after_commit(acquired - started, time.monotonic() - acquired, items, served)
+
+    #: (The combiner's lone writes call ``_after_commit`` themselves.)
 
     def _handed_over(self) -> None:
         self._metrics.count("handed_over")
@@ -661,57 +692,67 @@ class Database(Checkpoints):
         the SQLite lock.  Never deferred BEGIN: its later upgrade to a write lock
         returns BUSY at once without calling any busy handler.  Returns inside the
         fork guard (the caller exits it); sleeps between attempts outside it."""
-        attempts = 0
         _guard.enter()
         try:
-            # SQLite's own busy handler naps up to 100 ms; only the gate holder waits
-            # here, so a fine-grained retry costs the fleet nothing.
-            conn.setbusytimeout(0)
-            try:
-                while True:
-                    attempts += 1
-                    try:
-                        conn.execute("BEGIN IMMEDIATE")
-                        return
-                    except apsw.BusyError:
-                        pass
-                    except apsw.Error as exc:
-                        if conn.in_transaction and attempts == 1:
-                            # Left behind by a failure we could not see ("cannot start
-                            # a transaction within a transaction"): roll it back and
-                            # try once more; a connection that cannot roll back is
-                            # discarded.
-                            self._rollback(conn)
-                            if self._writer is conn:
-                                continue
-                        raise translate(exc, self.path) from exc
-                    self._metrics.count("begin_busy_retries")
-                    if time.monotonic() >= deadline:
-                        self._metrics.count("busy_timeouts")
-                        raise errors.StoreBusy(
-                            self.path,
-                            time.monotonic() - started,
-                            attempts,
-                            # We hold the gate ourselves; name the outside holder.
-                            [
-                                h
-                                for h in lock_holders(self.path, self.gate_path)
-                                if h.pid != os.getpid()
-                            ],
-                            stage="sqlite",
-                        )
-                    # A fork need not wait for an outside holder of the lock.
-                    _guard.exit()
-                    try:
-                        if attempts <= len(_BEGIN_FIRST_RETRIES):
-                            time.sleep(_BEGIN_FIRST_RETRIES[attempts - 1])
-                        else:
-                            time.sleep(_BEGIN_RETRY_SLEEP)
-                    finally:
-                        _guard.enter()
-            finally:
-                with contextlib.suppress(apsw.Error):
-                    conn.setbusytimeout(self.settings.busy_timeout_ms)
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except apsw.BusyError:
+            pass
+        except apsw.Error as exc:
+            if not conn.in_transaction:
+                _guard.exit()
+                raise translate(exc, self.path) from exc
+        except BaseException:
+            _guard.exit()
+            raise
+        self._begin_waiting(conn, started, deadline)
+
+    def _begin_waiting(self, conn: apsw.Connection, started: float, deadline: float) -> None:
+        """``_begin_immediate``'s first attempt met a lock (an outside holder, or this
+        process's checkpoint) or a transaction left open: try again until *deadline*."""
+        attempts = 0
+        try:
+            while True:
+                attempts += 1
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except apsw.BusyError:
+                    pass
+                except apsw.Error as exc:
+                    if conn.in_transaction and attempts == 1:
+                        # Left behind by a failure we could not see ("cannot start
+                        # a transaction within a transaction"): roll it back and
+                        # try once more; a connection that cannot roll back is
+                        # discarded.
+                        self._rollback(conn)
+                        if self._writer is conn:
+                            continue
+                    raise translate(exc, self.path) from exc
+                self._metrics.count("begin_busy_retries")
+                if time.monotonic() >= deadline:
+                    self._metrics.count("busy_timeouts")
+                    raise errors.StoreBusy(
+                        self.path,
+                        time.monotonic() - started,
+                        attempts,
+                        # We hold the gate ourselves; name the outside holder.
+                        [
+                            h
+                            for h in lock_holders(self.path, self.gate_path)
+                            if h.pid != os.getpid()
+                        ],
+                        stage="sqlite",
+                    )
+                # A fork need not wait for an outside holder of the lock.
+                _guard.exit()
+                try:
+                    if attempts <= len(_BEGIN_FIRST_RETRIES):
+                        time.sleep(_BEGIN_FIRST_RETRIES[attempts - 1])
+                    else:
+                        time.sleep(_BEGIN_RETRY_SLEEP)
+                finally:
+                    _guard.enter()
         except BaseException:
             _guard.exit()
             raise
@@ -730,6 +771,26 @@ class Database(Checkpoints):
 
     # -- reading ---------------------------------------------------------------------------
 
+    def _still_here(self, now: float) -> bool:
+        """Whether the file at the path is still the one opened: looked at (an
+        ``os.stat``) when a tool of ours announced a move in the gate file, and every
+        ``IDENTITY_EVERY`` seconds for a file moved by hand (a stat per write and read
+        was a tenth of the engine's own cost of a write: issue 24).  A file moved or
+        removed is refused (``FileMoved``): a fresh one made at its path would lose the
+        writes made here."""
+        gate = self._gate
+        moved = gate.moved_word is not None and gate.moved_word.value != self._moved_seen
+        if now < self._identity_due and not moved:
+            return True
+        self._identity_due = now + IDENTITY_EVERY
+        if moved and gate.moved_word is not None:
+            self._moved_seen = gate.moved_word.value
+        if self._identity is None or self._same_file():
+            return True
+        self._identity_due = float("inf")  # gone for good: every later write and read
+        self._moved_seen = -1
+        return False
+
     def _same_file(self) -> bool:
         try:
             st = os.stat(self.path)
@@ -742,7 +803,7 @@ class Database(Checkpoints):
         without the gate, and return what it returns."""
         _callable(fn)
         self._check_process()
-        if self._identity is not None and not self._same_file():
+        if not self._still_here(time.monotonic()):
             raise errors.FileMoved(f"{self.path}: the file was moved or removed")
         # Inside the fork guard from before the connection leaves the idle list until
         # it is back: at a fork every connection is in a list the child closes.
@@ -758,7 +819,7 @@ class Database(Checkpoints):
         if conn is None:
             conn = self._connect("reader")
         self._busy_readers.add(conn)
-        tx = ReadTx(conn, self.path)
+        tx = ReadTx(conn, self.path, time.time())
         healthy = False
         try:
             try:

@@ -3,8 +3,6 @@ read whole, a cursor per transaction, driver errors translated."""
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,16 +15,10 @@ Row = tuple[Any, ...]
 Params = Sequence[Any] | dict[str, Any]
 
 
-def _sql(sql: object) -> str:
-    if not isinstance(sql, str) or "\x00" in sql:
-        raise errors.InvalidInput(f"sql must be SQL text (without NUL), not {sql!r:.80}")
-    return sql
-
-
 class _Tx:
     __slots__ = ("_conn", "_cursor_", "_open", "_path", "now", "uncertain")
 
-    def __init__(self, conn: apsw.Connection, path: str) -> None:
+    def __init__(self, conn: apsw.Connection, path: str, now: float) -> None:
         self._conn = conn
         self._path = path
         self._open = True
@@ -35,7 +27,7 @@ class _Tx:
         self._cursor_: apsw.Cursor | None = None
         #: This host's clock when the transaction began (the engines agree on the name;
         #: PostgreSQL gives the database's clock).
-        self.now = time.time()
+        self.now = now
         #: Never set here: a SQLite COMMIT whose outcome is unknown (its WAL sync
         #: failed) raises CommitUncertain instead (see Database.submit).
         self.uncertain = False
@@ -47,10 +39,11 @@ class _Tx:
         ``UPDATE … RETURNING`` read in part makes COMMIT fail with "SQL
         statements in progress" and leaves the lock held
         (tests/engine/test_engine.py::test_returning_read_in_part_wedges_raw_apsw_but_not_the_api).
+        SQL that is not text, or holds a NUL, is refused by the driver (``InvalidInput``).
         """
-        cursor = self._cursor()
+        cursor = self._cursor_ or self._cursor()
         try:
-            return cursor.execute(_sql(sql), params).fetchall()
+            return cursor.execute(sql, params).fetchall()
         except apsw.Error as exc:
             self._drop_cursor()
             raise translate(exc, self._path, self._conn) from exc
@@ -63,9 +56,9 @@ class _Tx:
 
     def executemany(self, sql: str, seq_of_params: Iterable[Params]) -> None:
         """Run *sql* once per parameter set (rows produced are read and dropped)."""
-        cursor = self._cursor()
+        cursor = self._cursor_ or self._cursor()
         try:
-            for _ in cursor.executemany(_sql(sql), seq_of_params):
+            for _ in cursor.executemany(sql, seq_of_params):
                 pass
         except apsw.Error as exc:
             self._drop_cursor()
@@ -82,9 +75,7 @@ class _Tx:
             raise errors.StoreClosed(
                 "this transaction has ended; use a new db.write() or db.read()"
             )
-        cursor = self._cursor_
-        if cursor is None:
-            cursor = self._cursor_ = self._conn.cursor()
+        cursor = self._cursor_ = self._conn.cursor()
         return cursor
 
     def _drop_cursor(self) -> None:
@@ -92,8 +83,10 @@ class _Tx:
         and when the transaction ends."""
         cursor, self._cursor_ = self._cursor_, None
         if cursor is not None:
-            with contextlib.suppress(apsw.Error):
+            try:
                 cursor.close(True)
+            except apsw.Error:
+                pass
 
 
 class WriteTx(_Tx):

@@ -421,7 +421,7 @@ class FleetstoreSessionService(BaseSessionService):
             }
             pending = _Pending(op_id, "create", fs_id, app_name, user_id, sid, now, op_id, deltas)
             try:
-                self._submit(Operation("adk_create_session", args, op_id), pending)
+                self._submit(Operation("adk_create_session", args, op_id, True), pending)
             except errors.AlreadyExists as exc:
                 raise SessionExists(str(exc)) from exc
             found = self._read_view(app_name, user_id, sid, _NO_EVENTS)
@@ -530,7 +530,9 @@ class FleetstoreSessionService(BaseSessionService):
         def delete() -> None:
             op_id = new_id()
             pending = _Pending(op_id, "delete", fs_id, app_name, user_id, sid, time.time(), "", {})
-            self._submit(Operation("adk_delete_session", {"session_id": fs_id}, op_id), pending)
+            self._submit(
+                Operation("adk_delete_session", {"session_id": fs_id}, op_id, True), pending
+            )
 
         await self._run(delete)
 
@@ -592,7 +594,7 @@ class FleetstoreSessionService(BaseSessionService):
                     event.model_copy(deep=True),
                 )
                 try:
-                    result = self._submit(Operation("adk_append_event", args, op_id), pending)
+                    result = self._submit(Operation("adk_append_event", args, op_id, True), pending)
                 except errors.VersionConflict as exc:
                     raise StaleSession(str(exc)) from exc
                 except errors.NotFound as exc:

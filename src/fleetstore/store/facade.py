@@ -204,18 +204,27 @@ class Store:
         *independent* (claims, heartbeats, sweeps): neither depends on this
         process's spooled writes nor they on it: applied now even while the
         spool holds writes, never spooled.  If the journal cannot be written
-        either, ``StorageFull`` (disk full) or ``StorageError``: nothing was written."""
-        check_operation(op)
-        for name, flag in (
-            ("spool", spool),
-            ("must_land", must_land),
-            ("independent", independent),
-        ):
-            check_bool(flag, name)
+        either, ``StorageFull`` (disk full) or ``StorageError``: nothing was written.
+        An operation the API made (``trusted``) is not checked again."""
+        if op.__class__ is not Operation or not op.trusted:
+            op = check_operation(op)
+            for name, flag in (
+                ("spool", spool),
+                ("must_land", must_land),
+                ("independent", independent),
+            ):
+                check_bool(flag, name)
         blobs = self.blobs
-        if not (isinstance(blobs, BlobStore) and blobs.keeping):
-            return self._submit(op, spool, must_land, independent)
+        if blobs.__class__ is BlobStore and blobs._kept:
+            return self._settling(op, spool, must_land, independent)
+        return self._submit(op, spool, must_land, independent)
+
+    def _settling(
+        self, op: Operation, spool: bool, must_land: bool, independent: bool
+    ) -> dict[str, Any] | None:
         # The blob files this write stored before it waited: see BlobStore.settle.
+        blobs = self.blobs
+        assert isinstance(blobs, BlobStore)
         shas = referenced_shas(op.args)
         try:
             result = self._submit(op, spool, must_land, independent)
@@ -228,15 +237,16 @@ class Store:
     def _submit(
         self, op: Operation, spool: bool, must_land: bool, independent: bool
     ) -> dict[str, Any] | None:
-        self._check_open()
+        if self._closed:
+            raise errors.StoreClosed(f"{self.path}: the store was closed")
         if self._publisher is None:
             self._start_publisher()
         with self._counts_lock:
             self._op_counts[op.name] += 1
         if independent:
             return self.backend.apply(op)
-        may_spool = must_land or (spool and self.settings.on_busy == "spool")
-        if len(self.spool) or self._behind:
+        if self.spool._pending or self._behind:
+            may_spool = must_land or (spool and self.settings.on_busy == "spool")
             if not may_spool:
                 raise errors.SpoolPending(
                     f"{len(self.spool)} earlier write(s) of this process wait in its spool"
@@ -250,13 +260,14 @@ class Store:
         try:
             return self.backend.apply(op)  # checked above
         except errors.StoreBusy as busy:
-            if not may_spool:
+            if not (must_land or (spool and self.settings.on_busy == "spool")):
                 raise
             self._spool(op, busy)
             return None
         except errors.CommitUncertain as unknown:
             # Not known within the budget whether it is in the file (its holder stopped
             # while committing): replayed from the spool it is found there, or written.
+            may_spool = must_land or (spool and self.settings.on_busy == "spool")
             if not may_spool or not registry.spec_of(op.name).retry_safe:
                 raise
             self._spool(op, unknown)
@@ -264,8 +275,7 @@ class Store:
 
     def apply(self, op: Operation) -> dict[str, Any]:
         """Apply *op* now, in its own write transaction (``StoreBusy`` past the budget)."""
-        check_operation(op)
-        return self.backend.apply(op)
+        return self.backend.apply(check_operation(op))
 
     def _spool(self, op: Operation, busy: errors.FleetstoreError | None) -> None:
         try:
@@ -779,6 +789,8 @@ def check_operation(op: object) -> Operation:
     (a JSON object); ``InvalidInput`` otherwise."""
     if not isinstance(op, Operation):
         raise errors.InvalidInput(f"not an Operation: {type(op).__name__}")
+    if op.trusted:
+        return op
     if not isinstance(op.args, Mapping) or not all(isinstance(k, str) for k in op.args):
         raise errors.InvalidInput(f"operation {op.name!r:.80}: args must be a dict")
     return registry.decode({"op": op.name, "id": op.op_id, "args": dict(op.args)})

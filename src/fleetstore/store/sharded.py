@@ -49,8 +49,8 @@ from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, sharded_url
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
-from fleetstore.domain.operations import Operation, Scope, check_effects, earlier_result
-from fleetstore.domain.outbox import enqueue_effect
+from fleetstore.domain.operations import Operation, Scope, earlier_result
+from fleetstore.domain.outbox import check_effect_list, insert_effect
 from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.sharded import ShardSet, is_key, shard_key
 from fleetstore.engine.sqlite import Database
@@ -231,9 +231,8 @@ class Router:
                 result = self._apply_in(db, op)
             self._mark_dirty(key)
             return result
-        effects = op.args.get("effects")
-        if effects is not None:
-            check_effects(registry.spec_of(op.name), effects)
+        if not op.trusted:
+            op = registry.checked(op)  # (an intent's record is replayed by other processes)
         try:
             text = encode_line(op).decode("utf-8")
         except UnicodeEncodeError as exc:
@@ -302,7 +301,7 @@ class Router:
         """Apply *op* to its shard: (what the caller gets, what its first run returned)."""
         q = self.q
         args = {k: v for k, v in op.args.items() if k != "effects"}
-        shard_op = Operation(op.name, args, op.op_id)
+        shard_op = Operation(op.name, args, op.op_id, op.trusted)
         logged = registry.spec_of(op.name).logged
 
         def run(tx: Tx) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -350,13 +349,15 @@ class Router:
         # A write that found its content already there (the same message again)
         # enqueues nothing, as in one file.
         effects = [] if applied.get("duplicate") else op.args.get("effects") or []
+        if effects and not op.trusted:
+            effects = check_effect_list(effects)
 
         def run(tx: Tx) -> None:
             if not tx.execute(q["shard_intent_get"], (op.op_id,)):
                 return  # finished by another process (a recovery)
             self._sync_index(tx, key)
             for effect in effects:
-                enqueue_effect(tx, q, {**effect, "now": tx.now})
+                insert_effect(tx, q, effect, tx.now)
             tx.execute(q["shard_intent_done"], (op.op_id,))
 
         self.catalog.run_write(run)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
 
 from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobStore
@@ -42,7 +41,7 @@ class FileBackend(OneDatabase):
         db.serve(OPS_TAG, op_applier(queries))
 
     def apply(self, op: Operation) -> Result:
-        return cast(Result, self._file.submit(OpItem(op, self.queries)))
+        return self._file.submit(OpItem(op, self.queries))  # type: ignore[return-value]
 
 
 def open_file(path: Path, settings: Settings, queries: Mapping[str, str]) -> FileBackend:

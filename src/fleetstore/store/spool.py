@@ -73,7 +73,7 @@ def _operation(body: bytes) -> Operation:
         data = json.loads(body)
     except ValueError:
         raise errors.InvalidInput("journal line is not JSON") from None
-    return registry.decode(data)
+    return registry.envelope(data)
 
 
 def decode_line(line: bytes) -> Operation:

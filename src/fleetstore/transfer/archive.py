@@ -42,6 +42,7 @@ from typing import Any
 from fleetstore import errors
 from fleetstore.core.files import private_dirs
 from fleetstore.domain.blobs import BlobStore, fsync_dir
+from fleetstore.engine.gate import announce_moved
 from fleetstore.engine.sharded import shard_key
 from fleetstore.engine.sqlite import Database
 from fleetstore.store.facade import Store
@@ -222,6 +223,7 @@ def _move(src: Path, dst: Path) -> None:
                 os.unlink(f"{src}{suffix}")
     fsync_dir(dst.parent)
     fsync_dir(src.parent)
+    announce_moved(f"{src}.gate")  # its writers and readers look, and find it gone
 
 
 def _copy_blobs(rows: Sequence[Any], src: BlobStore, dst: BlobStore) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG
 from fleetstore.engine import foreign, inspect
 from fleetstore.engine.base import Tx
+from fleetstore.engine.gate import announce_moved
 from fleetstore.engine.sharded import shard_files
 from fleetstore.engine.sqlite import Database
 
@@ -212,6 +213,7 @@ def _remove_unused(
                 )
             kept.append(f.key)
             continue
+        announce_moved(sides[-1][1])  # (a process that opened it since: it looks, it is gone)
         for _src, dst in sides:
             with contextlib.suppress(FileNotFoundError):
                 dst.unlink()

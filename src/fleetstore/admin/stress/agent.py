@@ -184,6 +184,9 @@ class _Fleetstore(_Target):
 
         _, uid, aid = ids(self.cfg, self.agent, t.n)
         store = self.store
+        # "fused": the state and the effect ride on the reply's last write; "natural":
+        # the same turn as separate calls, as most programs write it (issue 24).
+        natural = self.cfg.get("shape") == "natural"
         if not self._dropped():
             with clock():
                 store.messages.append(self.sid, "user", t.user, id=uid)
@@ -210,9 +213,9 @@ class _Fleetstore(_Target):
                     input_tokens=t.usage["input_tokens"], output_tokens=t.usage["output_tokens"]
                 )
                 # --drop-every: a broken target that says it saved what it did not.
-                if not self._dropped():
+                if not natural and not self._dropped():
                     reply.put_state("checkpoint", {"turn": t.n, "output": sha(output)})
-                if not self._dropped():
+                if not natural and not self._dropped():
                     reply.enqueue(
                         NewEffect(
                             self.sid,
@@ -226,6 +229,14 @@ class _Fleetstore(_Target):
             raise
         with clock():
             stream.__exit__(None, None, None)
+        if natural:
+            with clock():
+                if not self._dropped():
+                    store.state.put(self.sid, "checkpoint", {"turn": t.n, "output": sha(output)})
+                if not self._dropped():
+                    store.effects.enqueue(
+                        self.sid, EFFECT_KIND, {"turn": t.n}, idempotency_key=f"{self.sid}/{t.n}"
+                    )
         return sha(output)
 
     def figures(self) -> dict[str, Any] | None:

@@ -208,7 +208,7 @@ class Checkpoints:
             ],
             "now": time.time(),
         }
-        return store.submit(Operation("ckpt_put", args, new_id())) is not None
+        return store.submit(Operation("ckpt_put", args, new_id(), True)) is not None
 
     def put_writes(
         self,
@@ -247,13 +247,13 @@ class Checkpoints:
                 for idx, channel, value in writes
             ],
         }
-        return store.submit(Operation("ckpt_put_writes", args, new_id())) is not None
+        return store.submit(Operation("ckpt_put_writes", args, new_id(), True)) is not None
 
     def delete_thread(self, thread_id: str) -> None:
         """Remove every checkpoint, channel value and write of the thread (none: no-op)."""
         check_str(thread_id, "thread_id", limit=_ID_MAX, empty=False)
         args = {"session_id": thread_key(thread_id), "thread_id": thread_id}
-        self._store.submit(Operation("ckpt_delete_thread", args, new_id()))
+        self._store.submit(Operation("ckpt_delete_thread", args, new_id(), True))
 
     def delete_runs(self, run_ids: Sequence[str]) -> None:
         """Remove the checkpoints (with their writes) whose metadata names one of
@@ -268,7 +268,9 @@ class Checkpoints:
         if not ids:
             return
         self._drain()
-        self._store.submit(Operation("ckpt_delete_runs", {"run_ids": ids}, new_id()), spool=False)
+        self._store.submit(
+            Operation("ckpt_delete_runs", {"run_ids": ids}, new_id(), True), spool=False
+        )
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, channel value and write of one thread to another
@@ -284,7 +286,7 @@ class Checkpoints:
         }
         # The source is read when the copy applies: writes to it made earlier by
         # this process land first (the spool keeps order), so the copy sees them.
-        self._store.submit(Operation("ckpt_copy_thread", args, new_id()))
+        self._store.submit(Operation("ckpt_copy_thread", args, new_id(), True))
 
     def prune(self, thread_ids: Sequence[str], strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep each namespace's newest checkpoint (and the
@@ -299,7 +301,7 @@ class Checkpoints:
             check_str(t, "thread_id", limit=_ID_MAX, empty=False)
         for t in thread_ids:
             args = {"session_id": thread_key(t), "thread_id": t, "strategy": strategy}
-            self._store.submit(Operation("ckpt_prune", args, new_id()))
+            self._store.submit(Operation("ckpt_prune", args, new_id(), True))
 
     # -- reading ---------------------------------------------------------------------------
 

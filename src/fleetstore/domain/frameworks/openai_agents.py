@@ -62,7 +62,12 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain.codec import encode_parts
 from fleetstore.domain.history import LISTING_SYNC_WAIT, messages_from_rows
-from fleetstore.domain.history_ops import append_message, create_session
+from fleetstore.domain.history_ops import (
+    append_message,
+    check_append,
+    check_create,
+    create_session,
+)
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Message, Text
@@ -228,7 +233,7 @@ def _add_items(tx: Tx, q: Queries, a: Args) -> Result:
         raise errors.InvalidInput("messages must be a non-empty list")
     if not tx.execute(q["session_exists"], (sid,)):
         create = {"id": sid, "metadata": {META_KEY: {"session_id": agents_sid}}}
-        create_session(tx, q, {**create, "created_at": now, "now": a["now"]})
+        create_session(tx, q, check_create({**create, "created_at": now, "now": a["now"]}))
     if "expect_last" in a:
         # An importer appends only after the items it found: never after someone else's.
         last, expected = _last_message(tx, q, sid), a["expect_last"]
@@ -240,7 +245,7 @@ def _add_items(tx: Tx, q: Queries, a: Args) -> Result:
     for m in messages:
         if not isinstance(m, dict):
             raise errors.InvalidInput("each message must be an object")
-        result = append_message(tx, q, {**m, "session_id": sid, "now": a["now"]})
+        result = append_message(tx, q, check_append({**m, "session_id": sid, "now": a["now"]}))
         added += not result.get("duplicate")
     return {"session_id": sid, "added": added}
 
@@ -303,11 +308,11 @@ def _replace_items(tx: Tx, q: Queries, a: Args) -> Result:
         if not messages:
             return {"session_id": sid, "removed": 0, "added": 0}
         create = {"id": sid, "metadata": {META_KEY: {"session_id": agents_sid}}}
-        create_session(tx, q, {**create, "created_at": now, "now": now})
+        create_session(tx, q, check_create({**create, "created_at": now, "now": now}))
     for mid in (*prune, *expect):
         tx.execute(q["agt_message_delete"], (mid,))
     for m in messages:
-        append_message(tx, q, {**m, "session_id": sid, "now": now})
+        append_message(tx, q, check_append({**m, "session_id": sid, "now": now}))
     tx.execute(q["session_touch"], (now, sid))
     return {"session_id": sid, "removed": len(prune) + len(expect), "added": len(messages)}
 
@@ -374,7 +379,7 @@ def add_items(
     }
     if not isinstance(expect_last, _Keep):
         args["expect_last"] = expect_last
-    op = Operation("agt_add_items", args, new_id())
+    op = Operation("agt_add_items", args, new_id(), True)
     result = store.submit(op, spool=spool)
     if result is None:
         _remember(store, sid, _Pending(op.op_id, tuple(e.item for e in encoded)))
@@ -467,7 +472,7 @@ def pop_item(
             validate(copy.deepcopy(item))
         args = {"session_id": sid, "message_id": found[0].id, "now": time.time()}
         try:
-            store.submit(Operation("agt_pop_item", args, new_id()), spool=False)
+            store.submit(Operation("agt_pop_item", args, new_id(), True), spool=False)
         except errors.VersionConflict:
             continue  # another writer changed the end of the session: read it again
         return item
@@ -480,7 +485,7 @@ def clear_items(store: StorePort, session_id: str) -> dict[str, Any] | None:
     """Delete every item of the session (the session itself stays, with no items).
     None if the write went to the spool (reads in this process already see it)."""
     sid = session_key(session_id)
-    op = Operation("agt_clear_session", {"session_id": sid, "now": time.time()}, new_id())
+    op = Operation("agt_clear_session", {"session_id": sid, "now": time.time()}, new_id(), True)
     result = store.submit(op)
     if result is None:
         _remember(store, sid, _Pending(op.op_id, None))
@@ -612,7 +617,7 @@ def replace_items(
         "messages": messages,
         "now": now,
     }
-    result = store.submit(Operation("agt_replace_items", args, new_id()), spool=False)
+    result = store.submit(Operation("agt_replace_items", args, new_id(), True), spool=False)
     assert result is not None  # never spooled
     return result
 
