@@ -89,6 +89,7 @@ class EngineUnderTest:
     lock_before_body: bool
     #: ``StoreBusy.stage`` when an outside lock outlasts the write budget.
     busy_stage: str
+
     def __init__(
         self, kind: str, tmp_path: Path, request: pytest.FixtureRequest, stack: contextlib.ExitStack
     ) -> None:

@@ -67,7 +67,7 @@ def test_a_process_waiting_for_a_ring_uses_no_cpu_and_wakes_on_one(
     finally:
         db.close()
     listener.wait_line("woke", timeout=60)
-    assert ("woke True" in [text for _, text in listener.seen]), listener.seen
+    assert "woke True" in [text for _, text in listener.seen], listener.seen
     assert listener.finish(60) == 0, listener.stderr_tail()
 
 
