@@ -73,6 +73,10 @@ ERRORS_KEPT = 20
 MAX_THREAD_KEY = 1024
 MAX_KIND = 256
 MAX_ERROR = 16 * 1024
+#: A failed attempt's traceback is kept cut to its last 8 Ki characters: the innermost
+#: frames and the exception, which say where it failed (a deep stack's outer frames
+#: are the framework's).
+MAX_TRACEBACK = 8 * 1024
 #: A handler's result is kept inline: larger results belong in the store proper.
 MAX_RESULT = 1024 * 1024
 MAX_ATTEMPTS_LIMIT = 10_000
@@ -95,14 +99,24 @@ def _replay_safe(value: object) -> int | None:
     return int(value)
 
 
-def _error_text(value: object) -> str:
-    """An effect error as kept: at most MAX_ERROR characters, NUL and lone surrogates
+def _error_text(value: object, what: str = "an effect error", limit: int = MAX_ERROR) -> str:
+    """An effect error as kept: at most *limit* characters, NUL and lone surrogates
     replaced (it is often an exception's message, which may hold anything)."""
     if not isinstance(value, str):
-        raise errors.InvalidInput(f"an effect error must be a string, not {type(value).__name__}")
-    value = value[: MAX_ERROR + 1].replace("\x00", "\ufffd")
+        raise errors.InvalidInput(f"{what} must be a string, not {type(value).__name__}")
+    value = value[: limit + 1].replace("\x00", "\ufffd")
     value = value.encode("utf-8", "replace").decode("utf-8")
-    return value if len(value) <= MAX_ERROR else value[: MAX_ERROR - 1] + "…"
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def _traceback_text(value: object) -> str | None:
+    """A traceback as kept: None, or its last MAX_TRACEBACK characters (the end is
+    where it failed), cleaned like an error."""
+    if value is None:
+        return None
+    if isinstance(value, str) and len(value) > MAX_TRACEBACK:
+        value = "…" + value[-(MAX_TRACEBACK - 1) :]
+    return _error_text(value, "a traceback", MAX_TRACEBACK)
 
 
 def _kinds_json(kinds: Iterable[str] | None) -> str | None:
@@ -344,6 +358,14 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
         raise errors.InvalidInput(f"outcome must be one of {', '.join(_OUTCOMES)}, not {outcome!r}")
     now = float(a["now"])
     error = _error_text(a["error"]) if a.get("error") is not None else None
+    trace = a.get("traceback")
+    if trace is not None:
+        trace = _traceback_text(trace)
+    # The claimer's own limit on attempts (a worker's, or its handler's for the kind):
+    # it may give up sooner than the effect allows, never later.
+    cap = a.get("max_attempts")
+    if cap is not None:
+        check_int(cap, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
     result = a.get("result")
     if result is not None and (not isinstance(result, str) or len(result) > MAX_RESULT):
         raise errors.InvalidInput("result must be JSON text of at most 1 MiB")
@@ -364,11 +386,15 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
         # attempt's handler may still come back: nothing of its claim may land).
         if outcome == "timed_out":
             tx.execute(q["effect_fence_raise"], (now, eid))
-        return {"id": eid, "state": "dead"}
+        return {"id": eid, "state": "dead", "dead_reason": buried}
     kept = json.loads(errs)
     if error is not None:
-        kept = [*kept, {"attempt": attempt, "error": error, "at": now, "owner": owner}]
-        kept = kept[-ERRORS_KEPT:]
+        entry = {"attempt": attempt, "error": error, "at": now, "owner": owner}
+        if trace is not None:
+            entry["traceback"] = trace
+        kept = [*kept, entry][-ERRORS_KEPT:]
+    if cap is not None:
+        max_attempts = min(max_attempts, cap)
     state, dead_reason, available_at = outcome, None, now
     if outcome == "retry":
         state, available_at = "pending", now + delay
@@ -410,7 +436,7 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
     )
     if not head:
         _advance_head(tx, q, thread)
-    return {"id": eid, "state": state}
+    return {"id": eid, "state": state, "dead_reason": dead_reason}
 
 
 @OPERATIONS.declare("sweep_effects", scope=Scope.CATALOG, logged=False)
@@ -543,7 +569,13 @@ def effect_from_row(store: StorePort, row: Sequence[Any]) -> Effect:
         last_error=last_error,
         dead_reason=dead_reason,
         errors=tuple(
-            EffectError(int(e["attempt"]), str(e["error"]), float(e["at"]), e.get("owner"))
+            EffectError(
+                int(e["attempt"]),
+                str(e["error"]),
+                float(e["at"]),
+                e.get("owner"),
+                e.get("traceback"),
+            )
             for e in json.loads(errs)
         ),
         created_at=created,
@@ -858,6 +890,18 @@ class Effects:
         return {kind: bool(safe) for kind, safe, _at in rows}
 
 
+def _failure_args(traceback: object, max_attempts: object) -> dict[str, Any]:
+    """A failed attempt's optional ``settle_effect`` arguments, checked (and left out
+    when not given: the operation stays as small as before)."""
+    args: dict[str, Any] = {}
+    if traceback is not None:
+        args["traceback"] = _traceback_text(traceback)
+    if max_attempts is not None:
+        check_int(max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+        args["max_attempts"] = max_attempts
+    return args
+
+
 class Claim:
     """A claimed effect: settle it once with ``succeed``, ``retry``, ``fail``,
     ``cancel`` or ``release``.  Each applies only while this claim's token is
@@ -873,6 +917,10 @@ class Claim:
         self.lease_expires_at = effect.lease_expires_at
         #: The outcome once settled (``None`` before).
         self.outcome: str | None = None
+        #: The state the settlement left the effect in, as the store answered
+        #: (``None`` before, and while the settlement waits in the spool): a retry
+        #: on the last attempt is ``dead``, not ``pending``.
+        self._answer: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -881,6 +929,19 @@ class Claim:
     @property
     def fence(self) -> int:
         return self.effect.fence
+
+    @property
+    def settled(self) -> EffectState | None:
+        """The state the settlement left the effect in, as the store answered (``None``
+        before, and while the settlement waits in the spool): a retry on the last
+        attempt is ``dead``, not ``pending``."""
+        state = None if self._answer is None else self._answer.get("state")
+        return EffectState(state) if state in _STATES else None
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why, when ``settled`` is ``dead`` (``attempts_exhausted``, ``failed``...)."""
+        return None if self._answer is None else self._answer.get("dead_reason")
 
     def heartbeat(self, lease: float | None = None) -> float:
         """Extend the lease by *lease* (default: the claim's) seconds from now;
@@ -908,20 +969,38 @@ class Claim:
             raise errors.InvalidInput("an effect result is kept inline: at most 1 MiB of JSON")
         return self._settle("succeeded", result=text)
 
-    def retry(self, delay: float = 0.0, error: str = "") -> bool:
+    def retry(
+        self,
+        delay: float = 0.0,
+        error: str = "",
+        *,
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
         """Failed this time: run again after *delay* seconds (``dead`` with
-        ``attempts_exhausted`` if this was the last attempt)."""
+        ``attempts_exhausted`` if this was the last attempt: the effect's
+        ``max_attempts``, or *max_attempts* if lower).  *traceback* is kept with
+        the error (its last 8 KiB)."""
         check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
         if error is not None and not isinstance(error, str):
             raise errors.InvalidInput(f"error must be a string, not {type(error).__name__}")
-        return self._settle("retry", error=_error_text(error or "retry requested"), delay=delay)
+        return self._settle(
+            "retry",
+            error=_error_text(error or "retry requested"),
+            delay=delay,
+            **_failure_args(traceback, max_attempts),
+        )
 
-    def fail(self, error: str, *, interrupted: bool = False) -> bool:
+    def fail(self, error: str, *, interrupted: bool = False, traceback: str | None = None) -> bool:
         """Failed for good: ``dead`` (``dead_reason`` ``failed``, or ``interrupted``
-        for a run that was cut short, e.g. by a worker's hard stop); the thread moves on."""
+        for a run that was cut short, e.g. by a worker's hard stop); the thread moves
+        on.  *traceback* is kept with the error (its last 8 KiB)."""
         check_bool(interrupted, "interrupted")
         return self._settle(
-            "dead", error=_error_text(error), dead_reason="interrupted" if interrupted else "failed"
+            "dead",
+            error=_error_text(error),
+            dead_reason="interrupted" if interrupted else "failed",
+            **_failure_args(traceback, None),
         )
 
     def cancel(self) -> bool:
@@ -932,15 +1011,17 @@ class Claim:
         """Never started: back to ``pending`` without spending the attempt."""
         return self._settle("release")
 
-    def timed_out(self, error: str, delay: float = 0.0) -> bool:
+    def timed_out(self, error: str, delay: float = 0.0, *, max_attempts: int | None = None) -> bool:
         """The handler ran past its time and may still be running (a thread cannot
         be stopped): a failed attempt.  A replay-safe effect runs again after
         *delay* seconds (``dead``, ``attempts_exhausted``, if this was its last
-        attempt); one that may not run twice is ``dead`` (``timed_out``).  The token
-        is raised either way: anything settled with this claim's token later, by
-        anyone, raises ``LeaseLost`` and changes nothing."""
+        attempt, as ``retry`` counts them); one that may not run twice is ``dead``
+        (``timed_out``).  The token is raised either way: anything settled with this
+        claim's token later, by anyone, raises ``LeaseLost`` and changes nothing."""
         check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
-        return self._settle("timed_out", error=_error_text(error), delay=delay)
+        return self._settle(
+            "timed_out", error=_error_text(error), delay=delay, **_failure_args(None, max_attempts)
+        )
 
     def _late_success(self, result: Any) -> bool:
         """For a worker: the result of a handler it gave up on, offered with this
@@ -963,6 +1044,7 @@ class Claim:
         else:
             applied = self._store.submit(op, spool=False)
         self.outcome = outcome
+        self._answer = applied  # read by ``settled`` when asked: nothing on the hot path
         return applied is not None
 
     def __repr__(self) -> str:
