@@ -883,8 +883,9 @@ def test_cli_enqueue_worker_list_show_retry_cancel_sweep(tmp_path: Path) -> None
     boom = cli("effects", "enqueue", "t2", "boom", "--store", db, "--max-attempts", "1")
     boom_id = boom.stdout.strip()
     ran = cli("worker", "handlers_mod:HANDLERS", "--store", db, "--until-idle", cwd=tmp_path)
-    assert ran.returncode == 0, ran.stderr
+    assert ran.returncode == 5, ran.stderr  # an effect went dead in its run
     assert "1 failed" in ran.stderr and "1 succeeded" in ran.stderr
+    assert "1 effect(s) went dead in this run" in ran.stderr
     listed = cli("effects", "list", "--store", db, "--json")
     effects = {e["id"]: e for e in map(json.loads, listed.stdout.splitlines())}
     assert effects[first.stdout.strip()]["result"] == {"hello": "ada"}

@@ -827,8 +827,20 @@ class Worker:
         else:
             step, retry_at = "retry", time.time() + delay
             then = f"retry in {delay:.3g}s"
-        cap = self.policies[effect.kind].max_attempts
+        limit = _lower(effect.max_attempts, self.policies[effect.kind].max_attempts)
         where = _where(exc)
+        fields = {
+            "effect_id": effect.id,
+            "kind": effect.kind,
+            "thread_key": effect.thread_key,
+            "attempt": effect.attempt,
+            "max_attempts": limit,
+            "error": error,
+            "where": where,
+            "next": step,
+            "retry_at": retry_at,
+            "dead_reason": claim.dead_reason if step == "dead" else None,
+        }
         log.log(
             logging.WARNING if step in ("retry", "spooled") else logging.ERROR,
             "%s %s (thread %s) attempt %d of %d failed: %s%s; %s",
@@ -836,25 +848,16 @@ class Worker:
             effect.id,
             effect.thread_key,
             effect.attempt,
-            _lower(effect.max_attempts, cap),
+            limit,
             error,
             f" (at {where})" if where else "",
             then,
             exc_info=exc
             if exc is not None and not isinstance(exc, RetryEffect | FailEffect)
             else None,
-            extra={
-                "effect_id": effect.id,
-                "kind": effect.kind,
-                "thread_key": effect.thread_key,
-                "attempt": effect.attempt,
-                "max_attempts": _lower(effect.max_attempts, cap),
-                "error": error,
-                "where": where,
-                "next": step,
-                "retry_at": retry_at,
-                "dead_reason": claim.dead_reason if step == "dead" else None,
-            },
+            # Each field for a formatter, and all of them as one for a consumer
+            # (fleetstore worker's lines and JSON).
+            extra={**fields, "failure": fields},
         )
 
     # -- leases -------------------------------------------------------------------------------
