@@ -312,6 +312,7 @@ def test_killed_mid_purge_the_session_stays_gone_and_the_next_open_finishes(
     with fleetstore.open(url, write_budget=5) as store:
         # Consistent: gone for every read, half purged in the files...
         assert gone(store, sid) and child is not None and gone(store, child)
+
         # ...and this open finishes the purge in the background.
         # Done when the rows are gone and no job is left: a sharded store clears the
         # catalog's copy of the session row after the shard's rows (a check between
