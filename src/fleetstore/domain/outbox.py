@@ -917,9 +917,7 @@ class Claim:
         self.lease_expires_at = effect.lease_expires_at
         #: The outcome once settled (``None`` before).
         self.outcome: str | None = None
-        #: The state the settlement left the effect in, as the store answered
-        #: (``None`` before, and while the settlement waits in the spool): a retry
-        #: on the last attempt is ``dead``, not ``pending``.
+        #: The store's answer to the settlement (``settled``, ``dead_reason``).
         self._answer: dict[str, Any] | None = None
 
     @property

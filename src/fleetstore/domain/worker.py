@@ -316,10 +316,10 @@ class Worker:
         for name, value in (
             ("grace", grace),
             ("poll_interval", poll_interval),
+            ("backoff", backoff),
+            ("max_backoff", max_backoff),
             ("sweep_interval", 0.0 if sweep_interval is None else sweep_interval),
         ):
-            _setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
-        for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
             _setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
         if max_attempts is not None:
             _setting(check_int, max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
