@@ -1,6 +1,7 @@
 """What a worker (domain/worker.py) does with each effect besides claiming it: runs its
-handler in a thread kept for the next one (``HandlerThreads``), and settles it in a
-batch with others that finished about then (``Completer``).
+handler in a thread kept for the next one (``HandlerThreads``), waits for it within its
+timeout (``done_within``), and settles it in a batch with others that finished about
+then (``Completer``); and the worker's wake-up (``Wake``).
 
 A settlement was a transaction of its own, a logged operation through the gate, per
 effect: with the claim's, two commits and a dozen thread hops an effect, 1.3-1.7 ms of
@@ -122,6 +123,70 @@ class Completer:
         self._kick.set()
 
 
+class Wake:
+    """``asyncio.Event`` with a timeout of its own: the loop's own thread sets it (or
+    ``call_soon_threadsafe``); ``asyncio.wait_for`` made a task per wait, and the claim
+    loop waits once per effect or so."""
+
+    __slots__ = ("_loop", "_set", "_waiters")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._set = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def set(self) -> None:
+        self._set = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self, seconds: float) -> None:
+        """Until set (now or later) or *seconds* pass."""
+        if self._set:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append(waiter)
+        timer = self._loop.call_later(max(seconds, 0.0), _resolve_none, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+
+def _resolve_none(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def done_within(inner: asyncio.Future[Any], seconds: float | None) -> bool:
+    """Wait for *inner* to be done, at most *seconds* (None: no limit); whether it is
+    (``asyncio.wait`` with one future, without its tasks and sets)."""
+    if inner.done():
+        return True
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    inner.add_done_callback(wake)
+    timer = None if seconds is None else waiter.get_loop().call_later(seconds, wake)
+    try:
+        await waiter
+    finally:
+        if timer is not None:
+            timer.cancel()
+        inner.remove_done_callback(wake)
+    return inner.done()
+
+
 def _retrieved(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
@@ -211,4 +276,4 @@ def _resolve(future: asyncio.Future[Any], value: Any, exc: BaseException | None)
         future.set_result(value)
 
 
-__all__ = ["Completer", "HandlerThreads", "Landed"]
+__all__ = ["Completer", "HandlerThreads", "Landed", "Wake", "done_within"]

@@ -50,11 +50,13 @@ from fleetstore.domain.outbox_ops import (
     MAX_RESULT,
     MAX_SETTLE_BATCH,
     MAX_THREAD_KEY,
+    MAX_TRACEBACK,
     STATE_OF_CODE,
     error_text,
     kinds_json,
     replay_safe_arg,
     timeouts_json,
+    traceback_text,
 )
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectError, EffectState, NewEffect, Page
@@ -115,7 +117,13 @@ def effect_from_row(store: StorePort, row: Sequence[Any]) -> Effect:
         last_error=last_error,
         dead_reason=dead_reason,
         errors=tuple(
-            EffectError(int(e["attempt"]), str(e["error"]), float(e["at"]), e.get("owner"))
+            EffectError(
+                int(e["attempt"]),
+                str(e["error"]),
+                float(e["at"]),
+                e.get("owner"),
+                e.get("traceback"),
+            )
             for e in json.loads(errs)
         ),
         created_at=created,
@@ -483,11 +491,13 @@ class Effects:
             return ["applied"] * len(items)
         refused = result.get("refused") or {}
         outcome: builtins.list[str | errors.FleetstoreError] = []
-        for code, item in zip(states, items, strict=True):
+        for code, item, claim in zip(states, items, claims, strict=True):
             if code == "x":
                 outcome.append(errors.from_wire(refused.get(item["id"])))
-            else:
-                outcome.append(STATE_OF_CODE.get(code, "applied"))
+                continue
+            state, dead_reason = STATE_OF_CODE.get(code, ("applied", None))
+            claim._answer = {"state": state, "dead_reason": dead_reason}  # (``settled``)
+            outcome.append(state)
         return outcome
 
     def sweep(self) -> builtins.list[Swept]:
@@ -533,6 +543,18 @@ class Effects:
         return {kind: bool(safe) for kind, safe, _at in rows}
 
 
+def _failure_args(traceback: object, max_attempts: object) -> dict[str, Any]:
+    """A failed attempt's optional ``settle_effect`` arguments, checked (and left out
+    when not given: the operation stays as small as before)."""
+    args: dict[str, Any] = {}
+    if traceback is not None:
+        args["traceback"] = traceback_text(traceback)
+    if max_attempts is not None:
+        check_int(max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+        args["max_attempts"] = max_attempts
+    return args
+
+
 class Claim:
     """A claimed effect: settle it once with ``succeed``, ``retry``, ``fail``,
     ``cancel`` or ``release``.  Each applies only while this claim's token is
@@ -548,6 +570,8 @@ class Claim:
         self.lease_expires_at = effect.lease_expires_at
         #: The outcome once settled (``None`` before).
         self.outcome: str | None = None
+        #: The store's answer to the settlement (``settled``, ``dead_reason``).
+        self._answer: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -556,6 +580,19 @@ class Claim:
     @property
     def fence(self) -> int:
         return self.effect.fence
+
+    @property
+    def settled(self) -> EffectState | None:
+        """The state the settlement left the effect in, as the store answered (``None``
+        before, and while the settlement waits in the spool): a retry on the last
+        attempt is ``dead``, not ``pending``."""
+        state = None if self._answer is None else self._answer.get("state")
+        return EffectState(state) if state in _STATES else None
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why, when ``settled`` is ``dead`` (``attempts_exhausted``, ``failed``...)."""
+        return None if self._answer is None else self._answer.get("dead_reason")
 
     def heartbeat(self, lease: float | None = None) -> float:
         """Extend the lease by *lease* (default: the claim's) seconds from now;
@@ -580,15 +617,25 @@ class Claim:
         spooled (applied in order once the store is writable again)."""
         return self._settle(self._success(result))
 
-    def retry(self, delay: float = 0.0, error: str = "") -> bool:
+    def retry(
+        self,
+        delay: float = 0.0,
+        error: str = "",
+        *,
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
         """Failed this time: run again after *delay* seconds (``dead`` with
-        ``attempts_exhausted`` if this was the last attempt)."""
-        return self._settle(self._retry(delay, error))
+        ``attempts_exhausted`` if this was the last attempt: the effect's
+        ``max_attempts``, or *max_attempts* if lower).  *traceback* is kept with
+        the error (its last 8 KiB)."""
+        return self._settle(self._retry(delay, error, traceback, max_attempts))
 
-    def fail(self, error: str, *, interrupted: bool = False) -> bool:
+    def fail(self, error: str, *, interrupted: bool = False, traceback: str | None = None) -> bool:
         """Failed for good: ``dead`` (``dead_reason`` ``failed``, or ``interrupted``
-        for a run that was cut short, e.g. by a worker's hard stop); the thread moves on."""
-        return self._settle(self._failure(error, interrupted))
+        for a run that was cut short, e.g. by a worker's hard stop); the thread moves
+        on.  *traceback* is kept with the error (its last 8 KiB)."""
+        return self._settle(self._failure(error, interrupted, traceback))
 
     def cancel(self) -> bool:
         """Not needed any more: ``cancelled``; the thread moves on."""
@@ -598,14 +645,14 @@ class Claim:
         """Never started: back to ``pending`` without spending the attempt."""
         return self._settle(self._item("release"))
 
-    def timed_out(self, error: str, delay: float = 0.0) -> bool:
+    def timed_out(self, error: str, delay: float = 0.0, *, max_attempts: int | None = None) -> bool:
         """The handler ran past its time and may still be running (a thread cannot
         be stopped): a failed attempt.  A replay-safe effect runs again after
         *delay* seconds (``dead``, ``attempts_exhausted``, if this was its last
-        attempt); one that may not run twice is ``dead`` (``timed_out``).  The token
-        is raised either way: anything settled with this claim's token later, by
-        anyone, raises ``LeaseLost`` and changes nothing."""
-        return self._settle(self._timed_out(error, delay))
+        attempt, as ``retry`` counts them); one that may not run twice is ``dead``
+        (``timed_out``).  The token is raised either way: anything settled with this
+        claim's token later, by anyone, raises ``LeaseLost`` and changes nothing."""
+        return self._settle(self._timed_out(error, delay, max_attempts))
 
     def _late_success(self, result: Any) -> bool:
         """For a worker: the result of a handler it gave up on, offered with this
@@ -623,21 +670,40 @@ class Claim:
             raise errors.InvalidInput("an effect result is kept inline: at most 1 MiB of JSON")
         return self._item("succeeded", result=text)
 
-    def _retry(self, delay: float, error: str) -> dict[str, Any]:
+    def _retry(
+        self,
+        delay: float,
+        error: str,
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> dict[str, Any]:
         if delay.__class__ is not float or not 0.0 <= delay <= MAX_DELAY:
             check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
         if error is not None and not isinstance(error, str):
             raise errors.InvalidInput(f"error must be a string, not {type(error).__name__}")
-        return self._item("retry", error=error_text(error or "retry requested"), delay=delay)
+        return self._item(
+            "retry",
+            error=error_text(error or "retry requested"),
+            delay=delay,
+            **_failure_args(traceback, max_attempts),
+        )
 
-    def _failure(self, error: str, interrupted: bool = False) -> dict[str, Any]:
+    def _failure(
+        self, error: str, interrupted: bool = False, traceback: str | None = None
+    ) -> dict[str, Any]:
         check_bool(interrupted, "interrupted")
         reason = "interrupted" if interrupted else "failed"
-        return self._item("dead", error=error_text(error), dead_reason=reason)
+        return self._item(
+            "dead", error=error_text(error), dead_reason=reason, **_failure_args(traceback, None)
+        )
 
-    def _timed_out(self, error: str, delay: float) -> dict[str, Any]:
+    def _timed_out(
+        self, error: str, delay: float, max_attempts: int | None = None
+    ) -> dict[str, Any]:
         check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
-        return self._item("timed_out", error=error_text(error), delay=delay)
+        return self._item(
+            "timed_out", error=error_text(error), delay=delay, **_failure_args(None, max_attempts)
+        )
 
     def _item(
         self,
@@ -647,6 +713,8 @@ class Claim:
         error: str | None = None,
         delay: float = 0.0,
         dead_reason: str = "failed",
+        traceback: str | None = None,
+        max_attempts: int | None = None,
     ) -> dict[str, Any]:
         if self.outcome is not None:
             raise errors.InvalidInput(f"effect {self.id}: this claim was settled ({self.outcome})")
@@ -659,6 +727,8 @@ class Claim:
             "error": error,
             "delay": float(delay),
             "dead_reason": dead_reason,
+            "traceback": traceback,
+            "max_attempts": max_attempts,
         }
 
     def _settle(self, item: dict[str, Any], *, must_land: bool = True) -> bool:
@@ -668,6 +738,7 @@ class Claim:
         else:
             applied = self._store.submit(op, spool=False)
         self.outcome = item["outcome"]
+        self._answer = applied  # read by ``settled`` when asked: nothing on the hot path
         return applied is not None
 
     def __repr__(self) -> str:
@@ -680,6 +751,8 @@ class Claim:
 __all__ = [
     "DEFAULT_LEASE",
     "DEFAULT_MAX_ATTEMPTS",
+    "MAX_ATTEMPTS_LIMIT",
+    "MAX_TRACEBACK",
     "MAX_CLAIM",
     "MAX_KIND",
     "MAX_LEASE",

@@ -71,6 +71,10 @@ ERRORS_KEPT = 20
 MAX_THREAD_KEY = 1024
 MAX_KIND = 256
 MAX_ERROR = 16 * 1024
+#: A failed attempt's traceback is kept cut to its last 8 Ki characters: the innermost
+#: frames and the exception, which say where it failed (a deep stack's outer frames
+#: are the framework's).
+MAX_TRACEBACK = 8 * 1024
 #: A handler's result is kept inline: larger results belong in the store proper.
 MAX_RESULT = 1024 * 1024
 MAX_ATTEMPTS_LIMIT = 10_000
@@ -88,9 +92,20 @@ _SWEEP_REASONS = ("not_replay_safe", "attempts_exhausted")
 #: Why a timed-out attempt buries an effect that may not run twice: its handler
 #: may still be running (``outcome="timed_out"``).
 TIMED_OUT = "timed_out"
-#: A settlement's new state in a batch's result, one character each ("x": refused).
-_STATE_CODES = {"succeeded": "s", "pending": "p", "dead": "d", "cancelled": "c"}
-STATE_OF_CODE = {code: state for state, code in _STATE_CODES.items()}
+#: A settlement's new state (and a dead one's reason) in a batch's result, one
+#: character each ("x": refused; "d": dead for a reason not listed).
+_STATE_CODES = {
+    ("succeeded", None): "s",
+    ("pending", None): "p",
+    ("cancelled", None): "c",
+    ("dead", None): "d",
+    ("dead", "failed"): "f",
+    ("dead", "interrupted"): "i",
+    ("dead", "attempts_exhausted"): "a",
+    ("dead", "not_replay_safe"): "n",
+    ("dead", TIMED_OUT): "t",
+}
+STATE_OF_CODE = {code: pair for pair, code in _STATE_CODES.items()}
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -104,14 +119,24 @@ def replay_safe_arg(value: object) -> int | None:
     return int(value)
 
 
-def error_text(value: object) -> str:
-    """An effect error as kept: at most MAX_ERROR characters, NUL and lone surrogates
+def error_text(value: object, what: str = "an effect error", limit: int = MAX_ERROR) -> str:
+    """An effect error as kept: at most *limit* characters, NUL and lone surrogates
     replaced (it is often an exception's message, which may hold anything)."""
     if not isinstance(value, str):
-        raise errors.InvalidInput(f"an effect error must be a string, not {type(value).__name__}")
-    value = value[: MAX_ERROR + 1].replace("\x00", "\ufffd")
+        raise errors.InvalidInput(f"{what} must be a string, not {type(value).__name__}")
+    value = value[: limit + 1].replace("\x00", "\ufffd")
     value = value.encode("utf-8", "replace").decode("utf-8")
-    return value if len(value) <= MAX_ERROR else value[: MAX_ERROR - 1] + "…"
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def traceback_text(value: object) -> str | None:
+    """A traceback as kept: None, or its last MAX_TRACEBACK characters (the end is
+    where it failed), cleaned like an error."""
+    if value is None:
+        return None
+    if isinstance(value, str) and len(value) > MAX_TRACEBACK:
+        value = "…" + value[-(MAX_TRACEBACK - 1) :]
+    return error_text(value, "a traceback", MAX_TRACEBACK)
 
 
 def kinds_json(kinds: Iterable[str] | None) -> str | None:
@@ -347,12 +372,16 @@ def check_settlement(a: Args) -> dict[str, Any]:
         "error": error_text(a["error"]) if a.get("error") is not None else None,
         "delay": arg_number(a, "delay", 0.0, 0.0, MAX_DELAY),
         "dead_reason": reason,
+        "traceback": traceback_text(a.get("traceback")),
+        # The claimer's own limit on attempts (a worker's, or its handler's for the
+        # kind): it may give up sooner than the effect allows, never later.
+        "max_attempts": arg_int(a, "max_attempts", True, 1, MAX_ATTEMPTS_LIMIT),
     }
 
 
-def settle_one(tx: Tx, q: Queries, a: Args, now: float) -> str:
+def settle_one(tx: Tx, q: Queries, a: Args, now: float) -> tuple[str, str | None]:
     """A claim's outcome, applied only while the claim's token is current; the
-    effect's new state.  Raises ``LeaseLost`` (or ``NotFound``) before it writes
+    effect's new state and, if dead, why.  Raises ``LeaseLost`` (or ``NotFound``) before it writes
     anything, so an item of a batch that raises leaves nothing.
 
     A sweep does not raise the token: it takes an effect from an owner that
@@ -383,12 +412,18 @@ def settle_one(tx: Tx, q: Queries, a: Args, now: float) -> str:
         # attempt's handler may still come back: nothing of its claim may land).
         if outcome == "timed_out":
             tx.execute(q["effect_fence_raise"], (now, eid))
-        return "dead"
+        return "dead", buried
     error = a["error"]
     if error is not None:
         kept = json.loads(errs)
-        kept.append({"attempt": attempt, "error": error, "at": now, "owner": owner})
+        entry = {"attempt": attempt, "error": error, "at": now, "owner": owner}
+        if a["traceback"] is not None:
+            entry["traceback"] = a["traceback"]
+        kept.append(entry)
         errs = json.dumps(kept[-ERRORS_KEPT:])
+    cap = a["max_attempts"]
+    if cap is not None and cap < max_attempts:
+        max_attempts = cap
     state: str = outcome
     dead_reason, available_at = None, now
     if outcome == "retry":
@@ -441,7 +476,7 @@ def settle_one(tx: Tx, q: Queries, a: Args, now: float) -> str:
         made = tx.execute(q["effect_advance_head"], (thread,))
         if made and made[0][0] == "pending":
             tx.notify(CHANNEL)
-    return state
+    return state, dead_reason
 
 
 def _check_settle(a: Args) -> dict[str, Any]:
@@ -450,7 +485,8 @@ def _check_settle(a: Args) -> dict[str, Any]:
 
 @OPERATIONS.declare("settle_effect", scope=Scope.CATALOG, check=_check_settle)
 def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    return {"id": a["id"], "state": settle_one(tx, q, a, a["now"])}
+    state, dead_reason = settle_one(tx, q, a, a["now"])
+    return {"id": a["id"], "state": state, "dead_reason": dead_reason}
 
 
 def _check_settles(a: Args) -> dict[str, Any]:
@@ -470,17 +506,20 @@ def _settle_effects(tx: Tx, q: Queries, a: Args) -> Result:
     """A worker's finished effects, settled in one transaction and logged as one
     operation (applied once, whatever retries happen).  Each checks its own token:
     one whose lease is lost is refused alone, before it wrote anything, and the
-    others land.  The result: ``states``, one character per item (``STATE_OF_CODE``;
-    ``x``: refused), and ``refused``, each refused id's error (``errors.to_wire``)."""
+    others land.  The result: ``states``, one character per item, the new state and a
+    dead one's reason (``STATE_OF_CODE``; ``x``: refused), and ``refused``, each
+    refused id's error (``errors.to_wire``): short, so that a replay finds it whole."""
     now = a["now"]
     codes = []
     refused: dict[str, Any] = {}
     for item in a["items"]:
         try:
-            codes.append(_STATE_CODES[settle_one(tx, q, item, now)])
+            state, dead_reason = settle_one(tx, q, item, now)
         except (errors.LeaseLost, errors.NotFound) as exc:
             codes.append("x")
             refused[item["id"]] = errors.to_wire(exc)
+            continue
+        codes.append(_STATE_CODES.get((state, dead_reason)) or _STATE_CODES[(state, None)])
     return {"states": "".join(codes), "refused": refused}
 
 

@@ -7,6 +7,15 @@ length, and settles the outcome: the return value -> ``succeeded``;
 ``RetryEffect`` or any other exception -> ``pending`` again after a backoff
 (``dead`` once attempts are spent); ``FailEffect`` -> ``dead``.
 
+Failures are seen: each failed attempt is logged once, after its settlement, through
+the ``fleetstore.worker`` logger, with what the store made of it (``next``: retry at
+a time, or dead) and the effect's fields in ``extra`` (``effect_id``, ``kind``,
+``thread_key``, ``attempt``...); an unexpected exception's record carries its
+traceback.  The traceback is also kept with the attempt in the effect's ``errors``
+(``EffectError.traceback``, its last 8 KiB), and ``stats["dead"]`` counts the effects
+this worker's settlements left dead (``fleetstore worker --until-idle`` exits 5 on it).
+tests/domain/test_outbox_fleet.py::test_a_failing_handler_*
+
 Handler timeouts: an attempt may run ``handler_timeout`` seconds (per kind:
 ``Handler(timeout=...)``; 10 minutes by default).  Past it the worker stops
 waiting for it, settles the attempt as timed out (``Claim.timed_out``: retried by
@@ -42,17 +51,16 @@ import contextlib
 import functools
 import inspect
 import logging
-import math
 import os
 import random
 import signal
 import socket
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from fleetstore import errors
@@ -63,11 +71,31 @@ from fleetstore.core.validate import (
     check_number,
     check_str,
 )
-from fleetstore.domain.completer import Completer, HandlerThreads, Landed
-from fleetstore.domain.outbox import DEFAULT_LEASE, MAX_CLAIM, MAX_KIND, MAX_LEASE, Claim, Effects
+from fleetstore.domain import completer as completer_module
+from fleetstore.domain.completer import Completer, HandlerThreads, Landed, Wake, done_within
+from fleetstore.domain.handlers import (
+    DEFAULT_HANDLER_TIMEOUT,
+    FailEffect,
+    Handler,
+    Policy,
+    RetryEffect,
+    handler_of,
+    lower,
+    setting,
+    timeout_setting,
+)
+from fleetstore.domain.outbox import (
+    DEFAULT_LEASE,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_CLAIM,
+    MAX_KIND,
+    MAX_LEASE,
+    Claim,
+    Effects,
+)
 from fleetstore.domain.outbox_ops import CHANNEL, kinds_json, timeouts_json
 from fleetstore.domain.ports import StorePort
-from fleetstore.models import Effect
+from fleetstore.models import Effect, EffectState
 
 log = logging.getLogger("fleetstore.worker")
 
@@ -79,62 +107,34 @@ EXIT_HARD = 3
 #: timeout and had not returned (a thread cannot be stopped): restart the process.
 EXIT_HUNG = 4
 
-#: Seconds a handler may run per attempt unless told otherwise (``handler_timeout``).
-DEFAULT_HANDLER_TIMEOUT = 600.0
+#: The worker's own files: a handler's frames start after theirs (the thread that ran it).
+_OWN_FILES = frozenset({__file__, completer_module.__file__})
 
 
-class RetryEffect(Exception):
-    """Raise in a handler to run the effect again after *delay* seconds
-    (default: the worker's backoff)."""
-
-    def __init__(self, message: str = "retry requested", delay: float | None = None) -> None:
-        super().__init__(message)
-        self.delay = delay
-
-
-class FailEffect(Exception):
-    """Raise in a handler to fail the effect for good (``dead``, reason ``failed``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Handler:
-    """A handler with what the store must know about its kind: whether the
-    effect may run again after the worker running it was lost (killed, cut
-    off past its lease) or gave up on it (*timeout*).  Not replay-safe effects
-    go to ``dead`` instead.  *timeout*: seconds an attempt may run (None: the
-    worker's ``handler_timeout``; ``math.inf``: no limit)."""
-
-    fn: Callable[[Effect], Any]
-    replay_safe: bool = True
-    timeout: float | None = None
-
-
-def _timeout_setting(value: object, what: str) -> float | None:
-    """A handler timeout: None or ``math.inf`` (no limit), else 0.001 to MAX_WAIT s."""
-    if value is None or (isinstance(value, float) and value == math.inf):
+def _traceback(exc: BaseException | None) -> str | None:
+    """*exc*'s traceback as text, from the handler's frame: the worker's own frames
+    (the thread or the task that called it) say nothing about the failure."""
+    if exc is None:
         return None
-    return float(_setting(check_number, value, what, minimum=0.001, maximum=MAX_WAIT))
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def _handler(value: object, kind: str) -> Handler:
-    if isinstance(value, Handler):
-        if not callable(value.fn) or not isinstance(value.replay_safe, bool):
-            raise errors.ConfigError(
-                f"handler for {kind!r}: fn must be callable, replay_safe a bool"
-            )
-        _timeout_setting(value.timeout, f"the timeout of handler {kind!r}")
-        return value
-    if callable(value):
-        return Handler(value)
-    raise errors.ConfigError(f"handler for {kind!r} is not callable: {value!r}")
-
-
-def _setting(check: Callable[..., Any], value: object, what: str, **limits: Any) -> Any:
-    """*check* (a ``core.validate`` function) of a worker argument: ``ConfigError``."""
-    try:
-        return check(value, what, **limits)
-    except errors.InvalidInput as exc:
-        raise errors.ConfigError(str(exc)) from None
+def _where(exc: BaseException | None) -> str | None:
+    """Where *exc* was raised: ``file:line in function`` of its innermost frame."""
+    tb = None if exc is None else exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    path = code.co_filename
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(path)
+        path = relative if not relative.startswith("..") else path
+    return f"{path}:{tb.tb_lineno} in {code.co_name}"
 
 
 def default_owner() -> str:
@@ -157,70 +157,6 @@ class _Job:
         #: heartbeats, but its outcome may still land (``settle_effect``).
         self.buried = False
         self.task: asyncio.Task[None] | None = None
-
-
-class _Wake:
-    """``asyncio.Event`` with a timeout of its own: the loop's own thread sets it (or
-    ``call_soon_threadsafe``); ``asyncio.wait_for`` made a task per wait, and the claim
-    loop waits once per effect or so."""
-
-    __slots__ = ("_loop", "_set", "_waiters")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._set = False
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def set(self) -> None:
-        self._set = True
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def clear(self) -> None:
-        self._set = False
-
-    async def wait(self, seconds: float) -> None:
-        """Until set (now or later) or *seconds* pass."""
-        if self._set:
-            return
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.append(waiter)
-        timer = self._loop.call_later(max(seconds, 0.0), _resolve_none, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-
-
-def _resolve_none(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-async def _done_within(inner: asyncio.Future[Any], seconds: float | None) -> bool:
-    """Wait for *inner* to be done, at most *seconds* (None: no limit); whether it is
-    (``asyncio.wait`` with one future, without its tasks and sets)."""
-    if inner.done():
-        return True
-    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def wake(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    inner.add_done_callback(wake)
-    timer = None if seconds is None else waiter.get_loop().call_later(seconds, wake)
-    try:
-        await waiter
-    finally:
-        if timer is not None:
-            timer.cancel()
-        inner.remove_done_callback(wake)
-    return inner.done()
 
 
 class _Abandoned:
@@ -268,6 +204,7 @@ class Worker:
         settle_delay: float = DEFAULT_SETTLE_DELAY,
         backoff: float = 1.0,
         max_backoff: float = 300.0,
+        max_attempts: int | None = None,
         owner: str | None = None,
         until_idle: bool = False,
         handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT,
@@ -281,12 +218,12 @@ class Worker:
         if not handlers:
             raise errors.ConfigError("a worker needs at least one handler")
         for kind in handlers:
-            _setting(check_str, kind, "a handler's kind", limit=MAX_KIND, empty=False)
-        _setting(check_int, concurrency, "concurrency", minimum=1, maximum=MAX_CLAIM)
-        _setting(check_int, prefetch, "prefetch", minimum=0, maximum=MAX_CLAIM - concurrency)
-        _setting(check_number, lease, "lease", minimum=0.001, maximum=MAX_LEASE)
-        _setting(check_int, batch, "batch", minimum=1, maximum=MAX_CLAIM)
-        _setting(check_number, settle_delay, "settle_delay", minimum=0.0, maximum=1.0)
+            setting(check_str, kind, "a handler's kind", limit=MAX_KIND, empty=False)
+        setting(check_int, concurrency, "concurrency", minimum=1, maximum=MAX_CLAIM)
+        setting(check_int, prefetch, "prefetch", minimum=0, maximum=MAX_CLAIM - concurrency)
+        setting(check_number, lease, "lease", minimum=0.001, maximum=MAX_LEASE)
+        setting(check_int, batch, "batch", minimum=1, maximum=MAX_CLAIM)
+        setting(check_number, settle_delay, "settle_delay", minimum=0.0, maximum=1.0)
         for name, value in (
             ("grace", grace),
             ("poll_interval", POLL_SILENT if poll_interval is None else poll_interval),
@@ -294,18 +231,20 @@ class Worker:
             ("max_backoff", max_backoff),
             ("sweep_interval", 0.0 if sweep_interval is None else sweep_interval),
         ):
-            _setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
+            setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
+        if max_attempts is not None:
+            setting(check_int, max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
         if owner is not None:
-            _setting(check_str, owner, "owner", limit=256, empty=False)
-        _setting(check_bool, until_idle, "until_idle")
+            setting(check_str, owner, "owner", limit=256, empty=False)
+        setting(check_bool, until_idle, "until_idle")
         self.store = store
         self._effects = Effects(store)
-        self.handlers = {kind: _handler(fn, kind) for kind, fn in handlers.items()}
-        self.handler_timeout = _timeout_setting(handler_timeout, "handler_timeout")
+        self.handlers = {kind: handler_of(fn, kind) for kind, fn in handlers.items()}
+        self.handler_timeout = timeout_setting(handler_timeout, "handler_timeout")
         #: Each kind's timeout, for the kinds that have one.
         self.timeouts: dict[str, float] = {}
         for kind, h in self.handlers.items():
-            seconds = self.handler_timeout if h.timeout is None else _timeout_setting(h.timeout, "")
+            seconds = self.handler_timeout if h.timeout is None else timeout_setting(h.timeout, "")
             if seconds is not None:
                 self.timeouts[kind] = seconds
         # Only kinds given as Handler say anything about replay safety.
@@ -324,15 +263,29 @@ class Worker:
         self.prefetch = prefetch
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
+        #: At most this many attempts of any effect (None: each effect's own).
+        self.max_attempts = max_attempts
+        #: Each kind's retry policy: its Handler's settings, else the worker's.
+        self.policies = {
+            kind: Policy(
+                float(self.backoff if h.backoff is None else h.backoff),
+                float(self.max_backoff if h.max_backoff is None else h.max_backoff),
+                lower(h.max_attempts, max_attempts),
+            )
+            for kind, h in self.handlers.items()
+        }
         self.owner = owner or default_owner()
         self.until_idle = until_idle
-        #: Counts: claimed, succeeded, retried, failed, cancelled, released,
-        #: lost, interrupted, spooled (settlements that went to the spool),
-        #: timed_out (attempts given up on), late (abandoned handlers that returned).
+        #: Counts: claimed, succeeded, retried (failed attempts to run again), failed
+        #: (attempts failed for good: FailEffect, a result that cannot be stored),
+        #: dead (effects this worker's settlements left dead, whatever the reason),
+        #: cancelled, released, lost, interrupted, spooled (settlements that went to
+        #: the spool), timed_out (attempts given up on), late (abandoned handlers that
+        #: returned).
         self.stats: Counter[str] = Counter()
         self._stop_requested = 0  # 0 running, 1 graceful, 2 hard
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: _Wake | None = None
+        self._wake: Wake | None = None
         self._jobs: dict[str, _Job] = {}
         self._queued: deque[_Job] = deque()
         self._settling: dict[str, Claim] = {}
@@ -353,7 +306,7 @@ class Worker:
     def stop(self, hard: bool = False) -> None:
         """Stop claiming; *hard*: interrupt what runs.  Thread-safe; a second
         call without *hard* is taken as hard, like a second signal."""
-        _setting(check_bool, hard, "hard")
+        setting(check_bool, hard, "hard")
         level = 2 if hard or self._stop_requested else 1
         self._stop_requested = max(self._stop_requested, level)
         loop, wake = self._loop, self._wake
@@ -392,7 +345,7 @@ class Worker:
 
     async def run_async(self) -> int:
         loop = asyncio.get_running_loop()
-        self._loop, self._wake = loop, _Wake(loop)
+        self._loop, self._wake = loop, Wake(loop)
         # Threads for store calls, apart from the handlers': a settlement or
         # heartbeat waiting out a lock must never wait for a handler's thread.
         self._store_pool = ThreadPoolExecutor(
@@ -660,27 +613,21 @@ class Worker:
             inner = self._threads.run(loop, handler.fn, claim.effect)
         outcome: tuple[str, Any]
         try:
-            done = await _done_within(inner, timeout)
+            done = await done_within(inner, timeout)
             if not done:
                 self._abandon(claim, inner)  # (before its slot is counted free)
             self._ran(job)
             if not done:
                 self.stats["timed_out"] += 1
-                log.error(
-                    "%s %s: the handler ran past its timeout of %gs (attempt %d): the attempt "
-                    "is settled as timed out, the handler %s",
-                    claim.effect.kind,
-                    claim.id,
-                    timeout,
-                    claim.effect.attempt,
-                    "cancelled"
-                    if isinstance(inner, asyncio.Task)
-                    else "abandoned (its thread runs on)",
-                )
+                how = "cancelled" if isinstance(inner, asyncio.Task) else "abandoned"
                 outcome = (
                     "timed_out",
                     f"the handler ran past its timeout of {timeout:g}s (worker {self.owner}); "
-                    "it was abandoned and may still be running",
+                    + (
+                        "it was cancelled"
+                        if how == "cancelled"
+                        else "it was abandoned and may still be running"
+                    ),
                 )
             else:
                 result = inner.result()
@@ -694,11 +641,11 @@ class Worker:
                 raise
             return  # a hard stop settles it
         except RetryEffect as exc:
-            outcome = ("retry", (exc.delay, str(exc)))
+            outcome = ("retry", (exc.delay, str(exc), exc))
         except FailEffect as exc:
-            outcome = ("fail", str(exc) or "failed")
+            outcome = ("fail", (str(exc) or "failed", exc))
         except Exception as exc:
-            outcome = ("retry", (None, f"{type(exc).__name__}: {exc}"))
+            outcome = ("retry", (None, f"{type(exc).__name__}: {exc}", exc))
         if job.interrupted:
             return
         await self._settle(job, *outcome)
@@ -754,10 +701,6 @@ class Worker:
         if applied:  # never: the token was raised when the worker gave up on it
             log.error("%s %s: a late outcome was applied", claim.effect.kind, claim.id)
 
-    def _backoff(self, attempt: int) -> float:
-        delay = min(self.max_backoff, self.backoff * 2.0 ** max(attempt - 1, 0))
-        return delay * random.uniform(0.9, 1.1)
-
     async def _land(self, claim: Claim, item: dict[str, Any]) -> Landed:
         """*claim*'s settlement *item*, settled with others (domain/completer.py): the
         effect's new state once applied, None if spooled; raises what refused it.
@@ -768,6 +711,9 @@ class Worker:
 
     async def _settle(self, job: _Job, how: str, value: Any) -> None:
         claim = job.claim
+        policy = self.policies[claim.effect.kind]
+        #: A failed attempt: (its error, the exception, the retry's delay).
+        failed: tuple[str, BaseException | None, float] | None = None
         try:
             try:
                 if how == "succeed":
@@ -776,24 +722,33 @@ class Worker:
                         if applied:
                             self.stats["succeeded"] += 1
                     except errors.InvalidInput as exc:
-                        applied = await self._land(
-                            claim, claim._failure(f"result not storable: {exc}")
-                        )
+                        failed = (f"result not storable: {exc}", None, 0.0)
+                        applied = await self._land(claim, claim._failure(failed[0]))
                         self.stats["failed"] += 1
                 elif how == "retry":
-                    delay, error = value
-                    delay = self._backoff(claim.effect.attempt) if delay is None else delay
-                    applied = await self._land(claim, claim._retry(delay, error))
-                    self.stats["retried"] += 1
+                    delay, error, raised = value
+                    delay = policy.delay(claim.effect.attempt) if delay is None else delay
+                    failed = (error, raised, delay)
+                    applied = await self._land(
+                        claim,
+                        claim._retry(delay, error, _traceback(raised), policy.max_attempts),
+                    )
                 elif how == "fail":
-                    applied = await self._land(claim, claim._failure(value))
+                    error, raised = value
+                    failed = (error, raised, 0.0)
+                    applied = await self._land(
+                        claim, claim._failure(error, traceback=_traceback(raised))
+                    )
                     self.stats["failed"] += 1
                 elif how == "release":
                     applied = await self._land(claim, claim._item("release"))
                     self.stats["released"] += 1
                 elif how == "timed_out":
-                    delay = self._backoff(claim.effect.attempt)
-                    applied = await self._land(claim, claim._timed_out(value, delay))
+                    delay = policy.delay(claim.effect.attempt)
+                    failed = (value, None, delay)
+                    applied = await self._land(
+                        claim, claim._timed_out(value, delay, policy.max_attempts)
+                    )
                 elif value:  # interrupted, replay-safe
                     applied = await self._land(claim, claim._retry(0.0, how))
                     self.stats["interrupted"] += 1
@@ -802,13 +757,24 @@ class Worker:
                     self.stats["interrupted"] += 1
             except errors.LeaseLost as exc:
                 self.stats["lost"] += 1
-                log.warning("%s: %s", claim.effect.kind, exc)
+                if failed is not None:
+                    self._failed(claim, failed, f"not recorded: {exc}")
+                else:
+                    log.warning("%s: %s", claim.effect.kind, exc)
                 return
             except errors.FleetstoreError as exc:
                 # The settlement could neither be written nor spooled (disk full):
                 # the lease runs out and a sweep hands the effect on.
                 log.error("settling %s %s failed: %s", claim.effect.kind, claim.id, exc)
+                if failed is not None:
+                    self._failed(claim, failed, "not recorded: the lease runs out")
                 return
+            if claim.settled is EffectState.dead:
+                self.stats["dead"] += 1
+            elif how == "retry":
+                self.stats["retried"] += 1
+            if failed is not None:
+                self._failed(claim, failed)
             if not applied:
                 self.stats["spooled"] += 1
                 self._settling[claim.id] = claim
@@ -820,6 +786,61 @@ class Worker:
                 )
         finally:
             self._jobs.pop(claim.id, None)
+
+    def _failed(
+        self,
+        claim: Claim,
+        failed: tuple[str, BaseException | None, float],
+        unrecorded: str | None = None,
+    ) -> None:
+        """Log a failed attempt once, with what the store made of it: a WARNING for
+        one to run again, an ERROR for a dead effect (or an outcome not recorded);
+        an unexpected exception's record carries its traceback."""
+        error, exc, delay = failed
+        effect = claim.effect
+        state = claim.settled
+        retry_at: float | None = None
+        if unrecorded is not None:
+            step, then = "unknown", unrecorded
+        elif state is None:
+            step, then = "spooled", "its outcome waits in the spool"
+        elif state is EffectState.dead:
+            step, then = "dead", f"dead ({claim.dead_reason})"
+        else:
+            step, retry_at = "retry", time.time() + delay
+            then = f"retry in {delay:.3g}s"
+        limit = lower(effect.max_attempts, self.policies[effect.kind].max_attempts)
+        where = _where(exc)
+        fields = {
+            "effect_id": effect.id,
+            "kind": effect.kind,
+            "thread_key": effect.thread_key,
+            "attempt": effect.attempt,
+            "max_attempts": limit,
+            "error": error,
+            "where": where,
+            "next": step,
+            "retry_at": retry_at,
+            "dead_reason": claim.dead_reason if step == "dead" else None,
+        }
+        log.log(
+            logging.WARNING if step in ("retry", "spooled") else logging.ERROR,
+            "%s %s (thread %s) attempt %d of %d failed: %s%s; %s",
+            effect.kind,
+            effect.id,
+            effect.thread_key,
+            effect.attempt,
+            limit,
+            error,
+            f" (at {where})" if where else "",
+            then,
+            exc_info=exc
+            if exc is not None and not isinstance(exc, RetryEffect | FailEffect)
+            else None,
+            # Each field for a formatter, and all of them as one for a consumer
+            # (fleetstore worker's lines and JSON).
+            extra={**fields, "failure": fields},
+        )
 
     # -- leases -------------------------------------------------------------------------------
 

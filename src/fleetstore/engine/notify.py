@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from fleetstore import errors
+from fleetstore.core.validate import check_int, check_timeout
 from fleetstore.engine.gate import (
     _FUTEX_WAKE,
     _SYS_FUTEX,
@@ -355,18 +356,63 @@ class Notifier:
             hearing.forget()
 
 
-def sleep_for(timeout: float) -> bool:
-    """``notify_wait`` where nothing can be heard: the timeout slept, False."""
-    time.sleep(timeout)
-    return False
+class Notifications:
+    """``Database``'s notifications (engine/sqlite.py): a mixin, the attributes are
+    Database's."""
+
+    _notifier: Notifier
+
+    def _check_process(self) -> None: ...
+
+    @property
+    def notifies(self) -> bool:
+        """Whether a ring of another process wakes ``notify_wait`` (a futex word in the
+        gate file); else (no futex, an unmapped gate file) a wait sleeps its timeout."""
+        return self._notifier.available
+
+    def _hearing(self, channel: str) -> Hearing | None:
+        check_channel(channel)
+        self._check_process()
+        return self._notifier.hearing(channel)
+
+    def notify_token(self, channel: str) -> int:
+        """The token of ``notify_wait``: take it before looking for what a ring of
+        *channel* announces, so that a ring between the look and the wait is not lost."""
+        hearing = self._hearing(channel)
+        return 0 if hearing is None else hearing.token()
+
+    def notify_wait(self, channel: str, timeout: float, token: int | None = None) -> bool:
+        """Wait up to *timeout* seconds for a ring of *channel* after *token* (from
+        ``notify_token``; None: rings since this thread's last look), by any process's
+        committed ``tx.notify``; True if one came.  Where nothing can be heard
+        (``notifies`` False) it sleeps the timeout and returns False."""
+        check_timeout(timeout)
+        if token is not None:
+            check_int(token, "token", minimum=0)
+        hearing = self._hearing(channel)
+        if hearing is None:
+            time.sleep(timeout)
+            return False
+        return hearing.wait(token, timeout)
+
+    def listen(self, channel: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call *fn* (in a listener thread: it must return quickly) after each ring of
+        *channel* heard from now on; returns the function that stops it.  Nothing is
+        ever called where nothing can be heard (``notifies`` False)."""
+        if not callable(fn):
+            raise errors.InvalidInput(f"fn must be callable, not {fn!r:.80}")
+        hearing = self._hearing(channel)
+        if hearing is None:
+            return lambda: None
+        return hearing.subscribe(fn)
 
 
 __all__ = [
     "LISTEN_NAP",
     "Hearing",
+    "Notifications",
     "Notifier",
     "Source",
     "check_channel",
-    "sleep_for",
     "word_of",
 ]

@@ -40,7 +40,6 @@ import math
 import os
 import random
 import re
-import select
 import threading
 import time
 import weakref
@@ -55,6 +54,7 @@ from fleetstore.core.settings import Settings
 from fleetstore.core.targets import redact
 from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations
 from fleetstore.engine.notify import Hearing, check_channel
+from fleetstore.engine.pg_notify import ListenSource
 
 with requires("postgres", "a PostgreSQL store"):
     import psycopg
@@ -764,7 +764,7 @@ class PgDatabase:
             with self._listen_lock:
                 hearing = self._hearings.get(channel)
                 if hearing is None:
-                    source = _ListenSource(self.url, channel)
+                    source = ListenSource(self.url, channel)
                     hearing = self._hearings[channel] = Hearing(channel, source)
         return hearing
 
@@ -964,78 +964,6 @@ def outside_write_lock(url: str, *, exclusive: bool = False, wait: float = 30.0)
                 conn.execute("ROLLBACK")
     finally:
         conn.close()
-
-
-class _ListenSource:
-    """A channel heard on a connection of its own (``LISTEN``): the listener thread
-    waits on its socket and on a pipe that ``interrupt`` writes to."""
-
-    def __init__(self, url: str, channel: str) -> None:
-        self._url = url
-        self._channel = channel
-        self._pid = os.getpid()
-        self._conn: psycopg.Connection[Any] | None = None
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-
-    def start(self) -> None:
-        conn = psycopg.connect(self._url, autocommit=True, connect_timeout=5)
-        try:
-            conn.execute(f"LISTEN {self._channel}")
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-
-    def wait(self, seconds: float) -> bool:
-        if self._conn is None:
-            self.start()  # raises while the server is away; the listener tries again
-            return True  # a NOTIFY while nobody listened is lost: look again
-        try:
-            pgconn = self._conn.pgconn
-            sock = pgconn.socket
-            poller = select.poll()  # (not select(): a descriptor past 1024 is refused)
-            poller.register(sock, select.POLLIN)
-            poller.register(self._wake_r, select.POLLIN)
-            ready = {fd for fd, _ in poller.poll(max(int(seconds * 1000), 0))}
-            if self._wake_r in ready:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_r, 64)
-            if sock not in ready:
-                return False
-            pgconn.consume_input()  # raises once the connection is lost
-            heard = False
-            while (note := pgconn.notifies()) is not None:
-                heard = heard or note.relname.decode() == self._channel
-            if pgconn.status != psycopg.pq.ConnStatus.OK:
-                raise errors.DatabaseError(f"the connection listening to {self._channel} is lost")
-            return heard
-        except BaseException:
-            self._drop()
-            raise
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if os.getpid() != self._pid:
-            # A forked child: closing would end the parent's session on the shared socket.
-            _inherited.append(conn)
-            return
-        with contextlib.suppress(Exception):
-            conn.close()
-
-    def interrupt(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
-
-    def stop(self) -> None:
-        self._drop()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
 
 
 class _UniqueViolation(Exception):

@@ -27,7 +27,7 @@ from fleetstore import errors
 from fleetstore.core.files import check_private_file, private_dirs
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
-from fleetstore.core.validate import check_bool, check_int, check_path, check_str, check_timeout
+from fleetstore.core.validate import check_bool, check_path, check_str
 from fleetstore.engine.base import (
     Applier,
     Item,
@@ -42,7 +42,7 @@ from fleetstore.engine.combine import Combiner
 from fleetstore.engine.forkguard import GUARD
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.inspect import HEADER_BYTES, SQLITE_MAGIC
-from fleetstore.engine.notify import Hearing, Notifier, check_channel, sleep_for
+from fleetstore.engine.notify import Notifications, Notifier
 from fleetstore.engine.proclocks import lock_holders
 from fleetstore.engine.translate import translate
 from fleetstore.engine.tx import ReadTx, WriteTx, _Tx
@@ -139,7 +139,7 @@ os.register_at_fork(
 )
 
 
-class Database(Checkpoints):
+class Database(Checkpoints, Notifications):
     """A SQLite file that many processes can write at once without "database is locked".
 
     >>> import tempfile, os
@@ -679,46 +679,6 @@ class Database(Checkpoints):
         check_bool(single_statement, "single_statement")
         with self.write() as tx:
             return fn(tx)
-
-    @property
-    def notifies(self) -> bool:
-        """Whether a ring of another process wakes ``notify_wait`` (a futex word in the
-        gate file); else (no futex, an unmapped gate file) a wait sleeps its timeout."""
-        return self._notifier.available
-
-    def _hearing(self, channel: str) -> Hearing | None:
-        check_channel(channel)
-        self._check_process()
-        return self._notifier.hearing(channel)
-
-    def notify_token(self, channel: str) -> int:
-        """The token of ``notify_wait``: take it before looking for what a ring of
-        *channel* announces, so that a ring between the look and the wait is not lost."""
-        hearing = self._hearing(channel)
-        return 0 if hearing is None else hearing.token()
-
-    def notify_wait(self, channel: str, timeout: float, token: int | None = None) -> bool:
-        """Wait up to *timeout* seconds for a ring of *channel* after *token* (from
-        ``notify_token``; None: after this call), by any process's committed
-        ``tx.notify``; True if one came.  Where nothing can be heard (``notifies``
-        False) it sleeps the timeout and returns False."""
-        check_timeout(timeout)
-        if token is not None:
-            check_int(token, "token", minimum=0)
-        hearing = self._hearing(channel)
-        if hearing is None:
-            return sleep_for(timeout)
-        return hearing.wait(token, timeout)
-
-    def listen(self, channel: str, fn: Callable[[], None]) -> Callable[[], None]:
-        """Call *fn* (in a listener thread: it must return quickly) after each ring of
-        *channel* heard from now on; returns the function that stops it.  Nothing is
-        ever called where nothing can be heard (``notifies`` False)."""
-        _callable(fn)
-        hearing = self._hearing(channel)
-        if hearing is None:
-            return lambda: None
-        return hearing.subscribe(fn)
 
     def _acquire_gate(self, started: float, deadline: float) -> None:
         try:

@@ -48,7 +48,7 @@ import builtins
 import concurrent.futures
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -439,12 +439,15 @@ class AsyncMessages:
             lambda: self.sync.list(session_id, after=after, limit=limit, last=last)
         )
 
-    async def iterate(
+    def iterate(
         self, session_id: str, *, after: int = 0, page: int = ITERATE_PAGE
     ) -> AsyncIterator[Message]:
         """``Messages.iterate`` as an async iterator (``async for m in ...``): each
-        page, and each message's blobs, read in the worker thread."""
-        messages = self.sync.iterate(session_id, after=after, page=page)
+        page, and each message's blobs, read in the worker thread.  Arguments are
+        checked at the call, as the sync method's are."""
+        return self._pages(self.sync.iterate(session_id, after=after, page=page))
+
+    async def _pages(self, messages: Iterator[Message]) -> AsyncIterator[Message]:
         end = object()
         while True:
             found = await self._owner._run(lambda: next(messages, end))
@@ -780,6 +783,14 @@ class AsyncClaim:
     def fence(self) -> int:
         return self.sync.fence
 
+    @property
+    def settled(self) -> EffectState | None:
+        return self.sync.settled
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self.sync.dead_reason
+
     async def heartbeat(self, lease: float | None = None) -> float:
         """``Claim.heartbeat``."""
         return await self._owner._run(lambda: self.sync.heartbeat(lease))
@@ -788,13 +799,26 @@ class AsyncClaim:
         """``Claim.succeed``."""
         return await self._owner._run(lambda: self.sync.succeed(result))
 
-    async def retry(self, delay: float = 0.0, error: str = "") -> bool:
+    async def retry(
+        self,
+        delay: float = 0.0,
+        error: str = "",
+        *,
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
         """``Claim.retry``."""
-        return await self._owner._run(lambda: self.sync.retry(delay, error))
+        return await self._owner._run(
+            lambda: self.sync.retry(delay, error, traceback=traceback, max_attempts=max_attempts)
+        )
 
-    async def fail(self, error: str, *, interrupted: bool = False) -> bool:
+    async def fail(
+        self, error: str, *, interrupted: bool = False, traceback: str | None = None
+    ) -> bool:
         """``Claim.fail``."""
-        return await self._owner._run(lambda: self.sync.fail(error, interrupted=interrupted))
+        return await self._owner._run(
+            lambda: self.sync.fail(error, interrupted=interrupted, traceback=traceback)
+        )
 
     async def cancel(self) -> bool:
         """``Claim.cancel``."""
@@ -804,9 +828,13 @@ class AsyncClaim:
         """``Claim.release``."""
         return await self._owner._run(self.sync.release)
 
-    async def timed_out(self, error: str, delay: float = 0.0) -> bool:
+    async def timed_out(
+        self, error: str, delay: float = 0.0, *, max_attempts: int | None = None
+    ) -> bool:
         """``Claim.timed_out``."""
-        return await self._owner._run(lambda: self.sync.timed_out(error, delay))
+        return await self._owner._run(
+            lambda: self.sync.timed_out(error, delay, max_attempts=max_attempts)
+        )
 
     def __repr__(self) -> str:
         return f"<AsyncClaim {self.sync!r}>"
