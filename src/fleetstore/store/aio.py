@@ -711,9 +711,13 @@ class AsyncEffects:
         """``Effects.counts``."""
         return await self._owner._run(self.sync.counts)
 
-    async def wait_for_work(self, timeout: float) -> bool:
+    async def wake_token(self) -> int:
+        """``Effects.wake_token``."""
+        return await self._owner._run(self.sync.wake_token)
+
+    async def wait_for_work(self, timeout: float, *, token: int | None = None) -> bool:
         """``Effects.wait_for_work``."""
-        return await self._owner._run(lambda: self.sync.wait_for_work(timeout))
+        return await self._owner._run(lambda: self.sync.wait_for_work(timeout, token=token))
 
     async def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
         """``Effects.next_ready``."""
