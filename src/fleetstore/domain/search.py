@@ -18,7 +18,7 @@ import binascii
 import heapq
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,15 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain.codec import decode_part
 from fleetstore.domain.ports import StorePort
-from fleetstore.domain.search_index import Batch, backfill_progress, catch_up, tag
+from fleetstore.domain.search_index import (
+    UNIT_BITS,
+    UNITS,
+    Batch,
+    backfill_progress,
+    catch_up,
+    tag,
+    unit,
+)
 from fleetstore.domain.search_query import (
     MODES,
     Matcher,
@@ -59,7 +67,7 @@ _MOST_ROUND = 1024
 #: how often the substring occurs, which only reading each one tells).
 SUBSTRING_BEST_MOST = 2000
 _NO_ID = 1 << 62  # above every section id
-_MAX_TIME = 1 << 46  # milliseconds: later than any section's
+_MAX_TIME = 1 << 40  # seconds: later than any section's
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +163,8 @@ def check(
         raise errors.InvalidInput(
             f"kinds: unknown {', '.join(sorted(kind_set - set(KINDS)))}; known: {', '.join(KINDS)}"
         )
-    lo = check_opt_number(since, "since", minimum=0.0, maximum=_MAX_TIME / 1000)
-    hi = check_opt_number(until, "until", minimum=0.0, maximum=_MAX_TIME / 1000)
+    lo = check_opt_number(since, "since", minimum=0.0, maximum=_MAX_TIME)
+    hi = check_opt_number(until, "until", minimum=0.0, maximum=_MAX_TIME)
     return Query(
         node=node,
         mode=mode,
@@ -188,9 +196,9 @@ class _Found:
 
 
 def _range(q: Query) -> tuple[int, int]:
-    """Section ids from *lo* to below *below*: since and until, to the millisecond."""
-    lo = 0 if q.since is None else int(q.since * 1000) << 16
-    below = _NO_ID if q.until is None else math.ceil(q.until * 1000) << 16
+    """Section ids from *lo* to below *below*: since and until, to the time unit."""
+    lo = 0 if q.since is None else unit(q.since) << UNIT_BITS
+    below = _NO_ID if q.until is None else math.ceil(q.until * UNITS) << UNIT_BITS
     return lo, below
 
 
@@ -208,41 +216,46 @@ def _tags(q: Query) -> str | None:
     return "{tags} : (" + " AND ".join(found) + ")" if found else None
 
 
+def _filters(q: Query, queries: Mapping[str, str]) -> tuple[str, str, dict[str, Any]]:
+    """The joins, the conditions (each after `` AND``) and the parameters that apply
+    *q*'s filters to candidate sections in SQL (checked again on each hit)."""
+    params: dict[str, Any] = {}
+    conditions = []
+    for name, value in (
+        ("session", q.session_id),
+        ("root", q.root_id),
+        ("project", q.project),
+        ("kinds", q.kinds),
+        ("roles", q.roles),
+    ):
+        if value is None:
+            continue
+        conditions.append(queries[f"search_where_{name}"])
+        key = {"session": "session_id", "root": "root_id"}.get(name, name)
+        params[key] = json.dumps(sorted(value)) if isinstance(value, frozenset) else value
+    joined = any(v is not None for v in (q.session_id, q.root_id, q.project, q.roles))
+    joins = queries["search_join_sessions"] if joined else ""
+    return joins, "".join(f" AND {c}" for c in conditions), params
+
+
 def _statement(db: Engine, store: StorePort, q: Query) -> tuple[str, dict[str, Any]]:
     """The candidate query of *q* on *db* and its parameters (but the id range, limit
     and skip, which each round sets)."""
     queries = store.queries
-    if db.dialect == "sqlite":
+    if db.dialect == "sqlite" and q.mode == "words":
+        # The filters are words of the index too (tags): FTS5 intersects them.
+        match = "{body} : (" + fts5_words(q.node) + ")"
         tags = _tags(q)
-        if q.mode == "words":
-            match = "{body} : (" + fts5_words(q.node) + ")"
-            if tags is not None:
-                match += " AND " + tags
-            name = "fts5_words_best" if q.order == "best" else "fts5_words_newest"
-            return queries[name], {"match": match}
+        if tags is not None:
+            match += " AND " + tags
+        name = "fts5_words_best" if q.order == "best" else "fts5_words_newest"
+        return queries[name], {"match": match}
+    joins, where, params = _filters(q, queries)
+    if db.dialect == "sqlite":
         grams = fts5_grams(q.node)
         assert grams is not None  # parse() refuses a query with nothing positive
-        if tags is not None:
-            return queries["fts5_grams_tagged"], {"match": grams, "tags": tags}
-        return queries["fts5_grams_newest"], {"match": grams}
-    params: dict[str, Any] = {}
-    joins, filters = "", []
-    if q.session_id is not None or q.root_id is not None or q.project is not None:
-        joins = (
-            "LEFT JOIN messages m ON m.id = d.message_id "
-            "JOIN sessions s ON s.id = coalesce(m.session_id, d.session_id)"
-        )
-        for column, value in (("s.id", q.session_id), ("s.root_id", q.root_id)):
-            if value is not None:
-                filters.append(f"{column} = :{column[2:]}")
-                params[column[2:]] = value
-        if q.project is not None:
-            filters.append("s.project = :project")
-            params["project"] = q.project
-    if q.kinds is not None:
-        filters.append("d.kind IN (SELECT json_array_elements_text(CAST(:kinds AS json)))")
-        params["kinds"] = json.dumps(sorted(q.kinds))
-    where = "".join(f" AND {f}" for f in filters)
+        text = queries["fts5_grams_newest"].format(joins=joins, filters=where)
+        return text, {**params, "match": grams}
     if q.mode == "words":
         params["match"] = pg_tsquery(q.node)
         name = "tsv_words_best" if q.order == "best" else "tsv_words_newest"

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from fleetstore import errors
 from fleetstore.domain.search_text import SEP, WORD_CHAR, Folded, gram_fold, words
 
+_SEPARATOR = re.compile(SEP)
+
 #: The longest query accepted (characters), and the most terms in one.
 MAX_QUERY = 4096
 MAX_TERMS = 64
@@ -310,9 +312,11 @@ class Matcher:
 
     def _compile(self, node: Node) -> None:
         if isinstance(node, Term):
+            # The word first, its start checked after (a lookbehind first kept the regex
+            # engine from searching for the word's letters: 185 µs a section, not 5).
             body = f"{SEP}+".join(re.escape(w) for w in node.words)
             tail = f"{WORD_CHAR}*" if node.prefix else f"(?!{WORD_CHAR})"
-            self._patterns[node] = re.compile(f"(?<!{WORD_CHAR}){body}{tail}")
+            self._patterns[node] = re.compile(body + tail)
         elif isinstance(node, Not):
             self._compile(node.item)
         else:
@@ -352,8 +356,15 @@ class Matcher:
 
     def _find(self, term: Term, text: str) -> Iterator[tuple[int, int]]:
         if self.mode == "words":
-            for m in self._patterns[term].finditer(text):
-                yield m.span()
+            pattern = self._patterns[term]
+            at = 0
+            while (m := pattern.search(text, at)) is not None:
+                start = m.start()
+                if start == 0 or _SEPARATOR.match(text, start - 1):
+                    yield m.span()
+                    at = m.end()
+                else:
+                    at = start + 1  # inside a word: look again from the next character
             return
         needle = gram_fold(term.text)
         at = text.find(needle)

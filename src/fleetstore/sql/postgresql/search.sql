@@ -3,6 +3,24 @@
 -- The tsv_*_newest/best queries are templates: {joins} and {filters} are the filters'
 -- joins and conditions, {condition} a substring query's (domain/search.py).
 
+-- search_join_sessions: (a fragment of the candidate queries) the session of a section's owner
+LEFT JOIN messages m ON m.id = d.message_id JOIN sessions s ON s.id = coalesce(m.session_id, d.session_id)
+
+-- search_where_session: (a fragment) the section's session
+s.id = :session_id
+
+-- search_where_root: (a fragment) the section's session tree
+s.root_id = :root_id
+
+-- search_where_project: (a fragment) the section's project
+s.project = :project
+
+-- search_where_kinds: (a fragment) the section's kind is one listed in the JSON array :kinds
+d.kind IN (SELECT json_array_elements_text(CAST(:kinds AS json)))
+
+-- search_where_roles: (a fragment) the section's message's role is one listed in :roles
+m.role IN (SELECT json_array_elements_text(CAST(:roles AS json)))
+
 -- search_state_get: the indexer's lease, the backfill's cursors, and whether anything is queued
 SELECT owner, beat, sessions_from, messages_from,
        (SELECT count(*) FROM (SELECT 1 FROM search_queue LIMIT 1) q)
@@ -57,13 +75,9 @@ FROM sessions s
 WHERE s.id IN (SELECT json_array_elements_text(CAST(:ids AS json)))
   AND NOT EXISTS (SELECT 1 FROM shard_sessions x WHERE x.session_id = s.id)
 
--- search_indexed_messages: which of the messages listed in :ids have sections in the index
-SELECT DISTINCT message_id FROM search_docs
-WHERE message_id IN (SELECT json_array_elements_text(CAST(:ids AS json)))
-
--- search_indexed_sessions: which of the sessions listed in :ids have sections in the index
-SELECT DISTINCT session_id FROM search_docs
-WHERE session_id IN (SELECT json_array_elements_text(CAST(:ids AS json)))
+-- search_indexed: whether a message (:message_id) or a session (:session_id) has sections, ids from :lo to below :below
+SELECT count(*) FROM search_docs
+WHERE id >= :lo AND id < :below AND (message_id = :message_id OR session_id = :session_id)
 
 -- search_doc_next: the first free section id from :lo to :hi (above :hi: none free)
 SELECT coalesce(max(id), CAST(:lo AS bigint) - 1) + 1 FROM search_docs
@@ -73,11 +87,9 @@ WHERE id BETWEEN :lo AND :hi
 INSERT INTO search_docs (id, message_id, session_id, part, kind, start, stop)
 VALUES (:doc_id, :message_id, :session_id, :part, :kind, :start, :stop)
 
--- search_forget_message: what the index holds of a message (search_text cascades)
-DELETE FROM search_docs WHERE message_id = :id
-
--- search_forget_session: what the index holds of a session's title and metadata
-DELETE FROM search_docs WHERE session_id = :id
+-- search_forget: what the index holds of a message (:message_id) or a session's title and metadata (:session_id), ids from :lo to below :below (search_text cascades)
+DELETE FROM search_docs WHERE id >= :lo AND id < :below
+    AND (message_id = :message_id OR session_id = :session_id)
 
 -- search_status: queued owners, the oldest one's time, sections indexed, the lease and the backfill
 SELECT (SELECT count(*) FROM search_queue), (SELECT min(at) FROM search_queue),

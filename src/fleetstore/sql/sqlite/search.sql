@@ -2,6 +2,24 @@
 -- search_* queries exist in both dialects; fts5_* only here (FTS5 tables), tsv_* only
 -- on PostgreSQL (tsvector and trigram indexes).
 
+-- search_join_sessions: (a fragment of the candidate queries) the session of a section's owner
+LEFT JOIN messages m ON m.id = d.message_id JOIN sessions s ON s.id = coalesce(m.session_id, d.session_id)
+
+-- search_where_session: (a fragment) the section's session
+s.id = :session_id
+
+-- search_where_root: (a fragment) the section's session tree
+s.root_id = :root_id
+
+-- search_where_project: (a fragment) the section's project
+s.project = :project
+
+-- search_where_kinds: (a fragment) the section's kind is one listed in the JSON array :kinds
+d.kind IN (SELECT value FROM json_each(:kinds))
+
+-- search_where_roles: (a fragment) the section's message's role is one listed in :roles
+m.role IN (SELECT value FROM json_each(:roles))
+
 -- search_state_get: the indexer's lease, the backfill's cursors, and whether anything is queued
 SELECT owner, beat, sessions_from, messages_from,
        (SELECT count(*) FROM (SELECT 1 FROM search_queue LIMIT 1))
@@ -55,11 +73,9 @@ FROM sessions s
 WHERE s.id IN (SELECT value FROM json_each(:ids))
   AND NOT EXISTS (SELECT 1 FROM shard_sessions x WHERE x.session_id = s.id)
 
--- search_indexed_messages: which of the messages listed in :ids have sections in the index
-SELECT DISTINCT message_id FROM search_docs WHERE message_id IN (SELECT value FROM json_each(:ids))
-
--- search_indexed_sessions: which of the sessions listed in :ids have sections in the index
-SELECT DISTINCT session_id FROM search_docs WHERE session_id IN (SELECT value FROM json_each(:ids))
+-- search_indexed: whether a message (:message_id) or a session (:session_id) has sections, ids from :lo to below :below
+SELECT count(*) FROM search_docs
+WHERE id >= :lo AND id < :below AND (message_id = :message_id OR session_id = :session_id)
 
 -- search_doc_next: the first free section id from :lo to :hi (above :hi: none free)
 SELECT coalesce(max(id), :lo - 1) + 1 FROM search_docs WHERE id BETWEEN :lo AND :hi
@@ -68,15 +84,15 @@ SELECT coalesce(max(id), :lo - 1) + 1 FROM search_docs WHERE id BETWEEN :lo AND 
 INSERT INTO search_docs (id, message_id, session_id, part, kind, start, stop)
 VALUES (:doc_id, :message_id, :session_id, :part, :kind, :start, :stop)
 
--- search_forget_message: what the index holds of a message
-DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = :id);
-DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = :id);
-DELETE FROM search_docs WHERE message_id = :id
-
--- search_forget_session: what the index holds of a session's title and metadata
-DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE session_id = :id);
-DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE session_id = :id);
-DELETE FROM search_docs WHERE session_id = :id
+-- search_forget: what the index holds of a message (:message_id) or a session's title and metadata (:session_id), ids from :lo to below :below
+DELETE FROM search_words WHERE rowid IN (
+    SELECT id FROM search_docs WHERE id >= :lo AND id < :below
+    AND (message_id = :message_id OR session_id = :session_id));
+DELETE FROM search_grams WHERE rowid IN (
+    SELECT id FROM search_docs WHERE id >= :lo AND id < :below
+    AND (message_id = :message_id OR session_id = :session_id));
+DELETE FROM search_docs WHERE id >= :lo AND id < :below
+    AND (message_id = :message_id OR session_id = :session_id)
 
 -- search_status: queued owners, the oldest one's time, sections indexed, the lease and the backfill
 SELECT (SELECT count(*) FROM search_queue), (SELECT min(at) FROM search_queue),
@@ -101,18 +117,11 @@ FROM search_words w JOIN search_docs d ON d.id = w.rowid
 WHERE search_words MATCH :match AND w.rowid >= :lo AND w.rowid < :below
 ORDER BY w.rank, w.rowid DESC LIMIT :limit OFFSET :skip
 
--- fts5_grams_newest: sections holding every trigram of a substring query, newest first
+-- fts5_grams_newest: sections holding every trigram of a substring query, newest first ({joins} and {filters}: the filters')
 SELECT d.id, d.message_id, d.session_id, d.part, d.kind, d.start, d.stop, 0.0
-FROM search_grams g JOIN search_docs d ON d.id = g.rowid
-WHERE search_grams MATCH :match AND g.rowid >= :lo AND g.rowid < :below
+FROM search_grams g JOIN search_docs d ON d.id = g.rowid {joins}
+WHERE search_grams MATCH :match AND g.rowid >= :lo AND g.rowid < :below{filters}
 ORDER BY g.rowid DESC LIMIT :limit
-
--- fts5_grams_tagged: the same, of the sections that match the filter tags :tags, newest first
-SELECT d.id, d.message_id, d.session_id, d.part, d.kind, d.start, d.stop, 0.0
-FROM search_words w JOIN search_grams g ON g.rowid = w.rowid JOIN search_docs d ON d.id = w.rowid
-WHERE search_words MATCH :tags AND search_grams MATCH :match
-  AND w.rowid >= :lo AND w.rowid < :below
-ORDER BY w.rowid DESC LIMIT :limit
 
 -- fts5_merge_words: up to :pages pages of merging of the words index (maintain)
 INSERT INTO search_words (search_words, rank) VALUES ('merge', :pages)

@@ -14,8 +14,6 @@ CREATE TABLE search_docs (
     start       BIGINT NOT NULL,
     stop        BIGINT NOT NULL
 );
-CREATE INDEX search_docs_by_message ON search_docs(message_id) WHERE message_id IS NOT NULL;
-CREATE INDEX search_docs_by_session ON search_docs(session_id) WHERE session_id IS NOT NULL;
 
 CREATE TABLE search_queue (
     doc  TEXT COLLATE "C" PRIMARY KEY,
@@ -71,7 +69,8 @@ CREATE FUNCTION fleetstore_search_message() RETURNS trigger
     AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        DELETE FROM search_docs WHERE message_id = OLD.id;
+        DELETE FROM search_docs WHERE id >= (floor(OLD.created_at * 100)::bigint << 13) AND id < ((floor(OLD.created_at * 100)::bigint + 2) << 13)
+            AND message_id = OLD.id;
         DELETE FROM search_queue WHERE doc = 'm' || OLD.id;
     ELSE
         PERFORM fleetstore_search_enqueue('m' || NEW.id);
@@ -91,11 +90,15 @@ CREATE TRIGGER search_message_gone AFTER DELETE ON messages
 CREATE FUNCTION fleetstore_search_content() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    at double precision;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM messages WHERE id = OLD.message_id) THEN
+    SELECT created_at INTO at FROM messages WHERE id = OLD.message_id;
+    IF NOT FOUND THEN
         RETURN NULL;  -- the message is going too (a cascade)
     END IF;
-    DELETE FROM search_docs WHERE message_id = OLD.message_id;
+    DELETE FROM search_docs WHERE id >= (floor(at * 100)::bigint << 13) AND id < ((floor(at * 100)::bigint + 2) << 13)
+        AND message_id = OLD.message_id;
     PERFORM fleetstore_search_enqueue('m' || OLD.message_id);
     RETURN NULL;
 END
@@ -112,7 +115,8 @@ CREATE FUNCTION fleetstore_search_session() RETURNS trigger
     AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        DELETE FROM search_docs WHERE session_id = OLD.id;
+        DELETE FROM search_docs WHERE id >= (floor(OLD.created_at * 100)::bigint << 13) AND id < ((floor(OLD.created_at * 100)::bigint + 2) << 13)
+            AND session_id = OLD.id;
         DELETE FROM search_queue WHERE doc = 's' || OLD.id;
         RETURN NULL;
     END IF;
@@ -120,7 +124,8 @@ BEGIN
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
-        DELETE FROM search_docs WHERE session_id = OLD.id;
+        DELETE FROM search_docs WHERE id >= (floor(OLD.created_at * 100)::bigint << 13) AND id < ((floor(OLD.created_at * 100)::bigint + 2) << 13)
+            AND session_id = OLD.id;
     END IF;
     PERFORM fleetstore_search_enqueue('s' || NEW.id);
     RETURN NULL;

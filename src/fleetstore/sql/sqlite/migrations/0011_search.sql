@@ -6,8 +6,10 @@
 -- in the deleting transaction.  Existing stores: search_state's two cursors walk the
 -- sessions and messages there were (the backfill), in batches, resumably.
 
--- One row per indexed section of text.  id is the index's rowid: the owner's time in
--- milliseconds << 16, plus a counter, so that newest first is id order.
+-- One row per indexed section of text.  id is the index's rowid: its owner's time in
+-- hundredths of a second << 13, plus a counter, so that newest first is id order and
+-- an owner's sections are found by their hundredth (and the next: a full one spills
+-- into it) without an index of their own.
 CREATE TABLE search_docs (
     id          INTEGER PRIMARY KEY,
     -- A message's part or error, or a session's title or metadata (the other NULL).
@@ -20,8 +22,6 @@ CREATE TABLE search_docs (
     start       INTEGER NOT NULL,
     stop        INTEGER NOT NULL
 );
-CREATE INDEX search_docs_by_message ON search_docs(message_id) WHERE message_id IS NOT NULL;
-CREATE INDEX search_docs_by_session ON search_docs(session_id) WHERE session_id IS NOT NULL;
 
 -- What is to be indexed (again): 'm' || message id, 's' || session id.  ver grows
 -- with each change, so an indexer that read an older version leaves it queued.
@@ -72,9 +72,9 @@ END;
 
 CREATE TRIGGER search_message_gone AFTER DELETE ON messages
 BEGIN
-    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = OLD.id);
-    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = OLD.id);
-    DELETE FROM search_docs WHERE message_id = OLD.id;
+    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE id >= (CAST(OLD.created_at * 100 AS INTEGER) << 13) AND id < ((CAST(OLD.created_at * 100 AS INTEGER) + 2) << 13) AND message_id = OLD.id);
+    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE id >= (CAST(OLD.created_at * 100 AS INTEGER) << 13) AND id < ((CAST(OLD.created_at * 100 AS INTEGER) + 2) << 13) AND message_id = OLD.id);
+    DELETE FROM search_docs WHERE id >= (CAST(OLD.created_at * 100 AS INTEGER) << 13) AND id < ((CAST(OLD.created_at * 100 AS INTEGER) + 2) << 13) AND message_id = OLD.id;
     DELETE FROM search_queue WHERE doc = 'm' || OLD.id;
 END;
 
@@ -82,9 +82,12 @@ END;
 -- index holds of the message goes now, and it is indexed again.
 CREATE TRIGGER search_part_changed AFTER UPDATE ON parts
 BEGIN
-    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = OLD.message_id);
-    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = OLD.message_id);
-    DELETE FROM search_docs WHERE message_id = OLD.message_id;
+    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE id >= ((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) << 13) AND id < (((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) + 2) << 13)
+        AND message_id = OLD.message_id);
+    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE id >= ((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) << 13) AND id < (((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) + 2) << 13)
+        AND message_id = OLD.message_id);
+    DELETE FROM search_docs WHERE id >= ((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) << 13) AND id < (((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) + 2) << 13)
+        AND message_id = OLD.message_id;
     INSERT INTO search_queue (doc, at) VALUES ('m' || NEW.message_id, unixepoch('subsec'))
     ON CONFLICT (doc) DO UPDATE SET ver = ver + 1;
 END;
@@ -92,18 +95,24 @@ END;
 CREATE TRIGGER search_part_removed AFTER DELETE ON parts
 WHEN EXISTS (SELECT 1 FROM messages WHERE id = OLD.message_id)
 BEGIN
-    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = OLD.message_id);
-    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = OLD.message_id);
-    DELETE FROM search_docs WHERE message_id = OLD.message_id;
+    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE id >= ((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) << 13) AND id < (((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) + 2) << 13)
+        AND message_id = OLD.message_id);
+    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE id >= ((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) << 13) AND id < (((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) + 2) << 13)
+        AND message_id = OLD.message_id);
+    DELETE FROM search_docs WHERE id >= ((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) << 13) AND id < (((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) + 2) << 13)
+        AND message_id = OLD.message_id;
     INSERT INTO search_queue (doc, at) VALUES ('m' || OLD.message_id, unixepoch('subsec'))
     ON CONFLICT (doc) DO UPDATE SET ver = ver + 1;
 END;
 
 CREATE TRIGGER search_chunk_changed AFTER UPDATE ON chunks
 BEGIN
-    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = OLD.message_id);
-    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE message_id = OLD.message_id);
-    DELETE FROM search_docs WHERE message_id = OLD.message_id;
+    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE id >= ((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) << 13) AND id < (((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) + 2) << 13)
+        AND message_id = OLD.message_id);
+    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE id >= ((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) << 13) AND id < (((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) + 2) << 13)
+        AND message_id = OLD.message_id);
+    DELETE FROM search_docs WHERE id >= ((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) << 13) AND id < (((SELECT CAST(created_at * 100 AS INTEGER) FROM messages WHERE id = OLD.message_id) + 2) << 13)
+        AND message_id = OLD.message_id;
     INSERT INTO search_queue (doc, at) VALUES ('m' || NEW.message_id, unixepoch('subsec'))
     ON CONFLICT (doc) DO UPDATE SET ver = ver + 1;
 END;
@@ -122,17 +131,17 @@ CREATE TRIGGER search_session_changed AFTER UPDATE OF title, metadata ON session
 WHEN (NEW.title IS NOT OLD.title OR NEW.metadata IS NOT OLD.metadata)
  AND NOT EXISTS (SELECT 1 FROM shard_sessions WHERE session_id = NEW.id)
 BEGIN
-    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE session_id = OLD.id);
-    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE session_id = OLD.id);
-    DELETE FROM search_docs WHERE session_id = OLD.id;
+    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE id >= (CAST(OLD.created_at * 100 AS INTEGER) << 13) AND id < ((CAST(OLD.created_at * 100 AS INTEGER) + 2) << 13) AND session_id = OLD.id);
+    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE id >= (CAST(OLD.created_at * 100 AS INTEGER) << 13) AND id < ((CAST(OLD.created_at * 100 AS INTEGER) + 2) << 13) AND session_id = OLD.id);
+    DELETE FROM search_docs WHERE id >= (CAST(OLD.created_at * 100 AS INTEGER) << 13) AND id < ((CAST(OLD.created_at * 100 AS INTEGER) + 2) << 13) AND session_id = OLD.id;
     INSERT INTO search_queue (doc, at) VALUES ('s' || NEW.id, unixepoch('subsec'))
     ON CONFLICT (doc) DO UPDATE SET ver = ver + 1;
 END;
 
 CREATE TRIGGER search_session_gone AFTER DELETE ON sessions
 BEGIN
-    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE session_id = OLD.id);
-    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE session_id = OLD.id);
-    DELETE FROM search_docs WHERE session_id = OLD.id;
+    DELETE FROM search_words WHERE rowid IN (SELECT id FROM search_docs WHERE id >= (CAST(OLD.created_at * 100 AS INTEGER) << 13) AND id < ((CAST(OLD.created_at * 100 AS INTEGER) + 2) << 13) AND session_id = OLD.id);
+    DELETE FROM search_grams WHERE rowid IN (SELECT id FROM search_docs WHERE id >= (CAST(OLD.created_at * 100 AS INTEGER) << 13) AND id < ((CAST(OLD.created_at * 100 AS INTEGER) + 2) << 13) AND session_id = OLD.id);
+    DELETE FROM search_docs WHERE id >= (CAST(OLD.created_at * 100 AS INTEGER) << 13) AND id < ((CAST(OLD.created_at * 100 AS INTEGER) + 2) << 13) AND session_id = OLD.id;
     DELETE FROM search_queue WHERE doc = 's' || OLD.id;
 END;
