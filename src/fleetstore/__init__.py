@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
     from fleetstore.domain.operations import Operation
     from fleetstore.domain.outbox import Claim, Effects, Swept
+    from fleetstore.domain.search import Search
     from fleetstore.domain.state import State
     from fleetstore.domain.worker import FailEffect, Handler, RetryEffect, Worker
     from fleetstore.engine.sqlite import Database, Migration, ReadTx, WriteTx
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
         AsyncClaim,
         AsyncEffects,
         AsyncMessages,
+        AsyncSearch,
         AsyncSessions,
         AsyncState,
         AsyncStore,
@@ -92,6 +94,7 @@ _LAZY: dict[str, str] = {
     "Claim": "fleetstore.domain.outbox",
     "Effects": "fleetstore.domain.outbox",
     "Swept": "fleetstore.domain.outbox",
+    "Search": "fleetstore.domain.search",
     "State": "fleetstore.domain.state",
     "FailEffect": "fleetstore.domain.worker",
     "Handler": "fleetstore.domain.worker",
@@ -123,6 +126,7 @@ _LAZY: dict[str, str] = {
     "AsyncClaim": "fleetstore.store.aio",
     "AsyncEffects": "fleetstore.store.aio",
     "AsyncMessages": "fleetstore.store.aio",
+    "AsyncSearch": "fleetstore.store.aio",
     "AsyncSessions": "fleetstore.store.aio",
     "AsyncState": "fleetstore.store.aio",
     "AsyncStore": "fleetstore.store.aio",
@@ -152,6 +156,7 @@ __all__ = [
     "AsyncClaim",
     "AsyncEffects",
     "AsyncMessages",
+    "AsyncSearch",
     "AsyncSessions",
     "AsyncState",
     "AsyncStore",
@@ -185,6 +190,7 @@ __all__ = [
     "ReadTx",
     "Reasoning",
     "RetryEffect",
+    "Search",
     "SearchHit",
     "SearchStatus",
     "Session",

@@ -473,6 +473,10 @@ def status(store: StorePort) -> SearchStatus:
     )
 
 
+def _never() -> bool:
+    return False
+
+
 class Search:
     """``store.search``: call it to search; ``status()`` says how far the index is
     behind, ``catch_up()`` indexes what waits, now, in this thread."""
@@ -531,12 +535,17 @@ class Search:
         self,
         *,
         progress: Callable[[int, int], None] | None = None,
-        stop: Callable[[], bool] = lambda: False,
+        stop: Callable[[], bool] | None = None,
     ) -> int:
         """Index everything queued and the backfill of every file now, in this thread,
         waiting for a process that indexes a file meanwhile; the sections written.
-        *progress(done, total)*: the backfill's messages, summed over the files."""
-
+        *progress(done, total)*: the backfill's messages, summed over the files, after
+        each batch; *stop()* True stops it between two batches."""
+        for name, fn in (("progress", progress), ("stop", stop)):
+            if fn is not None and not callable(fn):
+                raise errors.InvalidInput(f"{name} must be a function, not {fn!r:.80}")
+        if stop is None:
+            stop = _never
         keys = self._store.search_files(session_id=None, root_id=None, project=None)
         seen: dict[str | None, tuple[int, int]] = {}
         for key in keys:

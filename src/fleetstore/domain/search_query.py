@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fleetstore import errors
+from fleetstore.core.validate import check_str
 from fleetstore.domain.search_text import SEP, WORD_CHAR, Folded, gram_fold, words
 
 _SEPARATOR = re.compile(SEP)
@@ -180,13 +181,10 @@ class _Parser:
 def parse(text: object, mode: str = "words") -> Node:
     """The query *text* parsed (``InvalidInput`` if it is not a query, or finds nothing
     by itself)."""
-    if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUERY:
-        raise errors.InvalidInput(
-            f"a search query must be a non-empty string of at most {MAX_QUERY} characters, "
-            f"not {text!r:.80}"
-        )
-    if "\x00" in text:
-        raise errors.InvalidInput("a search query must not contain NUL (U+0000)")
+    check_str(text, "a search query", limit=MAX_QUERY, empty=False)
+    assert isinstance(text, str)
+    if not text.strip():
+        raise errors.InvalidInput("a search query must not be only spaces")
     if mode not in MODES:
         raise errors.InvalidInput(f"match must be one of {', '.join(MODES)}, not {mode!r:.40}")
     node = _Parser(text, mode).parse()
