@@ -453,7 +453,9 @@ def status(store: StorePort) -> SearchStatus:
             )[0]
             if after is None:
                 done = total
-            return (*row, int(done), int(total), tx.now)
+            # row[7]: the database's clock, the one the triggers stamp the queue by (a
+            # PostgreSQL read transaction has no tx.now: the lag read 0)
+            return (*row[:7], int(done), int(total), float(row[7]))
 
         return db.read(run)
 

@@ -131,7 +131,11 @@ class _Parser:
         items = []
         while (tok := self._peek()) is not None and tok[0] != ")" and tok[:2] != ("op", "OR"):
             if tok[:2] == ("op", "AND"):
+                # FTS5 rejects a dangling AND ('a AND', 'AND a', 'a AND OR b'): so do we
                 self.pos += 1
+                after = self._peek()
+                if not items or after is None or after[0] == ")" or after[1] in ("AND", "OR"):
+                    raise self._fail("AND needs something to find on each side")
                 continue
             items.append(self._not())
         kept = [i for i in items if i is not None]

@@ -167,8 +167,9 @@ class Indexer:
 
         def lag(db: Engine) -> tuple[int, float]:
             def run(tx: Tx) -> tuple[int, float]:
-                count, oldest = tx.execute(q["search_queue_lag"])[0]
-                return int(count), 0.0 if oldest is None else max(0.0, tx.now - float(oldest))
+                # the database's clock: a PostgreSQL read has no tx.now (the lag read 0)
+                count, oldest, now = tx.execute(q["search_queue_lag"])[0]
+                return int(count), 0.0 if oldest is None else max(0.0, float(now) - float(oldest))
 
             return db.read(run)
 

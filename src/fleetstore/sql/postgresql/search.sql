@@ -91,13 +91,14 @@ VALUES (:doc_id, :message_id, :session_id, :part, :kind, :start, :stop)
 DELETE FROM search_docs WHERE id >= :lo AND id < :below
     AND (message_id = :message_id OR session_id = :session_id)
 
--- search_status: queued owners, the oldest one's time, sections indexed, the lease and the backfill
+-- search_status: queued owners, the oldest one's time, sections indexed, the lease and the backfill, and the clock the queue's times are read by
 SELECT (SELECT count(*) FROM search_queue), (SELECT min(at) FROM search_queue),
-       (SELECT count(*) FROM search_docs), owner, beat, sessions_from, messages_from
+       (SELECT count(*) FROM search_docs), owner, beat, sessions_from, messages_from,
+       extract(epoch FROM clock_timestamp())
 FROM search_state WHERE id = 1
 
--- search_queue_lag: how many owners are queued, and when the oldest was
-SELECT count(*), min(at) FROM search_queue
+-- search_queue_lag: how many owners are queued, when the oldest was, and the clock that time is read by
+SELECT count(*), min(at), extract(epoch FROM clock_timestamp()) FROM search_queue
 
 -- tsv_text_insert: a section's words (a tsvector's text) and its case-folded text
 INSERT INTO search_text (id, words, folded) VALUES (:doc_id, CAST(:words AS tsvector), :folded)

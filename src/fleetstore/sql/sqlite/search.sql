@@ -94,9 +94,10 @@ DELETE FROM search_grams WHERE rowid IN (
 DELETE FROM search_docs WHERE id >= :lo AND id < :below
     AND (message_id = :message_id OR session_id = :session_id)
 
--- search_status: queued owners, the oldest one's time, sections indexed, the lease and the backfill
+-- search_status: queued owners, the oldest one's time, sections indexed, the lease and the backfill, and the clock the queue's times are read by
 SELECT (SELECT count(*) FROM search_queue), (SELECT min(at) FROM search_queue),
-       (SELECT count(*) FROM search_docs), owner, beat, sessions_from, messages_from
+       (SELECT count(*) FROM search_docs), owner, beat, sessions_from, messages_from,
+       unixepoch('subsec')
 FROM search_state WHERE id = 1
 
 -- fts5_words_insert: a section's words, and its filter tags
@@ -135,5 +136,5 @@ SELECT total_changes()
 -- fts5_sizes: the bytes of each table and index search keeps
 SELECT name, sum(pgsize) FROM dbstat WHERE name LIKE 'search%' GROUP BY name ORDER BY name
 
--- search_queue_lag: how many owners are queued, and when the oldest was
-SELECT count(*), min(at) FROM search_queue
+-- search_queue_lag: how many owners are queued, when the oldest was, and the clock that time is read by
+SELECT count(*), min(at), unixepoch('subsec') FROM search_queue
