@@ -153,14 +153,16 @@ class Corpus:
                 ],
                 "message": self.prose(1),
             }
-            return "http_get", {"url": f"https://api.example.com/v1/{r.choice(self.idents)}"}, (
-                json.dumps(data, indent=2)
+            return (
+                "http_get",
+                {"url": f"https://api.example.com/v1/{r.choice(self.idents)}"},
+                (json.dumps(data, indent=2)),
             )
         name, message, code = r.choice(_ERRORS)
         return (
             "bash",
             {"cmd": f"python -m {r.choice(self.idents)}"},
-            f"Traceback (most recent call last):\n  File \"{r.choice(self.files)[0]}\", line "
+            f'Traceback (most recent call last):\n  File "{r.choice(self.files)[0]}", line '
             f"{r.randint(1, 900)}, in {r.choice(self.idents)}\n    {r.choice(self.lines).strip()}\n"
             f"{name}: {message}\nexit status 1 ({code})",
         )
@@ -177,7 +179,9 @@ def build(store: fleetstore.Store, messages: int, seed: int, progress: bool) -> 
     while written < messages:
         title = f"{r.choice(['Fix', 'Refactor', 'Investigate', 'Port'])} {r.choice(corpus.idents)}"
         session = store.sessions.create(
-            title=title, project=r.choice(projects), metadata={"ticket": f"OPS-{r.randint(1, 9999)}"}
+            title=title,
+            project=r.choice(projects),
+            metadata={"ticket": f"OPS-{r.randint(1, 9999)}"},
         )
         covered += len(title.encode()) + len(session.metadata["ticket"])
         for _ in range(r.randint(10, 40)):
@@ -254,7 +258,7 @@ def latency(store: fleetstore.Store, picked: list[tuple[str, str]], **kw: Any) -
     for q, match in picked:
         page: list[Any] = []
 
-        def run(q: str = q, match: str = match) -> None:
+        def run(q: str = q, match: str = match, page: list[Any] = page) -> None:
             page[:] = store.search(q, match=match, limit=20, **kw)
 
         times.append(timed(run))

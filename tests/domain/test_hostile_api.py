@@ -263,8 +263,25 @@ EFFECT = kind(
     + [e[0] for e in h.EFFECTS.values if isinstance(e, list) and len(e) == 1]
 )
 NAME = h.short(MAX_SHORT, optional=False)
-SEARCH_QUERIES = h.NOT_STR | h.BAD_TEXT | kind(
-    [None, "", "   ", "NOT a", "a OR NOT b", '"unclosed', "(a", "a)", "AND", "OR", "()", "x" * 5000]
+SEARCH_QUERIES = (
+    h.NOT_STR
+    | h.BAD_TEXT
+    | kind(
+        [
+            None,
+            "",
+            "   ",
+            "NOT a",
+            "a OR NOT b",
+            '"unclosed',
+            "(a",
+            "a)",
+            "AND",
+            "OR",
+            "()",
+            "x" * 5000,
+        ]
+    )
 )
 SEARCH_LISTS = kind([5, "text", b"text", [5], [None], [""], [], [h.LONE], [["text"]], h.Opaque()])
 SEARCH_CURSORS = kind([5, "", "n.", "b.-1", "x.MQ==", "n.W10=", ["b.MQ=="], "b." + "A" * 2000])

@@ -10,12 +10,13 @@ thread itself is test_search_index.py's."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
 import pytest
 
-from fleetstore import File, Reasoning, Store, Text, ToolCall, ToolResult, errors
+from fleetstore import File, Store, Text, ToolCall, ToolResult, errors
 from fleetstore.domain.search_text import words
 from tests.fix_stores import OpenStore, read_everywhere
 
@@ -130,7 +131,7 @@ def test_query_syntax_words_phrases_prefixes_booleans(store: Store) -> None:
     assert seqs("leet/pars", match="substring") == {4}
     assert seqs('"was refused"', match="substring") == {1}
     assert seqs("onnect NOT server", match="substring") == set()
-    assert seqs("onnect NOT \"was ref\"", match="substring") == {2}
+    assert seqs('onnect NOT "was ref"', match="substring") == {2}
     assert seqs("zzzqqq", match="substring") == set()
     for bad, match in [
         ("NOT connection", "words"),
@@ -149,7 +150,9 @@ def test_query_syntax_words_phrases_prefixes_booleans(store: Store) -> None:
 def test_each_highlight_is_a_match_in_the_snippet(store: Store) -> None:
     s = store.sessions.create()
     store.messages.append(
-        s.id, "user", "x " * 300 + "The Quick brown FOX jumps; quick again.\n\tquickly " + "y " * 300
+        s.id,
+        "user",
+        "x " * 300 + "The Quick brown FOX jumps; quick again.\n\tquickly " + "y " * 300,
     )
     store.search.catch_up()
     (hit,) = store.search("quick")
@@ -211,7 +214,7 @@ def test_newest_first_and_best_first_pages_cover_every_hit_once(store: Store) ->
     hits = [h for p in pages for h in p]
     assert [len(p) for p in pages] == [5, 5, 5, 5, 3]
     assert [h.seq for h in hits] == list(range(23, 0, -1))
-    assert all(a.created_at >= b.created_at for a, b in zip(hits, hits[1:], strict=False))
+    assert all(a.created_at >= b.created_at for a, b in itertools.pairwise(hits))
     best: list[Any] = []
     cursor = None
     while True:
@@ -221,7 +224,7 @@ def test_newest_first_and_best_first_pages_cover_every_hit_once(store: Store) ->
             break
         cursor = page.next_cursor
     assert sorted(h.seq for h in best) == list(range(1, 24))
-    assert all(a.rank >= b.rank for a, b in zip(best, best[1:], strict=False))
+    assert all(a.rank >= b.rank for a, b in itertools.pairwise(best))
     assert best[0].rank > best[-1].rank
     with pytest.raises(errors.InvalidInput):  # a best-first cursor is not a newest one
         store.search("marmot", cursor=store.search("marmot", order="best", limit=1).next_cursor)

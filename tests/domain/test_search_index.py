@@ -7,7 +7,6 @@ word exactly once, and the index holds exactly one section per message and title
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

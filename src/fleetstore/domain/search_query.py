@@ -128,7 +128,7 @@ class _Parser:
         return kept[0] if len(kept) == 1 else (Or(tuple(kept)) if kept else None)
 
     def _and(self) -> Node | None:
-        items = []
+        items: list[Node | None] = []
         while (tok := self._peek()) is not None and tok[0] != ")" and tok[:2] != ("op", "OR"):
             if tok[:2] == ("op", "AND"):
                 # FTS5 rejects a dangling AND ('a AND', 'AND a', 'a AND OR b'): so do we

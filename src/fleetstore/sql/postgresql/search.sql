@@ -94,11 +94,11 @@ DELETE FROM search_docs WHERE id >= :lo AND id < :below
 -- search_status: queued owners, the oldest one's time, sections indexed, the lease and the backfill, and the clock the queue's times are read by
 SELECT (SELECT count(*) FROM search_queue), (SELECT min(at) FROM search_queue),
        (SELECT count(*) FROM search_docs), owner, beat, sessions_from, messages_from,
-       extract(epoch FROM clock_timestamp())
+       CAST(extract(epoch FROM clock_timestamp()) AS double precision)
 FROM search_state WHERE id = 1
 
 -- search_queue_lag: how many owners are queued, when the oldest was, and the clock that time is read by
-SELECT count(*), min(at), extract(epoch FROM clock_timestamp()) FROM search_queue
+SELECT count(*), min(at), CAST(extract(epoch FROM clock_timestamp()) AS double precision) FROM search_queue
 
 -- tsv_text_insert: a section's words (a tsvector's text) and its case-folded text
 INSERT INTO search_text (id, words, folded) VALUES (:doc_id, CAST(:words AS tsvector), :folded)
