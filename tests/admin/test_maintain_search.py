@@ -52,3 +52,36 @@ def test_maintain_catches_up_and_merges_the_segments(tmp_path: Path, layout: str
     # automerge leaves a merge little to do here)
     files = 1 if layout == "file" else 2
     assert step.detail["merge_transactions"] >= 2 * files, step.detail
+
+
+def test_retention_takes_a_deleted_tree_out_of_the_index(tmp_path: Path) -> None:
+    url = str(tmp_path / "s.db")
+    with fleetstore.open(url, search_index=False) as store:
+        old = store.sessions.create(title="old newt")
+        sub = store.sessions.create(parent_id=old.id)
+        kept = store.sessions.create(title="kept newt")
+        for s in (old, sub, kept):
+            store.messages.append(s.id, "user", "newt salamander")
+        # written a month ago (before it was indexed: a section's id is made from its
+        # owner's created_at, which nothing changes once written)
+        ago = 30 * 86400
+        with store.db.write() as tx:
+            tx.execute(
+                "UPDATE sessions SET created_at = created_at - ?, updated_at = updated_at - ? "
+                "WHERE root_id = ?",
+                (ago, ago, old.id),
+            )
+            tx.execute(
+                "UPDATE messages SET created_at = created_at - ? WHERE session_id IN "
+                "(SELECT id FROM sessions WHERE root_id = ?)",
+                (ago, old.id),
+            )
+        store.search.catch_up()
+        assert len(store.search("newt")) == 5
+    report = maintain(Config(url, yes=True, delete_older_than=7 * 86400))
+    assert report.ok and next(s for s in report.steps if s.name == "delete").status == "done"
+    with fleetstore.open(url, search_index=False) as store:
+        assert {h.session_id for h in store.search("newt")} == {kept.id}
+        assert {h.session_id for h in store.search("alamand", match="substring")} == {kept.id}
+        rows = store.read(lambda tx: tx.execute("SELECT count(*) FROM search_docs"))
+        assert rows[0][0] == 2  # kept's title and message: nothing of the deleted tree
