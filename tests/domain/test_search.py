@@ -480,3 +480,15 @@ def test_the_async_twin_returns_the_same_page(open_store: OpenStore) -> None:
 
     page, status = asyncio.run(run())
     assert page == store.search("dugong") and status == store.search.status()
+
+
+def test_a_body_holding_a_nul_is_indexed_and_found(store: Store) -> None:
+    """PostgreSQL text holds no NUL: a message body with one made the indexer's batch
+    fail every time, and nothing after it was ever indexed."""
+    s = store.sessions.create()
+    first = store.messages.append(s.id, "user", "before\x00pangolin after")
+    later = store.messages.append(s.id, "user", "a later tapir")
+    store.search.catch_up()
+    assert [h.message_id for h in store.search("pangolin")] == [first.id]
+    assert [h.message_id for h in store.search("tapir")] == [later.id]
+    assert [h.message_id for h in store.search("olin aft", match="substring")] == [first.id]
