@@ -26,7 +26,7 @@ CEILINGS = {
     "effects.enqueue": (100, 8),
     "messages.append": (125, 10),
     "a streamed reply": (355, 15),
-    "effects.claim": (190, 3),
+    "effects.claim": (194, 3),
     "a settlement": (135, 8),
 }
 

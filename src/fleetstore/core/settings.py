@@ -81,6 +81,10 @@ class Settings:
     #: Sharded stores (``sqlite+sharded:///DIR``): shard files this process keeps
     #: open at once (idle ones beyond it are closed, least recently used first).
     max_open_shards: int = 64
+    #: With an OpenTelemetry SDK installed, keep the trace context an effect is
+    #: enqueued in with the effect, so that its handler's span joins that trace
+    #: (docs/telemetry.md).  Off by default: the context is written to the store.
+    trace_effects: bool = False
 
     def __post_init__(self) -> None:
         for name, (minimum, maximum) in _NUMBERS.items():
@@ -117,8 +121,9 @@ class Settings:
             self.local_dir.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             raise ConfigError(f"local_dir is not a valid path: {self.local_dir!r:.80}") from None
-        if not isinstance(self.gate, bool):
-            raise ConfigError(f"gate must be true or false, not {self.gate!r:.80}")
+        for name in ("gate", "trace_effects"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, not {getattr(self, name)!r:.80}")
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

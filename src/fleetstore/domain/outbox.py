@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleetstore import errors
+from fleetstore.core import telemetry
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
 from fleetstore.core.validate import (
     MAX_WAIT,
@@ -56,6 +57,7 @@ from fleetstore.domain.codec import (
     value_payload,
     write_payload,
 )
+from fleetstore.domain.effect_trace import carry_trace, trace_arg
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectError, EffectState, NewEffect, Page
@@ -176,6 +178,7 @@ def check_effect(a: Args) -> dict[str, Any]:
         ),
         "replay_safe": _replay_safe(a.get("replay_safe")),
         "payload": check_encoded(a.get("payload"), f"payload of effect {eid}", ("json", "bytes")),
+        **trace_arg(a),
     }
 
 
@@ -227,6 +230,8 @@ def insert_effect(tx: Tx, q: Queries, a: Args, now: float) -> Result:
             "now": now,
         },
     )
+    if "trace" in a:
+        tx.execute(q["effect_set_trace"], (a["trace"], eid))
     return {"id": eid, "seq": seq}
 
 
@@ -601,6 +606,8 @@ def _prepare_effect(store: StorePort, spec: object) -> tuple[dict[str, Any], Pre
         spec.max_attempts,
         spec.replay_safe,
     )
+    if telemetry.ACTIVE is not None:
+        carry_trace(store, args)
     if isinstance(spec.payload, bytes | bytearray | memoryview):
         payload = prepare_payload(store, bytes(spec.payload), "bytes")
     else:
@@ -619,6 +626,7 @@ class PreparedEffects:
     def write(self) -> list[dict[str, Any]] | None:
         if not self._items:
             return None
+        self._store.outbox_metrics.enqueued += len(self._items)
         return [{**a, "payload": write_payload(self._store, p)} for a, p in self._items]
 
 
@@ -686,7 +694,10 @@ class Effects:
             thread_key, kind, idempotency_key, op_id, delay, max_attempts, replay_safe
         )
         args["payload"] = value_payload(store, payload, "effect payload")
+        if telemetry.ACTIVE is not None:
+            carry_trace(store, args)
         result = store.submit(Operation("enqueue_effect", args, op_id, True))
+        store.outbox_metrics.enqueued += 1  # (under the GIL, no lock: OutboxMetrics)
         return str(result["id"]) if result is not None else str(args["id"])
 
     def get(self, effect_id: str) -> Effect:
@@ -813,6 +824,8 @@ class Effects:
         claims = []
         for row in result["rows"]:
             claims.append(Claim(self._store, effect_from_row(self._store, row), owner, lease))
+        if claims:
+            self._store.outbox_metrics.record_claims(claims)
         return claims
 
     def sweep(self) -> builtins.list[Swept]:
@@ -963,6 +976,7 @@ class Claim:
         else:
             applied = self._store.submit(op, spool=False)
         self.outcome = outcome
+        self._store.outbox_metrics.settled[outcome] += 1
         return applied is not None
 
     def __repr__(self) -> str:

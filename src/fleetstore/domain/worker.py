@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
-import logging
 import math
 import os
 import random
@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core import telemetry
+from fleetstore.core.logs import logger
 from fleetstore.core.validate import (
     MAX_WAIT,
     check_bool,
@@ -56,11 +58,12 @@ from fleetstore.core.validate import (
     check_number,
     check_str,
 )
+from fleetstore.domain.effect_trace import carried_trace
 from fleetstore.domain.outbox import DEFAULT_LEASE, MAX_CLAIM, MAX_KIND, MAX_LEASE, Claim, Effects
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect
 
-log = logging.getLogger("fleetstore.worker")
+log = logger("fleetstore.worker")
 
 #: ``run()``'s result: stopped after its running effects finished (or idle).
 EXIT_OK = 0
@@ -174,11 +177,15 @@ def _in_daemon_thread(
         else:
             future.set_result(value)
 
+    # The caller's context variables (the handler's span, when traced) go with it: a
+    # new thread starts with none.
+    context = contextvars.copy_context()
+
     def target() -> None:
         value: Any = None
         exc: BaseException | None = None
         try:
-            value = fn(effect)
+            value = context.run(fn, effect)
         except BaseException as error:
             exc = error
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
@@ -186,6 +193,19 @@ def _in_daemon_thread(
 
     threading.Thread(target=target, name="fleetstore-handler", daemon=True).start()
     return future
+
+
+def _lost_fields(claim: Claim, exc: errors.LeaseLost) -> dict[str, Any]:
+    """The structured fields of a lease-lost log record."""
+    return {
+        "event": "lease_lost",
+        "effect_id": claim.id,
+        "kind": claim.effect.kind,
+        "fence": claim.fence,
+        "attempt": claim.effect.attempt,
+        "state": exc.state,
+        "owner": claim.owner,
+    }
 
 
 class Worker:
@@ -520,11 +540,28 @@ class Worker:
     # -- running a handler --------------------------------------------------------------------
 
     async def _run_job(self, job: _Job) -> None:
+        otel = telemetry.ACTIVE
+        if otel is None:
+            return await self._run_handler(job)
+        # An SDK is installed: the handler runs in a span of its own, a child of the
+        # trace the effect was enqueued in if that was carried (trace_effects).
+        carried = None
+        if self.store.settings.trace_effects:
+            with contextlib.suppress(errors.FleetstoreError):
+                carried = await self._call(carried_trace, self.store, job.claim.id)
+        span = otel.handler_span(job.claim.effect, carried)
+        if span is None:
+            return await self._run_handler(job)
+        with span:
+            await self._run_handler(job)
+
+    async def _run_handler(self, job: _Job) -> None:
         claim = job.claim
         handler = self.handlers[claim.effect.kind]
         loop = asyncio.get_running_loop()
         timeout = self.timeouts.get(claim.effect.kind)
         inner: asyncio.Future[Any]
+        started = time.monotonic()
         if inspect.iscoroutinefunction(handler.fn):
             inner = asyncio.ensure_future(handler.fn(claim.effect))
         else:
@@ -532,6 +569,7 @@ class Worker:
         outcome: tuple[str, Any]
         try:
             done, _ = await asyncio.wait({inner}, timeout=timeout)
+            self.store.outbox_metrics.record_run(time.monotonic() - started)
             if not done:
                 self._abandon(claim, inner)
                 self.stats["timed_out"] += 1
@@ -570,6 +608,8 @@ class Worker:
             outcome = ("retry", (None, f"{type(exc).__name__}: {exc}"))
         if job.interrupted:
             return
+        if telemetry.ACTIVE is not None:
+            telemetry.ACTIVE.handler_outcome(outcome[0], outcome[1])
         await self._settle(job, *outcome)
         if self._wake is not None:
             self._wake.set()
@@ -661,7 +701,7 @@ class Worker:
                     self.stats["interrupted"] += 1
             except errors.LeaseLost as exc:
                 self.stats["lost"] += 1
-                log.warning("%s: %s", claim.effect.kind, exc)
+                log.warning("%s: %s", claim.effect.kind, exc, extra=_lost_fields(claim, exc))
                 return
             except errors.FleetstoreError as exc:
                 # The settlement could neither be written nor spooled (disk full):
@@ -715,7 +755,9 @@ class Worker:
                 )
                 continue
             self.stats["lost"] += 1
-            log.warning("%s %s: %s", claim.effect.kind, claim.id, result)
+            log.warning(
+                "%s %s: %s", claim.effect.kind, claim.id, result, extra=_lost_fields(claim, result)
+            )
             job.interrupted = True
             self._jobs.pop(claim.id, None)
             if job.task is not None:

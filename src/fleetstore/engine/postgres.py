@@ -322,7 +322,7 @@ class PgDatabase:
         #: while another was waited for (the next wait on it returns at once).
         self._listening: set[str] = set()
         self._heard: set[str] = set()
-        self._metrics = WriteMetrics()
+        self._metrics = WriteMetrics("postgresql")
         self._pid = os.getpid()
         self._write_owner: set[int] = set()
         #: The pool's last failed connection attempt (None since one succeeded).
@@ -424,7 +424,7 @@ class PgDatabase:
         self._lock = threading.Lock()
         self._listen_lock = threading.Lock()
         self._listening, self._heard = set(), set()
-        self._metrics = WriteMetrics()
+        self._metrics = WriteMetrics("postgresql")
         self._pid = os.getpid()
         self._write_owner = set()
         self._refused = None

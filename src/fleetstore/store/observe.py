@@ -1,0 +1,72 @@
+"""What a store shows an operator beyond ``metrics()``: its operations as OpenTelemetry
+spans and measurements once an SDK is installed (``traced``, called by
+``Store.submit`` only then: core/telemetry.py), its name there (``namespace``), and
+the figures read from the store itself (``store_figures``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from fleetstore.core import telemetry
+from fleetstore.domain import registry
+from fleetstore.domain.operations import Operation, Scope
+
+#: A ``fleetstore.store.facade.Store`` (whose module imports this one: naming the class
+#: here would make an import cycle, which tests/test_layers.py forbids).
+Store = Any
+
+
+def namespace(store: Store) -> str:
+    """OpenTelemetry's ``db.namespace`` of *store*: the database's name on a PostgreSQL
+    server, else the store's path (a sharded store's directory)."""
+    if store.dialect == "postgresql":
+        return urlsplit(store.url).path.lstrip("/") or "postgres"
+    return str(store.url).removeprefix("sqlite+sharded://").removeprefix("sqlite://")
+
+
+def traced(
+    store: Store, op: Operation, spool: bool, must_land: bool, independent: bool
+) -> dict[str, Any] | None:
+    """``store.submit(op, ...)`` as a CLIENT span and a ``db.client.operation.duration``
+    measurement; the session the operation writes (if it names one) on the span."""
+    otel = telemetry.ACTIVE
+    if otel is None:
+        untraced: dict[str, Any] | None = store._dispatch(op, spool, must_land, independent)
+        return untraced
+    spec = registry.spec_of(op.name)
+    session_id = None
+    if spec.scope is not Scope.CATALOG:
+        for name in spec.session_args:
+            value = op.args.get(name)
+            if isinstance(value, str):
+                session_id = value
+                break
+    result: dict[str, Any] | None = otel.operation(
+        store.dialect,
+        store.namespace,
+        op.name,
+        session_id,
+        store._dispatch,
+        op,
+        spool,
+        must_land,
+        independent,
+    )
+    return result
+
+
+def store_figures(store: Store) -> tuple[dict[str, int], float, int]:
+    """What the store holds now, read from it (not a process's figures): its effects
+    per state, how long the oldest claimable effect (a thread's head whose time has
+    come) has waited for a worker (0: none waits; the outbox's lag), and the bytes of
+    its -wal files (SQLite)."""
+    counts = store.effects.counts()
+    counts.pop("expired", None)
+    ready = store.effects.next_ready()
+    age = 0.0 if ready is None else max(0.0, time.time() - ready)
+    return counts, age, store.backend.wal_bytes()
+
+
+__all__ = ["namespace", "store_figures", "traced"]
