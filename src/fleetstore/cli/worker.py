@@ -189,12 +189,13 @@ def _run(
 
     import fleetstore
     from fleetstore.admin.worker import HandlersError, load_handlers
+    from fleetstore.cli import logs
 
     try:
         table = load_handlers(handlers)
     except HandlersError as exc:
         raise click.BadParameter(str(exc)) from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logs.default_level(logging.INFO)  # what the worker does, unless -v/-q chose
     opened = _open_existing("worker", store)
     try:
         runner = fleetstore.Worker(opened, table, **options)  # type: ignore[arg-type]
