@@ -410,8 +410,8 @@ class Telemetry:
         exception's class name, if it raised).  The session id goes on the span only."""
         attrs = self.attributes(system, namespace, op)
         tracer = self.tracer
-        started = time.perf_counter()
         if tracer is None:
+            started = time.perf_counter()
             try:
                 result = call(*args)
             except BaseException as exc:
@@ -424,6 +424,7 @@ class Telemetry:
         ) as span:
             if session_id is not None:
                 span.set_attribute(SESSION_ATTR, session_id)
+            started = time.perf_counter()  # within the span: never longer than it
             try:
                 result = call(*args)
             except BaseException as exc:
@@ -543,6 +544,10 @@ class Telemetry:
         def observe(_options: Any) -> Iterable[Any]:
             with _watched_lock:
                 stores = list(_watched.values())
+            alive = {id(w) for w in stores}
+            for cache in (self._cache, self._outbox_cache):
+                for key in [k for k in cache if k not in alive]:
+                    cache.pop(key, None)
             found = []
             for watched in stores:
                 if figure.scope == "store":
@@ -605,7 +610,18 @@ def refresh() -> Telemetry | None:
         if _explicit or providers == _bound:
             return ACTIVE
         _bound = providers
-        ACTIVE = Telemetry(*providers) if providers != (None, None) else None
+        try:
+            ACTIVE = Telemetry(*providers) if providers != (None, None) else None
+        except Exception as exc:  # an API too old for its advisory bucket bounds...
+            ACTIVE = None
+            from fleetstore.core.logs import logger
+
+            logger().error(
+                "OpenTelemetry providers found but not used: %s: %s",
+                type(exc).__name__,
+                exc,
+                extra={"event": "telemetry_failed", "error": f"{type(exc).__name__}: {exc}"},
+            )
         return ACTIVE
 
 
