@@ -295,3 +295,14 @@ def test_a_bad_trace_argument_from_outside_is_refused_and_writes_nothing(tmp_pat
         from fleetstore.domain.effect_trace import carried_trace
 
         assert carried_trace(store, "01890000-0000-7000-8000-0000000000aa") == good
+
+
+def test_docs_telemetry_lists_every_metric_with_its_unit_and_labels() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "telemetry.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `fleetstore_")]
+    for figure in telemetry.FIGURES:
+        (row,) = [r for r in rows if r.startswith(f"| `{figure.prom}` |")]
+        assert f"`{figure.otel}`" in row and f"`{figure.unit}`" in row, row
+        for label in figure.labels:
+            assert f"`{label}`" in row, row
+    assert f"`{telemetry.DB_DURATION}`" in text
