@@ -295,3 +295,34 @@ def test_quiet_leaves_the_warnings_out(tmp_path: Path, spawn: Spawn) -> None:
     assert loud.returncode == quiet.returncode == 0, loud.stderr + quiet.stderr
     assert [line for line in loud.stderr.splitlines() if " WARNING " in line and "spooled" in line]
     assert not [line for line in quiet.stderr.splitlines() if " WARNING " in line]
+
+
+def test_a_postgresql_store_s_figures_are_this_host_s_and_its_outbox(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """On PostgreSQL the processes publish under this host's local_dir; the outbox is
+    read from the server."""
+    env = {**clean_env(), "FLEETSTORE_LOCAL_DIR": str(tmp_path / "local")}
+    with fleetstore.open(pg_url, local_dir=str(tmp_path / "local"), publish_interval=0.1) as store:
+        session = store.sessions.create(title="t")
+        store.state.put(session.id, "k", {"v": 1})
+        store.effects.enqueue("th", "k", {})
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetstore", "metrics", "--store", pg_url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["error"] is None
+    samples = {
+        (name, tuple(sorted(s["labels"].items()))): s.get("value")
+        for name, family in data["metrics"].items()
+        for s in family["samples"]
+    }
+    assert samples[("fleetstore_operations_total", (("operation", "put_state"),))] == 1
+    assert samples[("fleetstore_outbox_effects", (("state", "pending"),))] == 1
+    assert samples[("fleetstore_wal_size_bytes", ())] == 0
+    assert "password" not in data["store"]
