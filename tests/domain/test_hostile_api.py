@@ -33,6 +33,7 @@ from fleetstore import (
     AsyncToolCallHandle,
     Database,
     Effect,
+    Handler,
     Migration,
     Operation,
     Settings,
@@ -590,20 +591,29 @@ METHODS: list[Method] = [
     ),
     Method(
         "retry",
-        lambda w: {"delay": 0.0, "error": "e"},
-        {"delay": h.number(0.0, MAX_DELAY), "error": h.NOT_STR},
+        lambda w: {"delay": 0.0, "error": "e", "traceback": None, "max_attempts": None},
+        {
+            "delay": h.number(0.0, MAX_DELAY),
+            "error": h.NOT_STR,
+            "traceback": h.NOT_STR,
+            "max_attempts": h.integer(1, 10_000, optional=True),
+        },
         root="fresh_claim",
     ),
     Method(
         "fail",
-        lambda w: {"error": "e", "interrupted": False},
-        {"error": h.NOT_STR | kind([None]), "interrupted": h.BOOL},
+        lambda w: {"error": "e", "interrupted": False, "traceback": None},
+        {"error": h.NOT_STR | kind([None]), "interrupted": h.BOOL, "traceback": h.NOT_STR},
         root="fresh_claim",
     ),
     Method(
         "timed_out",
-        lambda w: {"error": "e", "delay": 0.0},
-        {"error": h.NOT_STR | kind([None]), "delay": h.number(0.0, MAX_DELAY)},
+        lambda w: {"error": "e", "delay": 0.0, "max_attempts": None},
+        {
+            "error": h.NOT_STR | kind([None]),
+            "delay": h.number(0.0, MAX_DELAY),
+            "max_attempts": h.integer(1, 10_000, optional=True),
+        },
         root="fresh_claim",
     ),
     # -- Worker
@@ -620,6 +630,7 @@ METHODS: list[Method] = [
             "prefetch": 0,
             "backoff": 1.0,
             "max_backoff": 300.0,
+            "max_attempts": None,
             "owner": None,
             "until_idle": False,
             "handler_timeout": 600.0,
@@ -639,6 +650,11 @@ METHODS: list[Method] = [
                     {"x" * 300: print},
                     {h.LONE: print},
                     [("k", print)],
+                    {"k": Handler(print, max_attempts=0)},
+                    {"k": Handler(print, max_attempts=True)},  # type: ignore[arg-type]
+                    {"k": Handler(print, backoff=-1.0)},
+                    {"k": Handler(print, max_backoff=math.nan)},
+                    {"k": Handler(print, backoff="1")},  # type: ignore[arg-type]
                 ]
             ),
             "concurrency": h.integer(1, 1000),
@@ -649,6 +665,7 @@ METHODS: list[Method] = [
             "prefetch": h.integer(0, 999),
             "backoff": h.number(0.0, MAX_DELAY),
             "max_backoff": h.number(0.0, MAX_DELAY),
+            "max_attempts": h.integer(1, 10_000, optional=True),
             "owner": h.nonempty(256),
             "until_idle": h.BOOL,
             "handler_timeout": kind(
@@ -1019,7 +1036,7 @@ OP_KEYS = sorted(
     | {"expected_version", "at_seq", "archived", "thread_key", "kind", "events", "messages"}
     | {"values", "thread_id", "checkpoint_ns", "checkpoint_id", "body", "now", "created_at"}
     | {"effects", "result", "app_name", "user_id", "adk_session_id", "revision", "event"}
-    | {"timeouts"}
+    | {"timeouts", "traceback", "max_attempts"}
 )
 OP_VALUES = st.sampled_from(
     [None, 5, -1, "x", "", [1], {"a": 1}, [{"a": 1}], math.nan, 2**64, True, "\x00", h.LONE]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -746,6 +747,117 @@ def test_worker_rejects_bad_configuration(store: Store) -> None:
     assert Worker(store, {"k": print}).timeouts == {"k": 600.0}
 
 
+def test_a_failed_attempt_keeps_its_traceback_bounded_and_the_claim_says_what_became_of_it(
+    store: Store,
+) -> None:
+    """Issue 25: only ``KeyError: 'missing_key'`` was kept.  A traceback is kept with its
+    attempt, cut to its last 8 KiB (where it failed); a claimer's own ``max_attempts``
+    gives up sooner than the effect's; ``claim.settled`` is what the store made of it."""
+    from fleetstore.domain.outbox_args import MAX_TRACEBACK
+
+    eid = store.effects.enqueue("t", "k", max_attempts=5)
+    nxt = store.effects.enqueue("t", "k")
+    deep = "Traceback (most recent call last):\n" + '  File "x.py", line 1, in f\n' * 2000
+    first = claim_one(store)
+    assert first.retry(0, "KeyError: 'k'", traceback=deep + "KeyError: 'k'\x00\n") is True
+    assert (first.settled, first.dead_reason) == ("pending", None)
+    second = claim_one(store)
+    assert second.retry(0, "e2", max_attempts=2) is True  # its 2nd attempt, and the last
+    assert (second.settled, second.dead_reason) == ("dead", "attempts_exhausted")
+    got = store.effects.get(eid)
+    assert (got.state, got.dead_reason, got.attempt, got.max_attempts) == (
+        "dead",
+        "attempts_exhausted",
+        2,
+        5,
+    )
+    kept = got.errors[0].traceback
+    assert kept is not None and len(kept) <= MAX_TRACEBACK
+    assert kept.startswith("…") and kept.endswith("KeyError: 'k'\ufffd\n")  # the tail, cleaned
+    assert got.errors[1].traceback is None and got.errors[1].error == "e2"
+    third = claim_one(store)
+    assert third.id == nxt  # the thread moved on
+    assert third.fail("bad", traceback="Traceback ...\nValueError: bad\n") is True
+    assert (third.settled, third.dead_reason) == ("dead", "failed")
+    assert store.effects.get(nxt).errors[0].traceback == "Traceback ...\nValueError: bad\n"
+    # A bad traceback or cap is refused, nothing changed: the claim still holds.
+    fourth_id = store.effects.enqueue("u", "k")
+    fourth = claim_one(store)
+    for bad in ({"traceback": 5}, {"max_attempts": 0}, {"max_attempts": True}):
+        with pytest.raises(errors.InvalidInput):
+            fourth.retry(0, "e", **bad)  # type: ignore[arg-type]
+    assert store.effects.get(fourth_id).state == "running" and fourth.settled is None
+
+
+def test_worker_logs_each_failed_attempt_once_keeps_its_traceback_and_counts_the_dead(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One record per failed attempt, after its settlement, with the effect's fields and
+    what happens next; an unexpected exception's record carries its traceback, which is
+    also kept from the handler's frame on (none of the worker's own); ``Handler``'s
+    ``max_attempts`` and ``backoff`` are the kind's policy; ``stats["dead"]`` counts."""
+
+    def lookup(e: Effect) -> None:
+        return {}["missing_key"]  # type: ignore[no-any-return]
+
+    async def coroutine(e: Effect) -> None:
+        await asyncio.sleep(0)
+        raise ValueError(f"async attempt {e.attempt}")
+
+    def refuse(e: Effect) -> None:
+        raise FailEffect("no such user")
+
+    keyed = store.effects.enqueue("a", "lookup", max_attempts=2)
+    capped = store.effects.enqueue("b", "coroutine")  # 5 attempts; its kind allows 1
+    after = store.effects.enqueue("b", "ok")
+    refused = store.effects.enqueue("c", "refuse")
+    worker = Worker(
+        store,
+        {
+            "lookup": lookup,
+            "coroutine": Handler(coroutine, max_attempts=1, backoff=7.0),
+            "refuse": refuse,
+            "ok": lambda e: "ok",
+        },
+        until_idle=True,
+        backoff=0.001,
+        poll_interval=0.01,
+    )
+    assert worker.policies["coroutine"].backoff == 7.0
+    assert worker.policies["lookup"].backoff == 0.001
+    with caplog.at_level(logging.INFO, logger="fleetstore.worker"):
+        assert worker.run() == fleetstore.domain.worker.EXIT_OK
+    failures = [r for r in caplog.records if hasattr(r, "effect_id")]
+    seen = sorted((r.effect_id, r.attempt, r.next) for r in failures)  # type: ignore[attr-defined]
+    assert seen == sorted(
+        [(keyed, 1, "retry"), (keyed, 2, "dead"), (capped, 1, "dead"), (refused, 1, "dead")]
+    )
+    by = {(r.effect_id, r.attempt): r for r in failures}  # type: ignore[attr-defined]
+    first = by[(keyed, 1)]
+    assert first.levelno == logging.WARNING and first.exc_info is not None
+    assert first.error == "KeyError: 'missing_key'"  # type: ignore[attr-defined]
+    assert first.where.endswith("in lookup") and first.retry_at is not None  # type: ignore[attr-defined]
+    assert (first.kind, first.thread_key, first.max_attempts) == ("lookup", "a", 2)  # type: ignore[attr-defined]
+    last = by[(keyed, 2)]
+    assert last.levelno == logging.ERROR and last.dead_reason == "attempts_exhausted"  # type: ignore[attr-defined]
+    assert by[(capped, 1)].max_attempts == 1  # type: ignore[attr-defined]
+    assert by[(refused, 1)].exc_info is None  # a FailEffect is deliberate: no traceback logged
+    assert "no such user" in by[(refused, 1)].getMessage()
+    for eid, frame in ((keyed, "in lookup"), (capped, "in coroutine"), (refused, "in refuse")):
+        for error in store.effects.get(eid).errors:
+            assert error.traceback is not None and frame in error.traceback
+            assert error.traceback.startswith("Traceback (most recent call last):")
+            assert "domain/worker.py" not in error.traceback  # the handler's frames only
+    assert store.effects.get(capped).attempt == 1  # dead at its kind's limit, not its own
+    assert store.effects.get(after).state == "succeeded"  # its thread moved on
+    assert (worker.stats["dead"], worker.stats["retried"], worker.stats["failed"]) == (3, 1, 1)
+    for bad in ({"max_attempts": 0}, {"backoff": -1.0}, {"max_backoff": math.inf}):
+        with pytest.raises(errors.ConfigError):
+            Worker(store, {"k": Handler(print, **bad)})  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigError):
+        Worker(store, {"k": print}, max_attempts=0)
+
+
 # -- the CLI --------------------------------------------------------------------------------------
 
 FLEETSTORE = [sys.executable, "-m", "fleetstore"]
@@ -771,8 +883,9 @@ def test_cli_enqueue_worker_list_show_retry_cancel_sweep(tmp_path: Path) -> None
     boom = cli("effects", "enqueue", "t2", "boom", "--store", db, "--max-attempts", "1")
     boom_id = boom.stdout.strip()
     ran = cli("worker", "handlers_mod:HANDLERS", "--store", db, "--until-idle", cwd=tmp_path)
-    assert ran.returncode == 0, ran.stderr
+    assert ran.returncode == 5, ran.stderr  # an effect went dead in its run
     assert "1 failed" in ran.stderr and "1 succeeded" in ran.stderr
+    assert "1 effect(s) went dead in this run" in ran.stderr
     listed = cli("effects", "list", "--store", db, "--json")
     effects = {e["id"]: e for e in map(json.loads, listed.stdout.splitlines())}
     assert effects[first.stdout.strip()]["result"] == {"hello": "ada"}

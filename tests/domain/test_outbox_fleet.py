@@ -568,6 +568,92 @@ def test_a_worker_whose_every_slot_hangs_exits_4_and_another_runs_the_effects(
     hold.touch()
 
 
+# -- a handler that raises ------------------------------------------------------------------------
+
+
+def failures(proc: Proc) -> list[dict[str, Any]]:
+    """The worker's records of failed attempts (``failure {...}`` lines), in order."""
+    return [
+        json.loads(line.split(" ", 1)[1]) for _, line in proc.seen if line.startswith("failure ")
+    ]
+
+
+@pytest.mark.slow
+def test_a_failing_handler_is_logged_once_per_attempt_and_its_traceback_kept_bounded(
+    env: Env,
+) -> None:
+    """Issue 25: a handler's exception was never logged and only ``KeyError: ...`` was
+    kept.  A worker process with real handlers that raise: each failed attempt is logged
+    once, after its settlement, with its fields and what came of it (an unexpected
+    exception's record with its traceback, a ``FailEffect``'s without); the traceback is
+    kept from the handler's frame on, a 300-frame one cut to its last 8 KiB; the worker's
+    ``--max-attempts 2`` gives up sooner than an effect's 5 and its thread goes on."""
+    from fleetstore.domain.outbox_args import MAX_TRACEBACK
+
+    with fleetstore.open(env.path) as store:
+        once = store.effects.enqueue("A", "fx", {"plan": ["error"]})
+        after = store.effects.enqueue("A", "fx", {})
+        deep = store.effects.enqueue("B", "fx", {"plan": ["deep"]}, max_attempts=1)
+        refused = store.effects.enqueue("C", "unsafe", {"plan": ["fail"]})
+        capped = store.effects.enqueue("D", "fx", {"plan": ["error"] * 5})  # 5 allowed
+        capped_next = store.effects.enqueue("D", "fx", {})
+    worker = env.worker("--until-idle", "--max-attempts", "2")
+    assert worker.finish(timeout=WAIT) == 0, (worker.seen, worker.stderr_tail())
+    rep = report(worker)
+    assert (rep["stats"]["dead"], rep["stats"]["retried"]) == (3, 2), rep
+
+    logged = failures(worker)
+    assert sorted((f["effect_id"], f["attempt"], f["next"]) for f in logged) == sorted(
+        [
+            (once, 1, "retry"),
+            (deep, 1, "dead"),
+            (refused, 1, "dead"),
+            (capped, 1, "retry"),
+            (capped, 2, "dead"),
+        ]
+    ), logged  # once per failed attempt: no more, no fewer
+    by = {(f["effect_id"], f["attempt"]): f for f in logged}
+    first = by[(once, 1)]
+    assert first["error"] == "RuntimeError: planned error in attempt 1"
+    assert first["where"].endswith("outbox_agent.py:" + first["where"].split(":")[-1])
+    assert " in run" in first["where"] and first["traceback"] and first["level"] == "WARNING"
+    assert (first["kind"], first["thread_key"], first["max_attempts"]) == ("fx", "A", 2)
+    assert first["retry_at"] is not None and first["dead_reason"] is None
+    assert by[(deep, 1)]["where"].endswith(" in deep") and by[(deep, 1)]["level"] == "ERROR"
+    assert by[(refused, 1)]["traceback"] is False  # FailEffect: deliberate, no traceback
+    assert by[(refused, 1)]["dead_reason"] == "failed"
+    assert by[(capped, 2)]["dead_reason"] == "attempts_exhausted"
+
+    with fleetstore.open(env.path) as store:
+        stored = finals(store)
+        (kept,) = store.effects.get(once).errors
+        assert kept.traceback is not None
+        assert kept.traceback.startswith("Traceback (most recent call last):")
+        assert "outbox_agent.py" in kept.traceback and ", in run\n" in kept.traceback
+        assert kept.traceback.endswith("RuntimeError: planned error in attempt 1\n")
+        assert "domain/worker.py" not in kept.traceback  # the handler's frames only
+        (cut,) = store.effects.get(deep).errors
+        assert cut.traceback is not None and len(cut.traceback) <= MAX_TRACEBACK
+        assert cut.traceback.startswith("…")  # the outer frames went, the end is kept
+        assert cut.traceback.endswith("RuntimeError: deep failure in attempt 1\n")
+        assert ", in deep\n" in cut.traceback
+        assert store.effects.get(refused).errors[0].traceback is not None  # kept, not logged
+        dead = store.effects.get(capped)
+        assert (dead.attempt, dead.max_attempts, dead.dead_reason) == (2, 5, "attempts_exhausted")
+        assert states(store, after, capped_next) == ["succeeded", "succeeded"]
+    plans = {
+        once: (["error"], 2),
+        after: ([], 2),
+        deep: (["deep"], 1),
+        refused: (["fail"], 2),
+        capped: (["error"] * 5, 2),
+        capped_next: ([], 2),
+    }
+    events = env.read_events()
+    assert check_threads(events, stored) == []
+    assert check_outcomes(events, stored, plans) == []
+
+
 # -- a stale worker -----------------------------------------------------------------------------
 
 
@@ -683,7 +769,9 @@ def test_sigterm_twice_interrupts_running_effects_and_exits_3(env: Env) -> None:
         rc = worker.finish(timeout=20)
         assert rc == 3, (worker.seen, worker.stderr_tail())
         rep = report(worker)
-        assert rep["code"] == 3 and rep["stats"] == {"claimed": 2, "interrupted": 2}, rep
+        # The unsafe one went dead with the stop: counted (issue 25's stats["dead"]).
+        assert rep["code"] == 3, rep
+        assert rep["stats"] == {"claimed": 2, "interrupted": 2, "dead": 1}, rep
         assert rep["in_transaction"] == [] and rep["spool"] == 0, rep
         safe, unsafe = store.effects.get(a), store.effects.get(u)
         assert (safe.state, safe.attempt) == ("pending", 1), safe

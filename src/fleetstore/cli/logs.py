@@ -20,6 +20,9 @@ _LEVELS = {-2: logging.CRITICAL, -1: logging.ERROR, 0: logging.WARNING, 1: loggi
 _handler: logging.Handler | None = None
 #: Whether -v or -q was given (a command may then not change the level it chose).
 _chosen = False
+#: The level -v/-q chose, and --log-format.
+_level = logging.WARNING
+_format = "text"
 
 
 class JsonFormatter(logging.Formatter):
@@ -63,7 +66,7 @@ def _set_level(handler: logging.Handler, level: int) -> None:
 
 def configure(verbose: int, quiet: int, log_format: str) -> None:
     """Send the library's log records to stderr at the level -v/-q choose."""
-    global _handler, _chosen
+    global _handler, _chosen, _level, _format
     logger = logging.getLogger("fleetstore")
     if _handler is not None:
         logger.removeHandler(_handler)
@@ -73,8 +76,27 @@ def configure(verbose: int, quiet: int, log_format: str) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger.addHandler(handler)
-    _set_level(handler, _LEVELS.get(max(-2, min(verbose, 2) - min(quiet, 2)), logging.DEBUG))
-    _handler, _chosen = handler, bool(verbose or quiet)
+    _level = _LEVELS.get(max(-2, min(verbose, 2) - min(quiet, 2)), logging.DEBUG)
+    _set_level(handler, _level)
+    _handler, _chosen, _format = handler, bool(verbose or quiet), log_format
+
+
+def take_over(handler: logging.Handler, default: int) -> None:
+    """A command that shows its log its own way (the worker: a failed attempt as one
+    line): *handler* on the root logger (so its handlers' own loggers are shown too),
+    instead of the group's, at the level -v/-q chose, else *default*; with
+    ``--log-format json`` its records are JSON objects all the same."""
+    global _handler
+    if _handler is not None:
+        logging.getLogger("fleetstore").removeHandler(_handler)
+        _handler = None
+    if _format == "json":
+        handler.setFormatter(JsonFormatter())
+    level = _level if _chosen else default
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(min(root.level, level) if root.level else level)
+    _set_level(handler, level)
 
 
 def default_level(level: int) -> None:
@@ -84,4 +106,4 @@ def default_level(level: int) -> None:
         _set_level(_handler, level)
 
 
-__all__ = ["JsonFormatter", "configure", "default_level"]
+__all__ = ["JsonFormatter", "configure", "default_level", "take_over"]

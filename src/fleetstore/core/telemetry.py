@@ -507,7 +507,13 @@ class Telemetry:
         span = self._trace.get_current_span()
         span.set_attribute("fleetstore.effect.outcome", how)
         if how != "succeed":
-            detail = value[1] if how == "retry" and isinstance(value, tuple) else value
+            # The worker's outcomes: retry (delay, error, exception), fail (error,
+            # exception), timed_out (error).
+            detail = value
+            if isinstance(value, tuple):
+                detail = value[1] if how == "retry" else value[0]
+                if value and isinstance(value[-1], BaseException):
+                    span.record_exception(value[-1])
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(detail)[:1000]))
 
     # -- observable figures --------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""An effect's trace context, carried from its enqueue to its handler's span (opt-in:
-``trace_effects``; docs/telemetry.md).  Stored with the effect (``effects.trace_context``,
+"""An effect's telemetry: the fields of a lost lease's log record, and its trace
+context, carried from its enqueue to its handler's span (opt-in: ``trace_effects``;
+docs/telemetry.md).  Stored with the effect (``effects.trace_context``,
 migration 0011) as the JSON text of its W3C ``traceparent`` and ``tracestate``."""
 
 from __future__ import annotations
@@ -58,4 +59,17 @@ def carried_trace(store: StorePort, effect_id: str) -> str | None:
     return None if not rows or rows[0][0] is None else str(rows[0][0])
 
 
-__all__ = ["MAX_TRACE", "carried_trace", "carry_trace", "trace_arg"]
+def lost_fields(claim: Any, exc: errors.LeaseLost) -> dict[str, Any]:
+    """The structured fields of a lease-lost log record (*claim*: a ``Claim``)."""
+    return {
+        "event": "lease_lost",
+        "effect_id": claim.id,
+        "kind": claim.effect.kind,
+        "fence": claim.fence,
+        "attempt": claim.effect.attempt,
+        "state": exc.state,
+        "owner": claim.owner,
+    }
+
+
+__all__ = ["MAX_TRACE", "carried_trace", "carry_trace", "lost_fields", "trace_arg"]

@@ -32,7 +32,6 @@ from fleetstore import errors
 from fleetstore.core import telemetry
 from fleetstore.core.ids import derived_id, is_valid_id, new_id
 from fleetstore.core.validate import (
-    MAX_WAIT,
     arg_id,
     arg_int,
     arg_number,
@@ -44,7 +43,6 @@ from fleetstore.core.validate import (
     check_number,
     check_opt_str,
     check_str,
-    check_strings,
     check_timeout,
     dump_json,
 )
@@ -59,6 +57,27 @@ from fleetstore.domain.codec import (
 )
 from fleetstore.domain.effect_trace import carry_trace, trace_arg
 from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
+from fleetstore.domain.outbox_args import (
+    _OUTCOMES,
+    _STATES,
+    DEFAULT_LEASE,
+    DEFAULT_MAX_ATTEMPTS,
+    ERRORS_KEPT,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_CLAIM,
+    MAX_DELAY,
+    MAX_KIND,
+    MAX_LEASE,
+    MAX_RESULT,
+    MAX_THREAD_KEY,
+    _error_text,
+    _kinds_arg,
+    _kinds_json,
+    _replay_safe,
+    _timeouts_arg,
+    _timeouts_json,
+    _traceback_text,
+)
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectError, EffectState, NewEffect, Page
 
@@ -66,98 +85,6 @@ if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
 
 OPERATIONS = Declarations()
-
-#: Seconds a claim's lease lasts unless renewed; workers heartbeat at a third of it.
-DEFAULT_LEASE = 30.0
-DEFAULT_MAX_ATTEMPTS = 5
-#: Failed attempts kept per effect (the newest).
-ERRORS_KEPT = 20
-MAX_THREAD_KEY = 1024
-MAX_KIND = 256
-MAX_ERROR = 16 * 1024
-#: A handler's result is kept inline: larger results belong in the store proper.
-MAX_RESULT = 1024 * 1024
-MAX_ATTEMPTS_LIMIT = 10_000
-MAX_DELAY = MAX_WAIT
-MAX_LEASE = 86400.0
-MAX_CLAIM = 1000
-
-_STATES = tuple(s.value for s in EffectState)
-_OUTCOMES = ("succeeded", "retry", "dead", "cancelled", "release", "timed_out")
-
-
-# -- argument checks (inside the transaction: spooled ops are checked again) ---------------------
-
-
-def _replay_safe(value: object) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise errors.InvalidInput(f"replay_safe must be true, false or null, not {value!r}")
-    return int(value)
-
-
-def _error_text(value: object) -> str:
-    """An effect error as kept: at most MAX_ERROR characters, NUL and lone surrogates
-    replaced (it is often an exception's message, which may hold anything)."""
-    if not isinstance(value, str):
-        raise errors.InvalidInput(f"an effect error must be a string, not {type(value).__name__}")
-    value = value[: MAX_ERROR + 1].replace("\x00", "\ufffd")
-    value = value.encode("utf-8", "replace").decode("utf-8")
-    return value if len(value) <= MAX_ERROR else value[: MAX_ERROR - 1] + "…"
-
-
-def _kinds_json(kinds: Iterable[str] | None) -> str | None:
-    if kinds is None:
-        return None
-    listed = sorted(set(check_strings(kinds, "kinds", limit=MAX_KIND)))
-    return json.dumps(listed)
-
-
-def _timeouts_json(timeouts: Mapping[str, float] | None) -> str | None:
-    """``{kind: seconds}`` as the JSON text a claim records deadlines from (None: none)."""
-    if timeouts is None:
-        return None
-    if not isinstance(timeouts, Mapping):
-        raise errors.InvalidInput(
-            f"timeouts must be a dict of kind -> seconds, not {timeouts!r:.80}"
-        )
-    checked = {
-        check_str(kind, "a timeout's kind", limit=MAX_KIND, empty=False): check_number(
-            seconds, f"the timeout of kind {kind!r}", minimum=0.001, maximum=MAX_WAIT
-        )
-        for kind, seconds in sorted(timeouts.items())
-    }
-    return json.dumps(checked) if checked else None
-
-
-def _timeouts_arg(a: Args) -> str | None:
-    """The ``timeouts`` argument of a claim: null or the JSON text of an object."""
-    text = a.get("timeouts")
-    if text is None:
-        return None
-    try:
-        value = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise errors.InvalidInput(f"timeouts must be the JSON text of an object, not {text!r:.80}")
-    return _timeouts_json(value)
-
-
-def _kinds_arg(a: Args) -> str | None:
-    """The ``kinds`` argument of a claim: null or the JSON text of a list of kinds."""
-    text = a.get("kinds")
-    if text is None:
-        return None
-    try:
-        value = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        value = None
-    if not isinstance(value, list):
-        raise errors.InvalidInput(f"kinds must be the JSON text of a list, not {text!r:.80}")
-    return _kinds_json(value)
-
 
 # -- operations ---------------------------------------------------------------------------------
 
@@ -349,6 +276,14 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
         raise errors.InvalidInput(f"outcome must be one of {', '.join(_OUTCOMES)}, not {outcome!r}")
     now = float(a["now"])
     error = _error_text(a["error"]) if a.get("error") is not None else None
+    trace = a.get("traceback")
+    if trace is not None:
+        trace = _traceback_text(trace)
+    # The claimer's own limit on attempts (a worker's, or its handler's for the kind):
+    # it may give up sooner than the effect allows, never later.
+    cap = a.get("max_attempts")
+    if cap is not None:
+        check_int(cap, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
     result = a.get("result")
     if result is not None and (not isinstance(result, str) or len(result) > MAX_RESULT):
         raise errors.InvalidInput("result must be JSON text of at most 1 MiB")
@@ -369,11 +304,15 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
         # attempt's handler may still come back: nothing of its claim may land).
         if outcome == "timed_out":
             tx.execute(q["effect_fence_raise"], (now, eid))
-        return {"id": eid, "state": "dead"}
+        return {"id": eid, "state": "dead", "dead_reason": buried}
     kept = json.loads(errs)
     if error is not None:
-        kept = [*kept, {"attempt": attempt, "error": error, "at": now, "owner": owner}]
-        kept = kept[-ERRORS_KEPT:]
+        entry = {"attempt": attempt, "error": error, "at": now, "owner": owner}
+        if trace is not None:
+            entry["traceback"] = trace
+        kept = [*kept, entry][-ERRORS_KEPT:]
+    if cap is not None:
+        max_attempts = min(max_attempts, cap)
     state, dead_reason, available_at = outcome, None, now
     if outcome == "retry":
         state, available_at = "pending", now + delay
@@ -415,7 +354,7 @@ def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
     )
     if not head:
         _advance_head(tx, q, thread)
-    return {"id": eid, "state": state}
+    return {"id": eid, "state": state, "dead_reason": dead_reason}
 
 
 @OPERATIONS.declare("sweep_effects", scope=Scope.CATALOG, logged=False)
@@ -548,7 +487,13 @@ def effect_from_row(store: StorePort, row: Sequence[Any]) -> Effect:
         last_error=last_error,
         dead_reason=dead_reason,
         errors=tuple(
-            EffectError(int(e["attempt"]), str(e["error"]), float(e["at"]), e.get("owner"))
+            EffectError(
+                int(e["attempt"]),
+                str(e["error"]),
+                float(e["at"]),
+                e.get("owner"),
+                e.get("traceback"),
+            )
             for e in json.loads(errs)
         ),
         created_at=created,
@@ -871,6 +816,18 @@ class Effects:
         return {kind: bool(safe) for kind, safe, _at in rows}
 
 
+def _failure_args(traceback: object, max_attempts: object) -> dict[str, Any]:
+    """A failed attempt's optional ``settle_effect`` arguments, checked (and left out
+    when not given: the operation stays as small as before)."""
+    args: dict[str, Any] = {}
+    if traceback is not None:
+        args["traceback"] = _traceback_text(traceback)
+    if max_attempts is not None:
+        check_int(max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+        args["max_attempts"] = max_attempts
+    return args
+
+
 class Claim:
     """A claimed effect: settle it once with ``succeed``, ``retry``, ``fail``,
     ``cancel`` or ``release``.  Each applies only while this claim's token is
@@ -886,6 +843,8 @@ class Claim:
         self.lease_expires_at = effect.lease_expires_at
         #: The outcome once settled (``None`` before).
         self.outcome: str | None = None
+        #: The store's answer to the settlement (``settled``, ``dead_reason``).
+        self._answer: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -894,6 +853,19 @@ class Claim:
     @property
     def fence(self) -> int:
         return self.effect.fence
+
+    @property
+    def settled(self) -> EffectState | None:
+        """The state the settlement left the effect in, as the store answered (``None``
+        before, and while the settlement waits in the spool): a retry on the last
+        attempt is ``dead``, not ``pending``."""
+        state = None if self._answer is None else self._answer.get("state")
+        return EffectState(state) if state in _STATES else None
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why, when ``settled`` is ``dead`` (``attempts_exhausted``, ``failed``...)."""
+        return None if self._answer is None else self._answer.get("dead_reason")
 
     def heartbeat(self, lease: float | None = None) -> float:
         """Extend the lease by *lease* (default: the claim's) seconds from now;
@@ -921,20 +893,38 @@ class Claim:
             raise errors.InvalidInput("an effect result is kept inline: at most 1 MiB of JSON")
         return self._settle("succeeded", result=text)
 
-    def retry(self, delay: float = 0.0, error: str = "") -> bool:
+    def retry(
+        self,
+        delay: float = 0.0,
+        error: str = "",
+        *,
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
         """Failed this time: run again after *delay* seconds (``dead`` with
-        ``attempts_exhausted`` if this was the last attempt)."""
+        ``attempts_exhausted`` if this was the last attempt: the effect's
+        ``max_attempts``, or *max_attempts* if lower).  *traceback* is kept with
+        the error (its last 8 KiB)."""
         check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
         if error is not None and not isinstance(error, str):
             raise errors.InvalidInput(f"error must be a string, not {type(error).__name__}")
-        return self._settle("retry", error=_error_text(error or "retry requested"), delay=delay)
+        return self._settle(
+            "retry",
+            error=_error_text(error or "retry requested"),
+            delay=delay,
+            **_failure_args(traceback, max_attempts),
+        )
 
-    def fail(self, error: str, *, interrupted: bool = False) -> bool:
+    def fail(self, error: str, *, interrupted: bool = False, traceback: str | None = None) -> bool:
         """Failed for good: ``dead`` (``dead_reason`` ``failed``, or ``interrupted``
-        for a run that was cut short, e.g. by a worker's hard stop); the thread moves on."""
+        for a run that was cut short, e.g. by a worker's hard stop); the thread moves
+        on.  *traceback* is kept with the error (its last 8 KiB)."""
         check_bool(interrupted, "interrupted")
         return self._settle(
-            "dead", error=_error_text(error), dead_reason="interrupted" if interrupted else "failed"
+            "dead",
+            error=_error_text(error),
+            dead_reason="interrupted" if interrupted else "failed",
+            **_failure_args(traceback, None),
         )
 
     def cancel(self) -> bool:
@@ -945,15 +935,17 @@ class Claim:
         """Never started: back to ``pending`` without spending the attempt."""
         return self._settle("release")
 
-    def timed_out(self, error: str, delay: float = 0.0) -> bool:
+    def timed_out(self, error: str, delay: float = 0.0, *, max_attempts: int | None = None) -> bool:
         """The handler ran past its time and may still be running (a thread cannot
         be stopped): a failed attempt.  A replay-safe effect runs again after
         *delay* seconds (``dead``, ``attempts_exhausted``, if this was its last
-        attempt); one that may not run twice is ``dead`` (``timed_out``).  The token
-        is raised either way: anything settled with this claim's token later, by
-        anyone, raises ``LeaseLost`` and changes nothing."""
+        attempt, as ``retry`` counts them); one that may not run twice is ``dead``
+        (``timed_out``).  The token is raised either way: anything settled with this
+        claim's token later, by anyone, raises ``LeaseLost`` and changes nothing."""
         check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
-        return self._settle("timed_out", error=_error_text(error), delay=delay)
+        return self._settle(
+            "timed_out", error=_error_text(error), delay=delay, **_failure_args(None, max_attempts)
+        )
 
     def _late_success(self, result: Any) -> bool:
         """For a worker: the result of a handler it gave up on, offered with this
@@ -976,6 +968,7 @@ class Claim:
         else:
             applied = self._store.submit(op, spool=False)
         self.outcome = outcome
+        self._answer = applied  # read by ``settled`` when asked: nothing on the hot path
         self._store.outbox_metrics.settled[outcome] += 1
         return applied is not None
 

@@ -7,6 +7,15 @@ length, and settles the outcome: the return value -> ``succeeded``;
 ``RetryEffect`` or any other exception -> ``pending`` again after a backoff
 (``dead`` once attempts are spent); ``FailEffect`` -> ``dead``.
 
+Failures are seen: each failed attempt is logged once, after its settlement, through
+the ``fleetstore.worker`` logger, with what the store made of it (``next``: retry at
+a time, or dead) and the effect's fields in ``extra`` (``effect_id``, ``kind``,
+``thread_key``, ``attempt``...); an unexpected exception's record carries its
+traceback.  The traceback is also kept with the attempt in the effect's ``errors``
+(``EffectError.traceback``, its last 8 KiB), and ``stats["dead"]`` counts the effects
+this worker's settlements left dead (``fleetstore worker --until-idle`` exits 5 on it).
+tests/domain/test_outbox_fleet.py::test_a_failing_handler_*
+
 Handler timeouts: an attempt may run ``handler_timeout`` seconds (per kind:
 ``Handler(timeout=...)``; 10 minutes by default).  Past it the worker stops
 waiting for it, settles the attempt as timed out (``Claim.timed_out``: retried by
@@ -35,6 +44,7 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import logging
 import math
 import os
 import random
@@ -42,6 +52,7 @@ import signal
 import socket
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -58,10 +69,17 @@ from fleetstore.core.validate import (
     check_number,
     check_str,
 )
-from fleetstore.domain.effect_trace import carried_trace
-from fleetstore.domain.outbox import DEFAULT_LEASE, MAX_CLAIM, MAX_KIND, MAX_LEASE, Claim, Effects
+from fleetstore.domain.effect_trace import carried_trace, lost_fields
+from fleetstore.domain.outbox import Claim, Effects
+from fleetstore.domain.outbox_args import (
+    DEFAULT_LEASE,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_CLAIM,
+    MAX_KIND,
+    MAX_LEASE,
+)
 from fleetstore.domain.ports import StorePort
-from fleetstore.models import Effect
+from fleetstore.models import Effect, EffectState
 
 log = logger("fleetstore.worker")
 
@@ -96,11 +114,33 @@ class Handler:
     effect may run again after the worker running it was lost (killed, cut
     off past its lease) or gave up on it (*timeout*).  Not replay-safe effects
     go to ``dead`` instead.  *timeout*: seconds an attempt may run (None: the
-    worker's ``handler_timeout``; ``math.inf``: no limit)."""
+    worker's ``handler_timeout``; ``math.inf``: no limit).
+
+    *max_attempts*, *backoff*, *max_backoff*: the worker's retry policy for this
+    kind (None: the worker's).  *max_attempts* caps the effect's own: a flaky kind
+    can be given up on sooner, so its thread moves on (docs/outbox.md, "A retry
+    holds its thread")."""
 
     fn: Callable[[Effect], Any]
     replay_safe: bool = True
     timeout: float | None = None
+    max_attempts: int | None = None
+    backoff: float | None = None
+    max_backoff: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Policy:
+    """How a kind's failed attempts are retried: ``backoff * 2**(attempt-1)`` seconds,
+    at most ``max_backoff``, ±10 %; dead after ``max_attempts`` (None: the effect's)."""
+
+    backoff: float
+    max_backoff: float
+    max_attempts: int | None
+
+    def delay(self, attempt: int) -> float:
+        delay = min(self.max_backoff, self.backoff * 2.0 ** min(max(attempt - 1, 0), 64))
+        return delay * random.uniform(0.9, 1.1)
 
 
 def _timeout_setting(value: object, what: str) -> float | None:
@@ -117,10 +157,28 @@ def _handler(value: object, kind: str) -> Handler:
                 f"handler for {kind!r}: fn must be callable, replay_safe a bool"
             )
         _timeout_setting(value.timeout, f"the timeout of handler {kind!r}")
+        _policy_settings(value.max_attempts, value.backoff, value.max_backoff, f"handler {kind!r}")
         return value
     if callable(value):
         return Handler(value)
     raise errors.ConfigError(f"handler for {kind!r} is not callable: {value!r}")
+
+
+def _policy_settings(
+    max_attempts: object, backoff: object, max_backoff: object, whose: str
+) -> None:
+    """The retry settings of a worker or a handler (None: not set): ``ConfigError``."""
+    if max_attempts is not None:
+        _setting(
+            check_int,
+            max_attempts,
+            f"max_attempts of {whose}",
+            minimum=1,
+            maximum=MAX_ATTEMPTS_LIMIT,
+        )
+    for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
+        if value is not None:
+            _setting(check_number, value, f"{name} of {whose}", minimum=0.0, maximum=MAX_WAIT)
 
 
 def _setting(check: Callable[..., Any], value: object, what: str, **limits: Any) -> Any:
@@ -129,6 +187,37 @@ def _setting(check: Callable[..., Any], value: object, what: str, **limits: Any)
         return check(value, what, **limits)
     except errors.InvalidInput as exc:
         raise errors.ConfigError(str(exc)) from None
+
+
+def _lower(a: int | None, b: int | None) -> int | None:
+    """The lower of two optional limits (None: no limit)."""
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _traceback(exc: BaseException | None) -> str | None:
+    """*exc*'s traceback as text, from the handler's frame: the worker's own frames
+    (the thread or the task that called it) say nothing about the failure."""
+    if exc is None:
+        return None
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _where(exc: BaseException | None) -> str | None:
+    """Where *exc* was raised: ``file:line in function`` of its innermost frame."""
+    tb = None if exc is None else exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    path = code.co_filename
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(path)
+        path = relative if not relative.startswith("..") else path
+    return f"{path}:{tb.tb_lineno} in {code.co_name}"
 
 
 def default_owner() -> str:
@@ -195,19 +284,6 @@ def _in_daemon_thread(
     return future
 
 
-def _lost_fields(claim: Claim, exc: errors.LeaseLost) -> dict[str, Any]:
-    """The structured fields of a lease-lost log record."""
-    return {
-        "event": "lease_lost",
-        "effect_id": claim.id,
-        "kind": claim.effect.kind,
-        "fence": claim.fence,
-        "attempt": claim.effect.attempt,
-        "state": exc.state,
-        "owner": claim.owner,
-    }
-
-
 class Worker:
     """Runs effect handlers for *store*.  *handlers*: ``{kind: fn or Handler}``;
     a function receives the ``Effect`` (with ``attempt`` and ``idempotency_key``)
@@ -226,6 +302,7 @@ class Worker:
         prefetch: int = 0,
         backoff: float = 1.0,
         max_backoff: float = 300.0,
+        max_attempts: int | None = None,
         owner: str | None = None,
         until_idle: bool = False,
         handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT,
@@ -251,6 +328,8 @@ class Worker:
             ("sweep_interval", 0.0 if sweep_interval is None else sweep_interval),
         ):
             _setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
+        if max_attempts is not None:
+            _setting(check_int, max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
         if owner is not None:
             _setting(check_str, owner, "owner", limit=256, empty=False)
         _setting(check_bool, until_idle, "until_idle")
@@ -274,11 +353,25 @@ class Worker:
         self.prefetch = prefetch
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
+        #: At most this many attempts of any effect (None: each effect's own).
+        self.max_attempts = max_attempts
+        #: Each kind's retry policy: its Handler's settings, else the worker's.
+        self.policies = {
+            kind: _Policy(
+                float(self.backoff if h.backoff is None else h.backoff),
+                float(self.max_backoff if h.max_backoff is None else h.max_backoff),
+                _lower(h.max_attempts, max_attempts),
+            )
+            for kind, h in self.handlers.items()
+        }
         self.owner = owner or default_owner()
         self.until_idle = until_idle
-        #: Counts: claimed, succeeded, retried, failed, cancelled, released,
-        #: lost, interrupted, spooled (settlements that went to the spool),
-        #: timed_out (attempts given up on), late (abandoned handlers that returned).
+        #: Counts: claimed, succeeded, retried (failed attempts to run again), failed
+        #: (attempts failed for good: FailEffect, a result that cannot be stored),
+        #: dead (effects this worker's settlements left dead, whatever the reason),
+        #: cancelled, released, lost, interrupted, spooled (settlements that went to
+        #: the spool), timed_out (attempts given up on), late (abandoned handlers that
+        #: returned).
         self.stats: Counter[str] = Counter()
         self._stop_requested = 0  # 0 running, 1 graceful, 2 hard
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -543,16 +636,11 @@ class Worker:
         otel = telemetry.ACTIVE
         if otel is None:
             return await self._run_handler(job)
-        # An SDK is installed: the handler runs in a span of its own, a child of the
-        # trace the effect was enqueued in if that was carried (trace_effects).
-        carried = None
+        carried = None  # the trace it was enqueued in, if carried (trace_effects)
         if self.store.settings.trace_effects:
             with contextlib.suppress(errors.FleetstoreError):
                 carried = await self._call(carried_trace, self.store, job.claim.id)
-        span = otel.handler_span(job.claim.effect, carried)
-        if span is None:
-            return await self._run_handler(job)
-        with span:
+        with otel.handler_span(job.claim.effect, carried) or contextlib.nullcontext():
             await self._run_handler(job)
 
     async def _run_handler(self, job: _Job) -> None:
@@ -573,21 +661,15 @@ class Worker:
             if not done:
                 self._abandon(claim, inner)
                 self.stats["timed_out"] += 1
-                log.error(
-                    "%s %s: the handler ran past its timeout of %gs (attempt %d): the attempt "
-                    "is settled as timed out, the handler %s",
-                    claim.effect.kind,
-                    claim.id,
-                    timeout,
-                    claim.effect.attempt,
-                    "cancelled"
-                    if isinstance(inner, asyncio.Task)
-                    else "abandoned (its thread runs on)",
-                )
+                how = "cancelled" if isinstance(inner, asyncio.Task) else "abandoned"
                 outcome = (
                     "timed_out",
                     f"the handler ran past its timeout of {timeout:g}s (worker {self.owner}); "
-                    "it was abandoned and may still be running",
+                    + (
+                        "it was cancelled"
+                        if how == "cancelled"
+                        else "it was abandoned and may still be running"
+                    ),
                 )
             else:
                 result = inner.result()
@@ -601,11 +683,11 @@ class Worker:
                 raise
             return  # a hard stop settles it
         except RetryEffect as exc:
-            outcome = ("retry", (exc.delay, str(exc)))
+            outcome = ("retry", (exc.delay, str(exc), exc))
         except FailEffect as exc:
-            outcome = ("fail", str(exc) or "failed")
+            outcome = ("fail", (str(exc) or "failed", exc))
         except Exception as exc:
-            outcome = ("retry", (None, f"{type(exc).__name__}: {exc}"))
+            outcome = ("retry", (None, f"{type(exc).__name__}: {exc}", exc))
         if job.interrupted:
             return
         if telemetry.ACTIVE is not None:
@@ -663,12 +745,11 @@ class Worker:
         if applied:  # never: the token was raised when the worker gave up on it
             log.error("%s %s: a late outcome was applied", claim.effect.kind, claim.id)
 
-    def _backoff(self, attempt: int) -> float:
-        delay = min(self.max_backoff, self.backoff * 2.0 ** max(attempt - 1, 0))
-        return delay * random.uniform(0.9, 1.1)
-
     async def _settle(self, job: _Job, how: str, value: Any) -> None:
         claim = job.claim
+        policy = self.policies[claim.effect.kind]
+        #: A failed attempt: (its error, the exception, the retry's delay).
+        failed: tuple[str, BaseException | None, float] | None = None
         try:
             try:
                 if how == "succeed":
@@ -677,22 +758,37 @@ class Worker:
                         if applied:
                             self.stats["succeeded"] += 1
                     except errors.InvalidInput as exc:
-                        applied = await self._call(claim.fail, f"result not storable: {exc}")
+                        failed = (f"result not storable: {exc}", None, 0.0)
+                        applied = await self._call(claim.fail, failed[0])
                         self.stats["failed"] += 1
                 elif how == "retry":
-                    delay, error = value
-                    delay = self._backoff(claim.effect.attempt) if delay is None else delay
-                    applied = await self._call(claim.retry, delay, error)
-                    self.stats["retried"] += 1
+                    delay, error, raised = value
+                    delay = policy.delay(claim.effect.attempt) if delay is None else delay
+                    failed = (error, raised, delay)
+                    applied = await self._call(
+                        lambda: claim.retry(
+                            delay,
+                            error,
+                            traceback=_traceback(raised),
+                            max_attempts=policy.max_attempts,
+                        )
+                    )
                 elif how == "fail":
-                    applied = await self._call(claim.fail, value)
+                    error, raised = value
+                    failed = (error, raised, 0.0)
+                    applied = await self._call(
+                        lambda: claim.fail(error, traceback=_traceback(raised))
+                    )
                     self.stats["failed"] += 1
                 elif how == "release":
                     applied = await self._call(claim.release)
                     self.stats["released"] += 1
                 elif how == "timed_out":
-                    delay = self._backoff(claim.effect.attempt)
-                    applied = await self._call(claim.timed_out, value, delay)
+                    delay = policy.delay(claim.effect.attempt)
+                    failed = (value, None, delay)
+                    applied = await self._call(
+                        lambda: claim.timed_out(value, delay, max_attempts=policy.max_attempts)
+                    )
                 elif value:  # interrupted, replay-safe
                     applied = await self._call(claim.retry, 0.0, how)
                     self.stats["interrupted"] += 1
@@ -701,13 +797,25 @@ class Worker:
                     self.stats["interrupted"] += 1
             except errors.LeaseLost as exc:
                 self.stats["lost"] += 1
-                log.warning("%s: %s", claim.effect.kind, exc, extra=_lost_fields(claim, exc))
+                if failed is not None:
+                    # (The failure's own record says the lease was lost: logged once.)
+                    self._failed(claim, failed, f"not recorded: {exc}")
+                else:
+                    log.warning("%s: %s", claim.effect.kind, exc, extra=lost_fields(claim, exc))
                 return
             except errors.FleetstoreError as exc:
                 # The settlement could neither be written nor spooled (disk full):
                 # the lease runs out and a sweep hands the effect on.
                 log.error("settling %s %s failed: %s", claim.effect.kind, claim.id, exc)
+                if failed is not None:
+                    self._failed(claim, failed, "not recorded: the lease runs out")
                 return
+            if claim.settled is EffectState.dead:
+                self.stats["dead"] += 1
+            elif how == "retry":
+                self.stats["retried"] += 1
+            if failed is not None:
+                self._failed(claim, failed)
             if not applied:
                 self.stats["spooled"] += 1
                 self._settling[claim.id] = claim
@@ -719,6 +827,61 @@ class Worker:
                 )
         finally:
             self._jobs.pop(claim.id, None)
+
+    def _failed(
+        self,
+        claim: Claim,
+        failed: tuple[str, BaseException | None, float],
+        unrecorded: str | None = None,
+    ) -> None:
+        """Log a failed attempt once, with what the store made of it: a WARNING for
+        one to run again, an ERROR for a dead effect (or an outcome not recorded);
+        an unexpected exception's record carries its traceback."""
+        error, exc, delay = failed
+        effect = claim.effect
+        state = claim.settled
+        retry_at: float | None = None
+        if unrecorded is not None:
+            step, then = "unknown", unrecorded
+        elif state is None:
+            step, then = "spooled", "its outcome waits in the spool"
+        elif state is EffectState.dead:
+            step, then = "dead", f"dead ({claim.dead_reason})"
+        else:
+            step, retry_at = "retry", time.time() + delay
+            then = f"retry in {delay:.3g}s"
+        limit = _lower(effect.max_attempts, self.policies[effect.kind].max_attempts)
+        where = _where(exc)
+        fields = {
+            "effect_id": effect.id,
+            "kind": effect.kind,
+            "thread_key": effect.thread_key,
+            "attempt": effect.attempt,
+            "max_attempts": limit,
+            "error": error,
+            "where": where,
+            "next": step,
+            "retry_at": retry_at,
+            "dead_reason": claim.dead_reason if step == "dead" else None,
+        }
+        log.log(
+            logging.WARNING if step in ("retry", "spooled") else logging.ERROR,
+            "%s %s (thread %s) attempt %d of %d failed: %s%s; %s",
+            effect.kind,
+            effect.id,
+            effect.thread_key,
+            effect.attempt,
+            limit,
+            error,
+            f" (at {where})" if where else "",
+            then,
+            exc_info=exc
+            if exc is not None and not isinstance(exc, RetryEffect | FailEffect)
+            else None,
+            # Each field for a formatter, and all of them as one for a consumer
+            # (fleetstore worker's lines and JSON).
+            extra={**fields, "failure": fields},
+        )
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -756,7 +919,7 @@ class Worker:
                 continue
             self.stats["lost"] += 1
             log.warning(
-                "%s %s: %s", claim.effect.kind, claim.id, result, extra=_lost_fields(claim, result)
+                "%s %s: %s", claim.effect.kind, claim.id, result, extra=lost_fields(claim, result)
             )
             job.interrupted = True
             self._jobs.pop(claim.id, None)

@@ -58,7 +58,8 @@ from fleetstore import errors
 from fleetstore.core.settings import Settings
 from fleetstore.domain.history import ITERATE_PAGE, Messages, Sessions, Stream, ToolCallHandle
 from fleetstore.domain.operations import Operation
-from fleetstore.domain.outbox import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, Claim, Effects, Swept
+from fleetstore.domain.outbox import Claim, Effects, Swept
+from fleetstore.domain.outbox_args import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS
 from fleetstore.domain.state import State
 from fleetstore.engine.base import Tx
 from fleetstore.models import (
@@ -783,6 +784,14 @@ class AsyncClaim:
     def fence(self) -> int:
         return self.sync.fence
 
+    @property
+    def settled(self) -> EffectState | None:
+        return self.sync.settled
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self.sync.dead_reason
+
     async def heartbeat(self, lease: float | None = None) -> float:
         """``Claim.heartbeat``."""
         return await self._owner._run(lambda: self.sync.heartbeat(lease))
@@ -791,13 +800,26 @@ class AsyncClaim:
         """``Claim.succeed``."""
         return await self._owner._run(lambda: self.sync.succeed(result))
 
-    async def retry(self, delay: float = 0.0, error: str = "") -> bool:
+    async def retry(
+        self,
+        delay: float = 0.0,
+        error: str = "",
+        *,
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
         """``Claim.retry``."""
-        return await self._owner._run(lambda: self.sync.retry(delay, error))
+        return await self._owner._run(
+            lambda: self.sync.retry(delay, error, traceback=traceback, max_attempts=max_attempts)
+        )
 
-    async def fail(self, error: str, *, interrupted: bool = False) -> bool:
+    async def fail(
+        self, error: str, *, interrupted: bool = False, traceback: str | None = None
+    ) -> bool:
         """``Claim.fail``."""
-        return await self._owner._run(lambda: self.sync.fail(error, interrupted=interrupted))
+        return await self._owner._run(
+            lambda: self.sync.fail(error, interrupted=interrupted, traceback=traceback)
+        )
 
     async def cancel(self) -> bool:
         """``Claim.cancel``."""
@@ -807,9 +829,13 @@ class AsyncClaim:
         """``Claim.release``."""
         return await self._owner._run(self.sync.release)
 
-    async def timed_out(self, error: str, delay: float = 0.0) -> bool:
+    async def timed_out(
+        self, error: str, delay: float = 0.0, *, max_attempts: int | None = None
+    ) -> bool:
         """``Claim.timed_out``."""
-        return await self._owner._run(lambda: self.sync.timed_out(error, delay))
+        return await self._owner._run(
+            lambda: self.sync.timed_out(error, delay, max_attempts=max_attempts)
+        )
 
     def __repr__(self) -> str:
         return f"<AsyncClaim {self.sync!r}>"
