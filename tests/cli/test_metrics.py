@@ -212,6 +212,7 @@ def test_serve_answers_metrics_on_a_loopback_port_until_sigterm(tmp_path: Path) 
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(url.removesuffix("/metrics") + "/other", timeout=10)
         assert missing.value.code == 404
+        missing.value.close()  # its response's socket (else a ResourceWarning, later)
         # Read afresh at every scrape.
         with fleetstore.open(path) as store:
             store.effects.enqueue("th", "k", {})
