@@ -213,6 +213,27 @@ def test_a_spooled_write_is_marked_on_its_span_and_logged_once_with_its_fields(
     assert dict(span.attributes or {})["fleetstore.spooled"] is True
 
 
+def test_an_effect_that_failed_is_logged_once_with_its_fields_and_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def handler(effect: fleetstore.Effect) -> None:
+        raise ValueError("the mail server said no")
+
+    with fleetstore.open(tmp_path / "failed.db") as store:
+        eid = store.effects.enqueue("thread", "notify", {}, max_attempts=1)
+        worker = fleetstore.Worker(store, {"notify": handler}, until_idle=True, poll_interval=0.01)
+        with caplog.at_level(logging.WARNING, logger="fleetstore"):
+            worker.run()
+    failed = [r for r in caplog.records if getattr(r, "event", None) == "effect_failed"]
+    assert len(failed) == 1, [r.getMessage() for r in caplog.records]
+    record = failed[0]
+    assert record.levelno == logging.ERROR  # its last attempt: dead
+    assert record.effect_id == eid and record.kind == "notify"  # type: ignore[attr-defined]
+    assert record.attempt == 1 and record.next == "dead"  # type: ignore[attr-defined]
+    assert record.error == "ValueError: the mail server said no"  # type: ignore[attr-defined]
+    assert record.exc_info is not None and record.exc_info[0] is ValueError
+
+
 @pytest.mark.parametrize("carried", [True, False])
 def test_an_effect_s_handler_span_joins_the_trace_it_was_enqueued_in_when_asked(
     otel: Otel, tmp_path: Path, carried: bool

@@ -880,7 +880,7 @@ class Worker:
             else None,
             # Each field for a formatter, and all of them as one for a consumer
             # (fleetstore worker's lines and JSON).
-            extra={**fields, "failure": fields},
+            extra={**fields, "event": "effect_failed", "failure": fields},
         )
 
     # -- leases -------------------------------------------------------------------------------
