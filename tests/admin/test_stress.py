@@ -65,6 +65,9 @@ def test_run_under_faults_passes_with_every_turn_read_back(tmp_path: Path) -> No
     assert fs["corrupt"] == fs["stuck_effects"] == 0 and fs["integrity"] == "ok"
     assert fs["kills"], "no process was killed"
     assert fs["effects"].get("succeeded", 0) > 0
+    # The run waited for the two workers to settle the backlog before stopping them.
+    assert fs["outbox"]["drain"]["left"] == 0, fs["outbox"]
+    assert fs["outbox"]["settled"] == fs["outbox"]["enqueued"], fs["outbox"]
     (lock,) = fs["external_locks"]
     assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
     (maint,) = fs["maintenance"]

@@ -14,8 +14,8 @@ effect's payload asks:
 
 Every handler run is logged to the shared events file, one ``os.write`` of one JSON line
 on an ``O_APPEND`` descriptor each, so the file's order is the order the writes happened
-in across processes: ``start`` (id, thread, seq, attempt, pid) before the work, ``end``
-(with the outcome) after it.  A per-thread marker file, created with ``O_CREAT|O_EXCL``
+in across processes: ``start`` (id, thread, seq, attempt, pid, ``t`` its wall-clock
+time) before the work, ``end`` (with the outcome) after it.  A per-thread marker file, created with ``O_CREAT|O_EXCL``
 at the start and removed before the end is logged, catches two handlers of one thread
 running at once: a ``start`` that finds the marker taken carries ``overlap``.
 
@@ -74,7 +74,8 @@ class Events:
         self.markers = Path(markers)
 
     def log(self, **record: Any) -> None:
-        line = json.dumps({**record, "pid": os.getpid()}, separators=(",", ":")) + "\n"
+        record = {**record, "pid": os.getpid(), "t": time.time()}
+        line = json.dumps(record, separators=(",", ":")) + "\n"
         os.write(self.fd, line.encode())
 
     def run(self, effect: Effect) -> Any:

@@ -545,7 +545,141 @@ def test_bad_effects_on_a_history_write_write_nothing(store: Store) -> None:
     assert store.messages.list(s.id) == [] and n_effects(store) == 0
 
 
+# -- batched settlements ---------------------------------------------------------------------------
+
+
+def test_a_batch_settles_each_effect_and_refuses_a_lost_lease_alone(store: Store) -> None:
+    """One ``settle_effects`` operation: each settlement checks its own token; the one
+    whose effect an operator cancelled under it gets ``LeaseLost`` and changes nothing,
+    the others land, and each thread moves on."""
+    ids = [store.effects.enqueue(f"t{i}", "k", {"i": i}) for i in range(3)]
+    nexts = [store.effects.enqueue(f"t{i}", "k") for i in range(3)]
+    claims = sorted(store.effects.claim("w", limit=3), key=lambda c: ids.index(c.id))
+    assert [c.id for c in claims] == ids
+    store.effects.cancel(ids[1])
+    before = rows(store, f"SELECT * FROM effects WHERE id = '{ids[1]}'")
+    items = [claims[0]._success({"ok": 0}), claims[1]._success(1), claims[2]._retry(0.0, "again")]
+    outcome = store.effects._settle_batch(claims, items)
+    assert outcome is not None
+    assert outcome[0] == "succeeded" and outcome[2] == "pending", outcome
+    assert isinstance(outcome[1], errors.LeaseLost), outcome
+    assert (outcome[1].effect_id, outcome[1].state) == (ids[1], "cancelled")
+    assert rows(store, f"SELECT * FROM effects WHERE id = '{ids[1]}'") == before
+    got = [store.effects.get(i) for i in ids]
+    assert [g.state for g in got] == ["succeeded", "cancelled", "pending"]
+    assert got[0].result == {"ok": 0} and got[2].last_error == "again"
+    # Threads 0 and 1 moved on; thread 2's retried effect is still its head.
+    claimed = {c.id for c in store.effects.claim("w", limit=10)}
+    assert claimed == {nexts[0], nexts[1], ids[2]}
+    with pytest.raises(errors.InvalidInput):
+        claims[0]._success(2)  # each claim settles once, in a batch or alone
+
+
+def test_a_batch_is_applied_once_whatever_retries_happen(store: Store) -> None:
+    """Logged in applied_ops as one operation: applied again (a spool replay, a group
+    commit whose outcome was lost), it is found there and changes nothing."""
+    ids = [store.effects.enqueue(f"t{i}", "k") for i in range(2)]
+    claims = store.effects.claim("w", limit=2)
+    items = [c._retry(0.0, "once") for c in claims]
+    op = fleetstore.Operation("settle_effects", {"items": items}, new_id())
+    first = store.apply(op)
+    assert first["states"] == "pp" and first["refused"] == {}
+    after = rows(store, "SELECT * FROM effects ORDER BY id")
+    again = store.apply(op)
+    assert again["duplicate"] is True and again["states"] == "pp"
+    assert rows(store, "SELECT * FROM effects ORDER BY id") == after
+    for eid in ids:
+        effect = store.effects.get(eid)
+        assert (effect.state, [e.error for e in effect.errors]) == ("pending", ["once"])
+
+
+def test_bad_batches_from_outside_are_refused_whole(store: Store) -> None:
+    eid = store.effects.enqueue("t", "k")
+    (c,) = store.effects.claim("w")
+    good = c._success(None)
+    for bad in (
+        {"items": []},
+        {"items": "x"},
+        {"items": [good, 5]},
+        {"items": [{**good, "outcome": "explode"}]},
+        {"items": [{**good, "fence": 0}]},
+        {"items": [{**good, "result": 5}]},
+        {"items": [good] * 1001},
+    ):
+        with pytest.raises(errors.InvalidInput):
+            store.apply(fleetstore.Operation("settle_effects", bad, new_id()))
+    assert store.effects.get(eid).state == "running"
+
+
+def test_a_claimed_effect_carries_what_a_handler_needs(store: Store) -> None:
+    eid = store.effects.enqueue("t", "k", {"a": [1, 2]}, idempotency_key="key-1", max_attempts=3)
+    first = claim_one(store)
+    first.retry(0.0, "boom")
+    (c,) = store.effects.claim("w", lease=30, timeouts={"k": 60})
+    e = c.effect
+    stored = store.effects.get(eid)
+    assert (e.id, e.thread_key, e.seq, e.kind, e.payload) == (eid, "t", 1, "k", {"a": [1, 2]})
+    assert (e.state, e.attempt, e.max_attempts, e.fence) == ("running", 2, 3, stored.fence)
+    assert (e.idempotency_key, e.last_error, e.lease_owner) == ("key-1", "boom", "w")
+    assert e.lease_expires_at == stored.lease_expires_at and e.started_at == stored.started_at
+    assert e.created_at == stored.created_at and e.available_at == stored.available_at
+    # What it does not carry: the error history and the result (effects.get has them).
+    assert e.errors == () and [x.error for x in stored.errors] == ["boom"]
+
+
+# -- rings: an effect that becomes claimable wakes idle workers ------------------------------------
+
+
+def test_what_makes_an_effect_claimable_rings_and_nothing_else_does(store: Store) -> None:
+    """An idle worker sleeps until a ring: every way an effect becomes claimable rings
+    (once committed: tests/engine/test_contract.py), and a write that makes nothing
+    claimable does not wake every idle worker of the fleet.  (PostgreSQL's effects
+    trigger also rings where an enqueue touches its thread's pending head row.)"""
+    effects = store.effects
+    quiet = store.dialect == "sqlite"
+
+    def rang(action: Any) -> bool:
+        token = effects.wake_token()
+        action()
+        return effects.wait_for_work(0.3, token=token)
+
+    assert store.notifies
+    assert rang(lambda: effects.enqueue("t", "k"))  # a new head
+    behind = rang(lambda: effects.enqueue("t", "k"))
+    assert not behind or not quiet  # behind its head: not claimable
+    c = claim_one(store)
+    assert not rang(c.heartbeat)
+    assert rang(lambda: c.succeed())  # its thread's next effect is its head now
+    c2 = claim_one(store)
+    assert rang(lambda: c2.retry(0.0, "x"))  # pending again
+    c3 = claim_one(store)
+    dead = c3.id
+    assert not rang(lambda: c3.fail("no"))  # the thread is done: nothing new to claim
+    assert rang(lambda: effects.retry(dead))  # an operator's retry: a new head
+    c4 = claim_one(store)
+    expire(store, c4.id)
+    assert rang(effects.sweep)  # back to pending
+
+
 # -- settlement through a locked store ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_batch_past_the_budget_is_spooled_even_with_on_busy_raise_and_lands(
+    open_store: OpenStore, spawn: Spawn
+) -> None:
+    store = open_store(write_budget=0.5, on_busy="raise")
+    ids = [store.effects.enqueue(f"t{i}", "k") for i in range(2)]
+    nxt = store.effects.enqueue("t0", "k")
+    claims = store.effects.claim("w", limit=2, lease=60)
+    lock, _ = start_lock(spawn, store.url, 2.0)
+    items = [c._success({"i": i}) for i, c in enumerate(claims)]
+    assert store.effects._settle_batch(claims, items) is None  # spooled, not raised
+    assert lock.finish(timeout=30) == 0
+    assert store.flush(timeout=30)
+    assert [store.effects.get(i).state for i in ids] == ["succeeded", "succeeded"]
+    assert claim_one(store).id == nxt
+    assert not any(r["in_transaction"] for r in store.db.connection_report())
 
 
 @pytest.mark.slow
@@ -753,7 +887,7 @@ def test_a_failed_attempt_keeps_its_traceback_bounded_and_the_claim_says_what_be
     """Issue 25: only ``KeyError: 'missing_key'`` was kept.  A traceback is kept with its
     attempt, cut to its last 8 KiB (where it failed); a claimer's own ``max_attempts``
     gives up sooner than the effect's; ``claim.settled`` is what the store made of it."""
-    from fleetstore.domain.outbox_args import MAX_TRACEBACK
+    from fleetstore.domain.outbox_ops import MAX_TRACEBACK
 
     eid = store.effects.enqueue("t", "k", max_attempts=5)
     nxt = store.effects.enqueue("t", "k")

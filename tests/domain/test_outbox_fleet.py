@@ -426,6 +426,116 @@ def test_settlement_spooled_past_its_lease_is_not_lost_to_a_sweep(env: Env, spaw
     ), (effect, swept, spool_files(env.path))
 
 
+# -- wake-ups and batches, on every layout ------------------------------------------------------
+
+
+PG_AGENT = script("pg_outbox_agent.py")
+
+
+@pytest.fixture(params=["sqlite", "sharded", "postgresql"])
+def any_env(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Env]:
+    """``env`` on one SQLite file, a sharded store, or a PostgreSQL database (its workers
+    run through tests/agents/pg_outbox_agent.py)."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    if request.param == "postgresql":
+        path = request.getfixturevalue("pg_url")
+        monkeypatch.setattr(sys.modules[__name__], "AGENT", PG_AGENT)
+    elif request.param == "sharded":
+        path = f"sqlite+sharded://{tmp_path / 'sharded'}"
+    else:
+        path = str(tmp_path / "outbox.db")
+    fleetstore.open(path).close()
+    e = Env(tmp_path, path, tmp_path / "events.jsonl", markers, [])
+    try:
+        yield e
+    finally:
+        for proc in e.procs:
+            proc.kill()
+
+
+def test_an_idle_worker_in_another_process_starts_an_effect_at_once(any_env: Env) -> None:
+    """The worker polls every 300 s here: only a ring of the enqueue's commit (the gate
+    file's futex word on SQLite, NOTIFY on PostgreSQL) can make it start the effect
+    within the 60 s this test allows, and it starts after the enqueue committed.  (The
+    time it takes is measured in benchmarks/bench_outbox.py: about a millisecond.)"""
+    env = any_env
+    worker = env.worker("--poll", "300", "--concurrency", "2")
+    with fleetstore.open(env.path) as store:
+        first = store.effects.enqueue("T", "fx", {})
+        worker.wait_line(f"started {first} 1", timeout=WAIT)
+        wait_for("the first settled", lambda: states(store, first) == ["succeeded"])
+        # Idle now: nothing to claim, its next look 300 s away.
+        sent = time.time()
+        second = store.effects.enqueue("U", "fx", {})
+        worker.wait_line(f"started {second} 1", timeout=WAIT)
+        wait_for("the second settled", lambda: states(store, second) == ["succeeded"])
+    (start,) = [e for e in env.read_events() if e["id"] == second and e["ev"] == "start"]
+    assert start["t"] >= sent, "started before it was enqueued"
+    rep = stop(worker)
+    assert rep["in_transaction"] == [] and rep["stats"]["succeeded"] == 2, rep
+
+
+@pytest.mark.slow
+def test_kill9_of_a_worker_mid_batch_brings_its_claims_back_after_the_lease_only(
+    any_env: Env,
+) -> None:
+    """A worker claims seven effects in one transaction; three finish and are settled,
+    four hang in their handlers; it is killed (SIGKILL).  A second worker starts at once:
+    it runs none of the four while the dead worker's leases last (its first start of
+    each comes after that lease's expiry as the store held it), then the replay-safe
+    ones once each, and buries the one that may not run twice; the three settled ones
+    never run again."""
+    env = any_env
+    held: list[str] = []
+    with fleetstore.open(env.path) as store:
+        quick = [store.effects.enqueue(f"q{i}", "fx", {}) for i in range(3)]
+        holds = []
+        for i in range(3):
+            go, payload = env.hold(f"h{i}")
+            holds.append(go)
+            held.append(store.effects.enqueue(f"h{i}", "fx", payload))
+        go, payload = env.hold("u")
+        holds.append(go)
+        unsafe = store.effects.enqueue("u", "unsafe", payload)
+    victim = env.worker("--lease", "3", "--concurrency", "8", name="victim")
+    for _ in range(7):
+        victim.wait_line("started", timeout=WAIT)
+    with fleetstore.open(env.path) as store:
+        wait_for("the quick ones settled", lambda: states(store, *quick) == ["succeeded"] * 3)
+        claim_ops = store.read(
+            lambda tx: tx.execute("SELECT count(DISTINCT claim_op) FROM effects")
+        )
+        assert claim_ops == [(1,)], "not claimed in one batch"
+        kill9(victim)
+        killed = time.time()
+        env.clear_markers(victim.pid)
+        expiry = {e: store.effects.get(e).lease_expires_at for e in [*held, unsafe]}
+        for go in holds:
+            go.touch()
+        heir = env.worker("--lease", "3", "--concurrency", "8", name="heir")
+        wait_for("every effect final", lambda: all_final(store))
+        stored = finals(store)
+    rep = stop(heir)
+    assert rep["in_transaction"] == [] and rep["stats"].get("lost", 0) == 0, rep
+    events = env.read_events()
+    assert check_threads(events, stored, killed=frozenset({victim.pid})) == []
+    for eid in held:
+        starts = [e for e in events if e["id"] == eid and e["ev"] == "start"]
+        assert [(e["pid"], e["attempt"]) for e in starts] == [(victim.pid, 1), (heir.pid, 2)]
+        lease = expiry[eid]
+        assert lease is not None and lease >= killed - 3.5
+        assert starts[1]["t"] >= lease, (eid, starts[1]["t"], lease)  # not while it lived
+        assert (stored[eid].state, stored[eid].attempt) == ("succeeded", 2)
+    assert (stored[unsafe].state, stored[unsafe].dead_reason) == ("dead", "not_replay_safe")
+    assert runs(events, unsafe) == [("start", victim.pid, 1, None)]
+    for eid in quick:
+        assert runs(events, eid) == [("start", victim.pid, 1, None), ("end", victim.pid, 1, "ok")]
+        assert stored[eid].state == "succeeded"
+
+
 # -- kill -9 ------------------------------------------------------------------------------------
 
 
@@ -588,7 +698,7 @@ def test_a_failing_handler_is_logged_once_per_attempt_and_its_traceback_kept_bou
     exception's record with its traceback, a ``FailEffect``'s without); the traceback is
     kept from the handler's frame on, a 300-frame one cut to its last 8 KiB; the worker's
     ``--max-attempts 2`` gives up sooner than an effect's 5 and its thread goes on."""
-    from fleetstore.domain.outbox_args import MAX_TRACEBACK
+    from fleetstore.domain.outbox_ops import MAX_TRACEBACK
 
     with fleetstore.open(env.path) as store:
         once = store.effects.enqueue("A", "fx", {"plan": ["error"]})

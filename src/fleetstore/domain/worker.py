@@ -28,6 +28,12 @@ not; a worker whose every slot is held by a hung handler stops and ``run`` retur
 ``EXIT_HUNG``: only a new process frees them.
 tests/domain/test_outbox_fleet.py::test_a_hung_handler_*
 
+Claims and settlements: an idle worker sleeps until a ring of ``fleetstore_effects``
+(an effect became claimable in any process: engine/notify.py), the next effect's
+``available_at``, or ``poll_interval`` (the fallback); it claims up to ``batch`` ready
+heads in one transaction, and settles finished effects in batches
+(domain/completer.py).
+
 Shutdown: the first SIGINT/SIGTERM (or ``stop()``) stops claiming, gives
 claimed-but-not-started effects back without spending an attempt and lets the
 running ones finish within ``grace`` seconds; a second signal (or the grace
@@ -43,9 +49,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import logging
-import math
 import os
 import random
 import signal
@@ -56,7 +62,6 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from fleetstore import errors
@@ -69,15 +74,30 @@ from fleetstore.core.validate import (
     check_number,
     check_str,
 )
+from fleetstore.domain import completer as completer_module
+from fleetstore.domain.completer import Completer, HandlerThreads, Landed, Wake, done_within
 from fleetstore.domain.effect_trace import carried_trace, lost_fields
-from fleetstore.domain.outbox import Claim, Effects
-from fleetstore.domain.outbox_args import (
+from fleetstore.domain.handlers import (
+    DEFAULT_HANDLER_TIMEOUT,
+    FailEffect,
+    Handler,
+    Policy,
+    RetryEffect,
+    handler_of,
+    lower,
+    setting,
+    timeout_setting,
+)
+from fleetstore.domain.outbox import (
     DEFAULT_LEASE,
     MAX_ATTEMPTS_LIMIT,
     MAX_CLAIM,
     MAX_KIND,
     MAX_LEASE,
+    Claim,
+    Effects,
 )
+from fleetstore.domain.outbox_ops import CHANNEL, kinds_json, timeouts_json
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectState
 
@@ -91,107 +111,8 @@ EXIT_HARD = 3
 #: timeout and had not returned (a thread cannot be stopped): restart the process.
 EXIT_HUNG = 4
 
-#: Seconds a handler may run per attempt unless told otherwise (``handler_timeout``).
-DEFAULT_HANDLER_TIMEOUT = 600.0
-
-
-class RetryEffect(Exception):
-    """Raise in a handler to run the effect again after *delay* seconds
-    (default: the worker's backoff)."""
-
-    def __init__(self, message: str = "retry requested", delay: float | None = None) -> None:
-        super().__init__(message)
-        self.delay = delay
-
-
-class FailEffect(Exception):
-    """Raise in a handler to fail the effect for good (``dead``, reason ``failed``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Handler:
-    """A handler with what the store must know about its kind: whether the
-    effect may run again after the worker running it was lost (killed, cut
-    off past its lease) or gave up on it (*timeout*).  Not replay-safe effects
-    go to ``dead`` instead.  *timeout*: seconds an attempt may run (None: the
-    worker's ``handler_timeout``; ``math.inf``: no limit).
-
-    *max_attempts*, *backoff*, *max_backoff*: the worker's retry policy for this
-    kind (None: the worker's).  *max_attempts* caps the effect's own: a flaky kind
-    can be given up on sooner, so its thread moves on (docs/outbox.md, "A retry
-    holds its thread")."""
-
-    fn: Callable[[Effect], Any]
-    replay_safe: bool = True
-    timeout: float | None = None
-    max_attempts: int | None = None
-    backoff: float | None = None
-    max_backoff: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Policy:
-    """How a kind's failed attempts are retried: ``backoff * 2**(attempt-1)`` seconds,
-    at most ``max_backoff``, ±10 %; dead after ``max_attempts`` (None: the effect's)."""
-
-    backoff: float
-    max_backoff: float
-    max_attempts: int | None
-
-    def delay(self, attempt: int) -> float:
-        delay = min(self.max_backoff, self.backoff * 2.0 ** min(max(attempt - 1, 0), 64))
-        return delay * random.uniform(0.9, 1.1)
-
-
-def _timeout_setting(value: object, what: str) -> float | None:
-    """A handler timeout: None or ``math.inf`` (no limit), else 0.001 to MAX_WAIT s."""
-    if value is None or (isinstance(value, float) and value == math.inf):
-        return None
-    return float(_setting(check_number, value, what, minimum=0.001, maximum=MAX_WAIT))
-
-
-def _handler(value: object, kind: str) -> Handler:
-    if isinstance(value, Handler):
-        if not callable(value.fn) or not isinstance(value.replay_safe, bool):
-            raise errors.ConfigError(
-                f"handler for {kind!r}: fn must be callable, replay_safe a bool"
-            )
-        _timeout_setting(value.timeout, f"the timeout of handler {kind!r}")
-        _policy_settings(value.max_attempts, value.backoff, value.max_backoff, f"handler {kind!r}")
-        return value
-    if callable(value):
-        return Handler(value)
-    raise errors.ConfigError(f"handler for {kind!r} is not callable: {value!r}")
-
-
-def _policy_settings(
-    max_attempts: object, backoff: object, max_backoff: object, whose: str
-) -> None:
-    """The retry settings of a worker or a handler (None: not set): ``ConfigError``."""
-    if max_attempts is not None:
-        _setting(
-            check_int,
-            max_attempts,
-            f"max_attempts of {whose}",
-            minimum=1,
-            maximum=MAX_ATTEMPTS_LIMIT,
-        )
-    for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
-        if value is not None:
-            _setting(check_number, value, f"{name} of {whose}", minimum=0.0, maximum=MAX_WAIT)
-
-
-def _setting(check: Callable[..., Any], value: object, what: str, **limits: Any) -> Any:
-    """*check* (a ``core.validate`` function) of a worker argument: ``ConfigError``."""
-    try:
-        return check(value, what, **limits)
-    except errors.InvalidInput as exc:
-        raise errors.ConfigError(str(exc)) from None
-
-
-def _lower(a: int | None, b: int | None) -> int | None:
-    """The lower of two optional limits (None: no limit)."""
-    return b if a is None else a if b is None else min(a, b)
+#: The worker's own files: a handler's frames start after theirs (the thread that ran it).
+_OWN_FILES = frozenset({__file__, completer_module.__file__})
 
 
 def _traceback(exc: BaseException | None) -> str | None:
@@ -200,7 +121,7 @@ def _traceback(exc: BaseException | None) -> str | None:
     if exc is None:
         return None
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
@@ -225,11 +146,16 @@ def default_owner() -> str:
 
 
 class _Job:
-    __slots__ = ("buried", "claim", "interrupted", "started", "task")
+    __slots__ = ("buried", "claim", "interrupted", "ran", "since", "started", "task")
 
     def __init__(self, claim: Claim) -> None:
         self.claim = claim
         self.started = False
+        #: When its handler started (monotonic).
+        self.since = 0.0
+        #: Its handler returned (or was given up on): its slot is free, its settlement
+        #: on its way (the job stays until it has landed, its lease kept alive).
+        self.ran = False
         self.interrupted = False
         #: A sweep buried the effect while it ran (its lease ran out): no more
         #: heartbeats, but its outcome may still land (``settle_effect``).
@@ -248,40 +174,22 @@ class _Abandoned:
         self.since = time.monotonic()
 
 
-def _in_daemon_thread(
-    loop: asyncio.AbstractEventLoop, fn: Callable[[Effect], Any], effect: Effect
-) -> asyncio.Future[Any]:
-    """``fn(effect)`` in a thread of its own.  A daemon thread, not a pool's: after
-    a hard stop a handler that does not return must not keep the process from
-    exiting (a pool's threads are joined at exit), nor hold a slot a later
-    effect waits for.
-    tests/domain/test_outbox_fleet.py::test_sigterm_twice_interrupts_running_effects_and_exits_3"""
-    future: asyncio.Future[Any] = loop.create_future()
+#: The idle worker's fallback look, on a store that rings (``store.notifies``) and one
+#: that cannot (no futex): a ring wakes it at once, so the look only covers writers
+#: that do not ring (SQL of your own, an older fleetstore).
+POLL_RINGING = 1.0
+POLL_SILENT = 0.1
+#: Most effects claimed in one transaction, and most settlements in one.
+DEFAULT_BATCH = 64
+#: How long a finished effect waits for others to settle with it (while handlers run).
+DEFAULT_SETTLE_DELAY = 0.002
+#: Effects are claimed ahead of a free slot as long as the slots would start them within
+#: about this long (``Worker._ahead``).
+AHEAD = 0.005
 
-    def settle(value: Any, exc: BaseException | None) -> None:
-        if future.done():
-            return
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(value)
 
-    # The caller's context variables (the handler's span, when traced) go with it: a
-    # new thread starts with none.
-    context = contextvars.copy_context()
-
-    def target() -> None:
-        value: Any = None
-        exc: BaseException | None = None
-        try:
-            value = context.run(fn, effect)
-        except BaseException as error:
-            exc = error
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-            loop.call_soon_threadsafe(settle, value, exc)
-
-    threading.Thread(target=target, name="fleetstore-handler", daemon=True).start()
-    return future
+def _in_context(context: contextvars.Context, fn: Callable[[Effect], Any], effect: Effect) -> Any:
+    return context.run(fn, effect)
 
 
 class Worker:
@@ -297,9 +205,11 @@ class Worker:
         concurrency: int = 4,
         lease: float = DEFAULT_LEASE,
         grace: float = 30.0,
-        poll_interval: float = 0.1,
+        poll_interval: float | None = None,
         sweep_interval: float | None = None,
         prefetch: int = 0,
+        batch: int = DEFAULT_BATCH,
+        settle_delay: float = DEFAULT_SETTLE_DELAY,
         backoff: float = 1.0,
         max_backoff: float = 300.0,
         max_attempts: int | None = None,
@@ -316,31 +226,33 @@ class Worker:
         if not handlers:
             raise errors.ConfigError("a worker needs at least one handler")
         for kind in handlers:
-            _setting(check_str, kind, "a handler's kind", limit=MAX_KIND, empty=False)
-        _setting(check_int, concurrency, "concurrency", minimum=1, maximum=MAX_CLAIM)
-        _setting(check_int, prefetch, "prefetch", minimum=0, maximum=MAX_CLAIM - concurrency)
-        _setting(check_number, lease, "lease", minimum=0.001, maximum=MAX_LEASE)
+            setting(check_str, kind, "a handler's kind", limit=MAX_KIND, empty=False)
+        setting(check_int, concurrency, "concurrency", minimum=1, maximum=MAX_CLAIM)
+        setting(check_int, prefetch, "prefetch", minimum=0, maximum=MAX_CLAIM - concurrency)
+        setting(check_number, lease, "lease", minimum=0.001, maximum=MAX_LEASE)
+        setting(check_int, batch, "batch", minimum=1, maximum=MAX_CLAIM)
+        setting(check_number, settle_delay, "settle_delay", minimum=0.0, maximum=1.0)
         for name, value in (
             ("grace", grace),
-            ("poll_interval", poll_interval),
+            ("poll_interval", POLL_SILENT if poll_interval is None else poll_interval),
             ("backoff", backoff),
             ("max_backoff", max_backoff),
             ("sweep_interval", 0.0 if sweep_interval is None else sweep_interval),
         ):
-            _setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
+            setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
         if max_attempts is not None:
-            _setting(check_int, max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+            setting(check_int, max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
         if owner is not None:
-            _setting(check_str, owner, "owner", limit=256, empty=False)
-        _setting(check_bool, until_idle, "until_idle")
+            setting(check_str, owner, "owner", limit=256, empty=False)
+        setting(check_bool, until_idle, "until_idle")
         self.store = store
         self._effects = Effects(store)
-        self.handlers = {kind: _handler(fn, kind) for kind, fn in handlers.items()}
-        self.handler_timeout = _timeout_setting(handler_timeout, "handler_timeout")
+        self.handlers = {kind: handler_of(fn, kind) for kind, fn in handlers.items()}
+        self.handler_timeout = timeout_setting(handler_timeout, "handler_timeout")
         #: Each kind's timeout, for the kinds that have one.
         self.timeouts: dict[str, float] = {}
         for kind, h in self.handlers.items():
-            seconds = self.handler_timeout if h.timeout is None else _timeout_setting(h.timeout, "")
+            seconds = self.handler_timeout if h.timeout is None else timeout_setting(h.timeout, "")
             if seconds is not None:
                 self.timeouts[kind] = seconds
         # Only kinds given as Handler say anything about replay safety.
@@ -348,7 +260,13 @@ class Worker:
         self.concurrency = concurrency
         self.lease = float(lease)
         self.grace = float(grace)
+        #: Whether rings wake the idle worker (else it polls, jittered).
+        self.rings = bool(store.notifies)
+        if poll_interval is None:
+            poll_interval = POLL_RINGING if self.rings else POLL_SILENT
         self.poll_interval = max(float(poll_interval), 0.001)
+        self.batch = batch
+        self.settle_delay = float(settle_delay)
         self.sweep_interval = self.lease / 2 if sweep_interval is None else float(sweep_interval)
         self.prefetch = prefetch
         self.backoff = float(backoff)
@@ -357,10 +275,10 @@ class Worker:
         self.max_attempts = max_attempts
         #: Each kind's retry policy: its Handler's settings, else the worker's.
         self.policies = {
-            kind: _Policy(
+            kind: Policy(
                 float(self.backoff if h.backoff is None else h.backoff),
                 float(self.max_backoff if h.max_backoff is None else h.max_backoff),
-                _lower(h.max_attempts, max_attempts),
+                lower(h.max_attempts, max_attempts),
             )
             for kind, h in self.handlers.items()
         }
@@ -375,20 +293,28 @@ class Worker:
         self.stats: Counter[str] = Counter()
         self._stop_requested = 0  # 0 running, 1 graceful, 2 hard
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        self._wake: Wake | None = None
         self._jobs: dict[str, _Job] = {}
         self._queued: deque[_Job] = deque()
         self._settling: dict[str, Claim] = {}
         self._abandoned: set[_Abandoned] = set()
         self._late: set[asyncio.Future[None]] = set()
         self._hung = False
+        #: Handlers running now (a slot each; an abandoned one's is in ``_abandoned``).
+        self._busy = 0
+        #: Rings of ``fleetstore_effects`` heard (the idle wait's token).
+        self._rings = 0
+        #: The handlers' recent run time, seconds (a moving average; 0: none ran yet).
+        self._run_time = 0.0
+        self._threads = HandlerThreads()
+        self._completer: Completer | None = None
 
     # -- control ----------------------------------------------------------------------------
 
     def stop(self, hard: bool = False) -> None:
         """Stop claiming; *hard*: interrupt what runs.  Thread-safe; a second
         call without *hard* is taken as hard, like a second signal."""
-        _setting(check_bool, hard, "hard")
+        setting(check_bool, hard, "hard")
         level = 2 if hard or self._stop_requested else 1
         self._stop_requested = max(self._stop_requested, level)
         loop, wake = self._loop, self._wake
@@ -427,7 +353,7 @@ class Worker:
 
     async def run_async(self) -> int:
         loop = asyncio.get_running_loop()
-        self._loop, self._wake = loop, asyncio.Event()
+        self._loop, self._wake = loop, Wake(loop)
         # Threads for store calls, apart from the handlers': a settlement or
         # heartbeat waiting out a lock must never wait for a handler's thread.
         self._store_pool = ThreadPoolExecutor(
@@ -435,7 +361,16 @@ class Worker:
         )
         previous = {int(sig): signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         installed = self._install_signals(loop)
+        self._threads = HandlerThreads()
+        completer = self._completer = Completer(
+            self._effects, self._call, self.batch, self.settle_delay, lambda: self._busy > 0
+        )
+        completing = asyncio.create_task(completer.run())
+        unlisten: Callable[[], None] = lambda: None  # noqa: E731
         try:
+            if self.rings:
+                # Before the first look: a ring from here on is heard (engine/notify.py).
+                unlisten = await self._call(self.store.listen, CHANNEL, self._ring_heard)
             if self._declared:
                 await self._call(self._effects.declare, self._declared)
             beat = asyncio.create_task(self._heartbeats())
@@ -446,11 +381,19 @@ class Worker:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
+            await completer.close()
+            await completing
             await self._finish_settling()
             if self._late:
                 await asyncio.gather(*self._late, return_exceptions=True)
             return EXIT_HUNG if self._hung and code == EXIT_OK else code
         finally:
+            unlisten()
+            if not completing.done():
+                completing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await completing
+            self._threads.close()
             for sig in installed:
                 # remove_signal_handler sets Python's default (SIGINT: KeyboardInterrupt);
                 # put back what was there (run()'s handler, or the caller's).
@@ -459,6 +402,19 @@ class Worker:
                     signal.signal(sig, previous[sig])
             self._store_pool.shutdown(wait=True)
             self._loop = self._wake = None
+            self._completer = None
+
+    def _ring_heard(self) -> None:
+        """A ring of ``fleetstore_effects`` (in the store's listener thread)."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(self._rung)
+
+    def _rung(self) -> None:
+        self._rings += 1
+        if self._wake is not None:
+            self._wake.set()
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
         if threading.current_thread() is not threading.main_thread():
@@ -494,15 +450,17 @@ class Worker:
 
     async def _sleep(self, seconds: float) -> None:
         assert self._wake is not None
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), max(seconds, 0.0))
+        await self._wake.wait(seconds)
         self._wake.clear()
 
     # -- claiming ----------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
         kinds = sorted(self.handlers)
+        self._kinds_json = kinds_json(kinds)
+        self._timeouts_json = timeouts_json(self.timeouts)
         next_sweep = 0.0
+        more = False  # the last claim took all it asked for: more may be ready
         while not self._stop_requested:
             if len(self._abandoned) >= self.concurrency:
                 self._hung = True
@@ -518,31 +476,17 @@ class Worker:
                 next_sweep = now + self.sweep_interval
                 await self._maybe_sweep()
             self._start_queued()
-            free = self.concurrency + self.prefetch - len(self._jobs) - len(self._abandoned)
-            if free <= 0:
-                await self._sleep(self.poll_interval)
+            capacity = self.concurrency + self._ahead()
+            free = capacity - len(self._queued) - self._busy - len(self._abandoned)
+            if free <= 0 or (self._queued and free * 2 < min(capacity, self.batch)):
+                # Full, or claimed effects still wait to start: claim once half of it is
+                # free (claims of a few effects each cost a transaction a few effects).
+                await self._sleep(self.poll_interval)  # a handler's end wakes it
                 continue
+            token = self._rings  # before the look: a ring after it ends the wait below
+            limit = min(free, self.batch)
             try:
-                ready = await self._call(self._effects.next_ready, kinds)
-            except errors.FleetstoreError as exc:
-                log.error("looking for ready effects failed: %s", exc)
-                await self._sleep(self.poll_interval)
-                continue
-            if ready is None:
-                # Idle only when nothing of its kinds is left anywhere: a thread
-                # whose head runs in another worker still has work to come.
-                if self.until_idle and not self._jobs:
-                    active = await self._call(self._effects.active, kinds)
-                    if not active:
-                        return
-                await self._idle()
-                continue
-            wait = ready - time.time()
-            if wait > 0:
-                await self._sleep(min(wait, self.poll_interval))
-                continue
-            try:
-                claims = await self._call(self._claim, free, kinds)
+                claims, ready = await self._call(self._look, limit, more)
             except errors.TransientError as exc:
                 log.info("claim deferred: %s", exc)
                 await self._sleep(self.poll_interval)
@@ -557,52 +501,60 @@ class Worker:
                 self._queued.append(job)
             self.stats["claimed"] += len(claims)
             self._start_queued()
-            if not claims:
-                # Another worker took it first: look again soon, not in a tight loop.
-                await self._sleep(random.uniform(0.002, 0.01))
+            more = len(claims) == limit
+            if more:
+                continue
+            if ready is None:
+                # Idle only when nothing of its kinds is left anywhere: a thread
+                # whose head runs in another worker still has work to come.
+                if self.until_idle and not self._jobs:
+                    active = await self._call(self._effects.active, kinds)
+                    if not active:
+                        return
+                wait = self._idle_wait()
+            else:
+                wait = ready - time.time()
+                if wait <= 0:
+                    if claims:
+                        continue  # more came while it claimed
+                    # Another worker took it first: look again soon, not in a tight loop.
+                    wait = random.uniform(0.002, 0.01)
+            await self._idle(token, min(wait, self.poll_interval, next_sweep - time.monotonic()))
 
-    async def _idle(self) -> None:
-        """Wait for work: on a store that notifies (PostgreSQL LISTEN/NOTIFY) until
-        an effect is enqueued or freed, else a jittered poll interval; a stop
-        request wakes it either way."""
-        if not self.store.notifies:
-            await self._sleep(self._idle_wait())
-            return
-        assert self._wake is not None
-        loop = asyncio.get_running_loop()
-        until = time.monotonic() + self._idle_wait()
-        woken: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
-        try:
-            while not woken.done():
-                left = until - time.monotonic()
-                if left <= 0:
-                    break
-                # At most a second per wait: the thread blocked in it must come back
-                # soon after a stop, or the worker's exit waits out a long poll
-                # interval (tests/engine/test_pg_engine.py::test_an_idle_worker_starts_*).
-                notified: asyncio.Future[Any] = loop.run_in_executor(
-                    self._store_pool, self._effects.wait_for_work, min(left, 1.0)
-                )
-                await asyncio.wait([notified, woken], return_when=asyncio.FIRST_COMPLETED)
-                if notified.done() and (notified.exception() is not None or notified.result()):
-                    break  # woken, or the wait failed: look for work (and errors) now
-        finally:
-            woken.cancel()
-            self._wake.clear()
+    def _look(self, limit: int, more: bool) -> tuple[list[Claim], float | None]:
+        """In a store thread: claim up to *limit* ready effects if there are any (a read
+        first, which takes no lock, unless the last claim was full: *more*); then when
+        the next one is due (None: none pending; past: claim again now)."""
+        effects = self._effects
+        if not more:
+            ready = effects._next_ready(self._kinds_json)
+            if ready is None or ready > time.time():
+                return [], ready
+        claims = effects._claim(
+            self.owner, limit, self.lease, self._kinds_json, self._timeouts_json
+        )
+        if len(claims) == limit:
+            return claims, time.time()
+        return claims, effects._next_ready(self._kinds_json)
+
+    async def _idle(self, token: int, seconds: float) -> None:
+        """Wait for work, at most *seconds*: a ring since *token* (an effect became
+        claimable in some process: engine/notify.py), a handler's end, a stop."""
+        if self._rings != token:
+            return  # rung while it looked: look again
+        await self._sleep(seconds)
 
     def _idle_wait(self) -> float:
-        """A poll interval with jitter.  Without it, idle workers fall into step with
+        """The fallback look when nothing is pending: ``poll_interval`` where rings wake
+        the worker; else with jitter.  Without it, idle workers fall into step with
         the effects they ran (each looks again right after its last one), so with
         steady arrivals every worker looks just after an arrival and the next effect
         waits most of an interval: bench_outbox measured p50 38 ms at 8 workers and
         20 effects/s with a fixed 100 ms interval, 8-10 ms with jitter.  Between half
         and all of it, so that ``poll_interval`` stays the longest an idle worker waits."""
+        if self.rings:
+            return self.poll_interval
         return self.poll_interval * random.uniform(0.5, 1.0)
-
-    def _claim(self, limit: int, kinds: list[str]) -> list[Claim]:
-        return self._effects.claim(
-            self.owner, limit=limit, lease=self.lease, kinds=kinds, timeouts=self.timeouts
-        )
 
     async def _maybe_sweep(self) -> None:
         try:
@@ -621,14 +573,39 @@ class Worker:
     def _start_queued(self) -> None:
         # A handler given up on and still running holds its slot: at most
         # `concurrency` handler threads, hung or not.
-        while (
-            self._queued
-            and sum(j.started for j in self._jobs.values()) + len(self._abandoned)
-            < self.concurrency
-        ):
+        while self._queued and self._busy + len(self._abandoned) < self.concurrency:
             job = self._queued.popleft()
             job.started = True
-            job.task = asyncio.create_task(self._run_job(job))
+            job.since = time.monotonic()
+            self._busy += 1
+            task = job.task = asyncio.create_task(self._run_job(job))
+            # (Also when the task is cancelled before it began: a hard stop.)
+            task.add_done_callback(functools.partial(self._task_ended, job))
+
+    def _task_ended(self, job: _Job, _task: asyncio.Task[None]) -> None:
+        self._ran(job)
+
+    def _ran(self, job: _Job) -> None:
+        """*job*'s handler returned, or was given up on (then its thread holds a slot of
+        ``_abandoned``): its slot is free while its settlement lands."""
+        if not job.ran:
+            job.ran = True
+            self._busy -= 1
+            if job.started:
+                took = time.monotonic() - job.since
+                self._run_time += (took - self._run_time) * 0.2
+            if self._wake is not None:
+                self._wake.set()
+
+    def _ahead(self) -> int:
+        """How many effects to claim ahead of a free slot: what the slots would start
+        within ``AHEAD`` seconds at the handlers' recent run time (at least
+        ``prefetch``, at most ``batch``).  A backlog of quick effects is then claimed
+        and settled in batches; a worker of slow handlers keeps none waiting that
+        another worker could start now."""
+        run_time = self._run_time
+        ahead = int(self.concurrency * AHEAD / run_time) if run_time > 0 else 0
+        return max(self.prefetch, min(ahead, self.batch))
 
     # -- running a handler --------------------------------------------------------------------
 
@@ -653,13 +630,20 @@ class Worker:
         if inspect.iscoroutinefunction(handler.fn):
             inner = asyncio.ensure_future(handler.fn(claim.effect))
         else:
-            inner = _in_daemon_thread(loop, handler.fn, claim.effect)
+            fn = handler.fn
+            if telemetry.ACTIVE is not None:
+                # The handler's span goes with it into its thread (a thread starts
+                # with a context of its own): its spans are the span's children.
+                fn = functools.partial(_in_context, contextvars.copy_context(), fn)
+            inner = self._threads.run(loop, fn, claim.effect)
         outcome: tuple[str, Any]
         try:
-            done, _ = await asyncio.wait({inner}, timeout=timeout)
+            done = await done_within(inner, timeout)
             self.store.outbox_metrics.record_run(time.monotonic() - started)
             if not done:
-                self._abandon(claim, inner)
+                self._abandon(claim, inner)  # (before its slot is counted free)
+            self._ran(job)
+            if not done:
                 self.stats["timed_out"] += 1
                 how = "cancelled" if isinstance(inner, asyncio.Task) else "abandoned"
                 outcome = (
@@ -745,6 +729,14 @@ class Worker:
         if applied:  # never: the token was raised when the worker gave up on it
             log.error("%s %s: a late outcome was applied", claim.effect.kind, claim.id)
 
+    async def _land(self, claim: Claim, item: dict[str, Any]) -> Landed:
+        """*claim*'s settlement *item*, settled with others (domain/completer.py): the
+        effect's new state once applied, None if spooled; raises what refused it.
+        Queued, it lands whatever becomes of the caller."""
+        assert self._completer is not None
+        # (Not shielded: cancelling the wait cancels the future, not the flush it is in.)
+        return await self._completer.add(claim, item)
+
     async def _settle(self, job: _Job, how: str, value: Any) -> None:
         claim = job.claim
         policy = self.policies[claim.effect.kind]
@@ -754,46 +746,42 @@ class Worker:
             try:
                 if how == "succeed":
                     try:
-                        applied = await self._call(claim.succeed, value)
+                        applied = await self._land(claim, claim._success(value))
                         if applied:
                             self.stats["succeeded"] += 1
                     except errors.InvalidInput as exc:
                         failed = (f"result not storable: {exc}", None, 0.0)
-                        applied = await self._call(claim.fail, failed[0])
+                        applied = await self._land(claim, claim._failure(failed[0]))
                         self.stats["failed"] += 1
                 elif how == "retry":
                     delay, error, raised = value
                     delay = policy.delay(claim.effect.attempt) if delay is None else delay
                     failed = (error, raised, delay)
-                    applied = await self._call(
-                        lambda: claim.retry(
-                            delay,
-                            error,
-                            traceback=_traceback(raised),
-                            max_attempts=policy.max_attempts,
-                        )
+                    applied = await self._land(
+                        claim,
+                        claim._retry(delay, error, _traceback(raised), policy.max_attempts),
                     )
                 elif how == "fail":
                     error, raised = value
                     failed = (error, raised, 0.0)
-                    applied = await self._call(
-                        lambda: claim.fail(error, traceback=_traceback(raised))
+                    applied = await self._land(
+                        claim, claim._failure(error, traceback=_traceback(raised))
                     )
                     self.stats["failed"] += 1
                 elif how == "release":
-                    applied = await self._call(claim.release)
+                    applied = await self._land(claim, claim._item("release"))
                     self.stats["released"] += 1
                 elif how == "timed_out":
                     delay = policy.delay(claim.effect.attempt)
                     failed = (value, None, delay)
-                    applied = await self._call(
-                        lambda: claim.timed_out(value, delay, max_attempts=policy.max_attempts)
+                    applied = await self._land(
+                        claim, claim._timed_out(value, delay, policy.max_attempts)
                     )
                 elif value:  # interrupted, replay-safe
-                    applied = await self._call(claim.retry, 0.0, how)
+                    applied = await self._land(claim, claim._retry(0.0, how))
                     self.stats["interrupted"] += 1
                 else:
-                    applied = await self._call(lambda: claim.fail(how, interrupted=True))
+                    applied = await self._land(claim, claim._failure(how, interrupted=True))
                     self.stats["interrupted"] += 1
             except errors.LeaseLost as exc:
                 self.stats["lost"] += 1
@@ -850,7 +838,7 @@ class Worker:
         else:
             step, retry_at = "retry", time.time() + delay
             then = f"retry in {delay:.3g}s"
-        limit = _lower(effect.max_attempts, self.policies[effect.kind].max_attempts)
+        limit = lower(effect.max_attempts, self.policies[effect.kind].max_attempts)
         where = _where(exc)
         fields = {
             "effect_id": effect.id,
@@ -932,9 +920,8 @@ class Worker:
 
     async def _drain(self) -> int:
         """Give queued claims back, wait for running ones (``grace``), then stop hard."""
-        while self._queued:
-            job = self._queued.popleft()
-            await self._settle(job, "release", None)
+        queued, self._queued = list(self._queued), deque()
+        await asyncio.gather(*(self._settle(job, "release", None) for job in queued))
         deadline = time.monotonic() + self.grace
         while self._jobs and self._stop_requested < 2:
             remaining = deadline - time.monotonic()
@@ -944,7 +931,9 @@ class Worker:
             await self._sleep(min(remaining, 0.1))
         if not self._jobs:
             return EXIT_OK
-        jobs = list(self._jobs.values())
+        # (Those whose outcome is known already are landing: the completer's last
+        # flush waits for them.)
+        jobs = [j for j in self._jobs.values() if j.claim.outcome is None]
         for job in jobs:
             job.interrupted = True
             if job.task is not None:

@@ -59,7 +59,7 @@ from fleetstore.core.settings import Settings
 from fleetstore.domain.history import ITERATE_PAGE, Messages, Sessions, Stream, ToolCallHandle
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import Claim, Effects, Swept
-from fleetstore.domain.outbox_args import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS
+from fleetstore.domain.outbox_ops import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS
 from fleetstore.domain.state import State
 from fleetstore.engine.base import Tx
 from fleetstore.models import (
@@ -716,9 +716,13 @@ class AsyncEffects:
         """``Effects.counts``."""
         return await self._owner._run(self.sync.counts)
 
-    async def wait_for_work(self, timeout: float) -> bool:
+    async def wake_token(self) -> int:
+        """``Effects.wake_token``."""
+        return await self._owner._run(self.sync.wake_token)
+
+    async def wait_for_work(self, timeout: float, *, token: int | None = None) -> bool:
         """``Effects.wait_for_work``."""
-        return await self._owner._run(lambda: self.sync.wait_for_work(timeout))
+        return await self._owner._run(lambda: self.sync.wait_for_work(timeout, token=token))
 
     async def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
         """``Effects.next_ready``."""

@@ -34,6 +34,7 @@ from fleetstore.core.targets import (
 )
 from fleetstore.core.validate import (
     check_bool,
+    check_int,
     check_opt_id,
     check_opt_timeout,
     check_str,
@@ -50,7 +51,14 @@ from fleetstore.engine.base import Tx
 from fleetstore.engine.foreign import read_foreign
 from fleetstore.engine.inspect import InspectFailed, read_header
 from fleetstore.store.backend import Backend
-from fleetstore.store.observe import namespace, store_figures, traced
+from fleetstore.store.observe import (
+    log_recovered,
+    log_replayed,
+    log_spooled,
+    namespace,
+    store_figures,
+    traced,
+)
 from fleetstore.store.procstats import Publisher
 from fleetstore.store.server import open_server
 from fleetstore.store.sharded import Router, open_sharded
@@ -310,43 +318,45 @@ class Store:
                 f"{self.spool_dir}; nothing was written",
             ) from exc
         if busy is not None:
-            log.warning(
-                "%s: %s spooled (%d waiting in %s): %s",
-                self.path,
-                op.name,
-                len(self.spool),
-                self.spool.path,
-                busy,
-                extra={
-                    "event": "spooled",
-                    "store": str(self.path),
-                    "operation": op.name,
-                    "op_id": op.op_id,
-                    "spool_pending": len(self.spool),
-                    "journal": str(self.spool.path),
-                    "error": f"{type(busy).__name__}: {busy}",
-                },
-            )
+            log_spooled(self, op, busy)
         else:
             log.debug("%s: %s queued in the spool behind earlier writes", self.path, op.name)
         self._wake()
 
     @property
     def notifies(self) -> bool:
-        """Whether ``notify_wait`` waits for notifications (PostgreSQL) or sleeps."""
-        return self.dialect == "postgresql"
+        """Whether ``notify_wait`` wakes on another process's ring (PostgreSQL's
+        LISTEN/NOTIFY, the gate file's futex words on SQLite) rather than sleeping its
+        timeout (no futex here)."""
+        return self.db.notifies
 
     @property
     def spans_files(self) -> bool:
         """Whether the catalog's index and the sessions live in different files."""
         return self.layout == "sharded"
 
-    def notify_wait(self, channel: str, timeout: float) -> bool:
-        """Wait up to *timeout* seconds for a notification on *channel* (a sleep on
-        SQLite, which has none)."""
+    def notify_token(self, channel: str) -> int:
+        """The token of ``notify_wait``: take it before looking for what a ring of
+        *channel* announces (engine/notify.py)."""
+        self._check_open()
+        return self.db.notify_token(channel)
+
+    def notify_wait(self, channel: str, timeout: float, token: int | None = None) -> bool:
+        """Wait up to *timeout* seconds for a ring of *channel* after *token* (from
+        ``notify_token``; None: after this call); True if one came."""
         check_str(channel, "channel", limit=63, empty=False)
         check_timeout(timeout)
-        return self.db.notify_wait(channel, timeout)
+        if token is not None:
+            check_int(token, "token", minimum=0)
+        self._check_open()
+        return self.db.notify_wait(channel, timeout, token)
+
+    def listen(self, channel: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call *fn* (in a listener thread: it must return quickly) after each ring of
+        *channel* heard from now on; returns the function that stops it."""
+        check_callable(fn)
+        self._check_open()
+        return self.db.listen(channel, fn)
 
     def spool_pending(self, session_id: str | None = None) -> int:
         """This process's writes waiting in its spool (only those that touch
@@ -654,12 +664,7 @@ class Store:
         if not len(self.spool):
             replayed = self.spool.replayed_total - self._replayed_logged
             self._replayed_logged = self.spool.replayed_total
-            log.info(
-                "%s: the spool is empty again: %d spooled write(s) replayed",
-                self.path,
-                replayed,
-                extra={"event": "replayed", "store": str(self.path), "replayed": replayed},
-            )
+            log_replayed(self, replayed)
         with self._cond:
             self._cond.notify_all()
         return 0.0
@@ -713,20 +718,7 @@ class Store:
             with self._counts_lock:
                 self._recovered += result.replayed
             if result.replayed:
-                log.info(
-                    "%s: %d write(s) of a process that died replayed from %s (%s)",
-                    self.path,
-                    result.replayed,
-                    path.name,
-                    result.status,
-                    extra={
-                        "event": "recovered",
-                        "store": str(self.path),
-                        "replayed": result.replayed,
-                        "journal": str(path),
-                        "status": result.status,
-                    },
-                )
+                log_recovered(self, path, result.replayed, result.status)
             if result.rejected:
                 with self._counts_lock:
                     self._rejected += result.rejected

@@ -1,21 +1,26 @@
 """What a store shows an operator beyond ``metrics()``: its operations as OpenTelemetry
 spans and measurements once an SDK is installed (``traced``, called by
-``Store.submit`` only then: core/telemetry.py), its name there (``namespace``), and
-the figures read from the store itself (``store_figures``)."""
+``Store.submit`` only then: core/telemetry.py), its name there (``namespace``), the
+figures read from the store itself (``store_figures``), and the spool's log events
+(``log_spooled``, ``log_replayed``, ``log_recovered``: docs/telemetry.md, "Logs")."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from fleetstore.core import telemetry
+from fleetstore.core.logs import logger
 from fleetstore.domain import registry
 from fleetstore.domain.operations import Operation, Scope
 
 #: A ``fleetstore.store.facade.Store`` (whose module imports this one: naming the class
 #: here would make an import cycle, which tests/test_layers.py forbids).
 Store = Any
+
+log = logger("fleetstore")
 
 
 def namespace(store: Store) -> str:
@@ -69,4 +74,61 @@ def store_figures(store: Store) -> tuple[dict[str, int], float, int]:
     return counts, age, store.backend.wal_bytes()
 
 
-__all__ = ["namespace", "store_figures", "traced"]
+def log_spooled(store: Store, op: Operation, busy: BaseException) -> None:
+    """*op* went to the spool: it ran out of its write budget (*busy*)."""
+    pending, journal = len(store.spool), store.spool.path
+    log.warning(
+        "%s: %s spooled (%d waiting in %s): %s",
+        store.path,
+        op.name,
+        pending,
+        journal,
+        busy,
+        extra={
+            "event": "spooled",
+            "store": str(store.path),
+            "operation": op.name,
+            "op_id": op.op_id,
+            "spool_pending": pending,
+            "journal": str(journal),
+            "error": f"{type(busy).__name__}: {busy}",
+        },
+    )
+
+
+def log_replayed(store: Store, replayed: int) -> None:
+    """The spool is empty again: *replayed* spooled writes were applied."""
+    log.info(
+        "%s: the spool is empty again: %d spooled write(s) replayed",
+        store.path,
+        replayed,
+        extra={"event": "replayed", "store": str(store.path), "replayed": replayed},
+    )
+
+
+def log_recovered(store: Store, journal: Path, replayed: int, status: str) -> None:
+    """*replayed* writes of a process that died were replayed from its *journal*."""
+    log.info(
+        "%s: %d write(s) of a process that died replayed from %s (%s)",
+        store.path,
+        replayed,
+        journal.name,
+        status,
+        extra={
+            "event": "recovered",
+            "store": str(store.path),
+            "replayed": replayed,
+            "journal": str(journal),
+            "status": status,
+        },
+    )
+
+
+__all__ = [
+    "log_recovered",
+    "log_replayed",
+    "log_spooled",
+    "namespace",
+    "store_figures",
+    "traced",
+]
