@@ -213,6 +213,24 @@ def test_a_spooled_write_is_marked_on_its_span_and_logged_once_with_its_fields(
     assert dict(span.attributes or {})["fleetstore.spooled"] is True
 
 
+def test_a_batch_of_settlements_has_its_size_on_its_span_only(otel: Otel, tmp_path: Path) -> None:
+    with fleetstore.open(tmp_path / "otel.db") as store:
+        for n in range(4):
+            store.effects.enqueue(f"thread-{n}", "notify", {})
+        claims = store.effects.claim("worker", limit=4)
+        assert len(claims) == 4
+        first, rest = claims[0], claims[1:]
+        assert first.succeed({"ok": True})
+        store.effects._settle_batch(rest, [c._success(1) for c in rest])
+        metrics = otel.metrics()
+    (batch,) = otel.spans("settle_effects ")
+    assert dict(batch.attributes or {})["db.operation.batch.size"] == 3
+    (single,) = otel.spans("settle_effect ")
+    assert "db.operation.batch.size" not in dict(single.attributes or {})
+    for point in points(metrics[telemetry.DB_DURATION]):
+        assert "db.operation.batch.size" not in point.attributes
+
+
 def test_an_effect_that_failed_is_logged_once_with_its_fields_and_traceback(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

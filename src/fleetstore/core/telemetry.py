@@ -403,11 +403,14 @@ class Telemetry:
         session_id: str | None,
         call: Callable[..., Any],
         *args: Any,
+        batch: int = 0,
     ) -> Any:
         """``call(*args)``, the store operation *op*, as a CLIENT span named per the
         conventions (``{db.operation.name} {db.namespace}``) and a
         ``db.client.operation.duration`` measurement (with ``error.type``, the
-        exception's class name, if it raised).  The session id goes on the span only."""
+        exception's class name, if it raised).  The session id goes on the span only,
+        and so does *batch* (``db.operation.batch.size``: the operations one call
+        carries, when two or more; a label of that many values is not a metric's)."""
         attrs = self.attributes(system, namespace, op)
         tracer = self.tracer
         if tracer is None:
@@ -424,6 +427,8 @@ class Telemetry:
         ) as span:
             if session_id is not None:
                 span.set_attribute(SESSION_ATTR, session_id)
+            if batch > 1:
+                span.set_attribute("db.operation.batch.size", batch)
             started = time.perf_counter()  # within the span: never longer than it
             try:
                 result = call(*args)

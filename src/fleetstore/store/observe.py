@@ -48,6 +48,9 @@ def traced(
             if isinstance(value, str):
                 session_id = value
                 break
+    # One call that carries several operations: a worker's batch of settlements
+    # (``effects._settle_batch``), the conventions' batch.
+    items = op.args.get("items") if op.name == "settle_effects" else None
     result: dict[str, Any] | None = otel.operation(
         store.dialect,
         store.namespace,
@@ -58,6 +61,7 @@ def traced(
         spool,
         must_land,
         independent,
+        batch=len(items) if isinstance(items, list) else 0,
     )
     return result
 
