@@ -61,7 +61,7 @@ def traced(
         spool,
         must_land,
         independent,
-        batch=len(items) if isinstance(items, list) else 0,
+        batch=len(items) if items is not None else 0,
     )
     return result
 
