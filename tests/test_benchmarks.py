@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(240)
 def test_the_write_path_benchmark_runs_every_target_and_verifies_it(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
@@ -43,7 +43,7 @@ def test_the_write_path_benchmark_runs_every_target_and_verifies_it(tmp_path: Pa
     assert lone["verify"]["effects"]["pending"] == lone["verify"]["acked_turns"]
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(120)
 def test_the_flaky_kind_benchmark_drains_every_configuration(tmp_path: Path) -> None:
     """bench_outbox_failures.py (issue 25's figures in docs/outbox.md): every effect of

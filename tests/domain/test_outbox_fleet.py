@@ -925,7 +925,7 @@ PLANS: list[tuple[int, list[str], int]] = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_fleet_of_8_workers_runs_threads_in_order_one_at_a_time_exactly_once(
     env: Env, barrier: Barrier
 ) -> None:

@@ -288,6 +288,7 @@ def test_a_concurrent_read_modify_write_is_applied_once_and_every_rerun_is_count
     assert extra == (1 if engine.reruns_allowed else 0), runs
 
 
+@pytest.mark.timing
 def test_an_outside_lock_within_the_budget_is_waited_out_and_each_body_runs_once(
     engine: EngineUnderTest, spawn: Spawn
 ) -> None:
@@ -332,6 +333,7 @@ def test_an_outside_lock_within_the_budget_is_waited_out_and_each_body_runs_once
     assert no_open_transaction(db)
 
 
+@pytest.mark.timing
 def test_store_busy_past_the_budget_writes_nothing_and_the_engine_recovers(
     engine: EngineUnderTest, spawn: Spawn
 ) -> None:
@@ -566,6 +568,7 @@ def test_reads_neither_see_nor_wait_for_another_processes_open_write(
 CHANNEL = "fleetstore_contract"
 
 
+@pytest.mark.timing
 def test_notify_wait_without_a_notification_returns_false_after_about_the_timeout(
     engine: EngineUnderTest,
 ) -> None:
@@ -595,6 +598,7 @@ def start_notifier(
     return sender
 
 
+@pytest.mark.timing
 def test_notify_wait_wakes_promptly_on_another_processes_notify(
     engine: EngineUnderTest, procs: list[Proc], barrier: Barrier
 ) -> None:

@@ -166,6 +166,7 @@ def test_a_holder_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
         assert len(holder_keys) == 1
 
 
+@pytest.mark.timing
 def test_a_waiter_whose_budget_runs_out_while_posted_is_never_applied_later(
     tmp_path: Path, procs: list[Proc], barrier: Barrier
 ) -> None:
@@ -300,6 +301,7 @@ def test_a_batch_whose_commit_failed_tells_no_waiter_its_write_was_saved(
         assert set(told.values()) == {"ok"}, told
 
 
+@pytest.mark.timing
 def test_a_holder_stopped_mid_batch_keeps_no_waiter_past_its_budget(
     tmp_path: Path, procs: list[Proc], barrier: Barrier
 ) -> None:
@@ -333,6 +335,7 @@ def test_a_holder_stopped_mid_batch_keeps_no_waiter_past_its_budget(
     assert any(k.startswith("holder-") for k in stored)
 
 
+@pytest.mark.timing
 def test_a_holder_stopped_while_committing_reports_the_outcome_unknown_in_time(
     tmp_path: Path, procs: list[Proc], barrier: Barrier
 ) -> None:

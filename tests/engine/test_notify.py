@@ -44,6 +44,7 @@ def test_the_notification_words_are_in_the_gate_files_header_page() -> None:
     assert NOTIFY_AT % 64 == 0 and NOTIFY_AT + 4 * NOTIFY_WORDS <= 2048  # before the sleepers
 
 
+@pytest.mark.timing
 def test_a_process_waiting_for_a_ring_uses_no_cpu_and_wakes_on_one(
     tmp_path: Path, procs: list[Proc]
 ) -> None:
