@@ -1,7 +1,7 @@
 """An effect's telemetry: the fields of a lost lease's log record, and its trace
 context, carried from its enqueue to its handler's span (opt-in: ``trace_effects``;
 docs/telemetry.md).  Stored with the effect (``effects.trace_context``,
-migration 0011) as the JSON text of its W3C ``traceparent`` and ``tracestate``."""
+migration 0012) as the JSON text of its W3C ``traceparent`` and ``tracestate``."""
 
 from __future__ import annotations
 

@@ -46,19 +46,14 @@ from fleetstore.domain.history import Messages, Sessions
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import Effects
 from fleetstore.domain.ports import Flushable
+from fleetstore.domain.search import Search
 from fleetstore.domain.state import State
-from fleetstore.engine.base import Tx
+from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.foreign import read_foreign
 from fleetstore.engine.inspect import InspectFailed, read_header
+from fleetstore.store import observe
 from fleetstore.store.backend import Backend
-from fleetstore.store.observe import (
-    log_recovered,
-    log_replayed,
-    log_spooled,
-    namespace,
-    store_figures,
-    traced,
-)
+from fleetstore.store.indexer import Indexer
 from fleetstore.store.procstats import Publisher
 from fleetstore.store.server import open_server
 from fleetstore.store.sharded import Router, open_sharded
@@ -150,7 +145,9 @@ class Store:
         self.effects = Effects(self)
         #: OpenTelemetry's ``db.namespace``: the store's file (or directory), or a
         #: PostgreSQL store's database name.
-        self.namespace = namespace(self)
+        self.namespace = observe.namespace(self)
+        #: Full-text search of every session (docs/search.md).
+        self.search = Search(self)
         self._closed = False
         self._init_process()
         _live.add(self)
@@ -190,6 +187,10 @@ class Store:
         self._jobs: threading.Thread | None = None
         self._jobs_running = False
         self._jobs_again = False
+        #: The search indexer, started by this process's first write (store/indexer.py).
+        keys = self.router.take_search_keys if self.router is not None else None
+        self._indexer = Indexer(self, keys, self._left)
+        self._indexing = not self.settings.search_index
 
     def _after_fork(self) -> None:
         # Threads do not survive a fork: a child starts its own spool and
@@ -235,7 +236,7 @@ class Store:
         # An attribute read while no OpenTelemetry SDK is installed: no call
         # (core/telemetry.py; tests/store/test_cost.py's ceilings).
         if telemetry.ACTIVE is not None:
-            return traced(self, op, spool, must_land, independent)
+            return observe.traced(self, op, spool, must_land, independent)
         blobs = self.blobs
         if blobs.__class__ is BlobStore and blobs._kept:
             return self._settling(op, spool, must_land, independent)
@@ -271,6 +272,9 @@ class Store:
             raise errors.StoreClosed(f"{self.path}: the store was closed")
         if self._publisher is None:
             self._start_publisher()
+        if not self._indexing:
+            self._indexing = True
+            self._indexer.start()
         with self._counts_lock:
             self._op_counts[op.name] += 1
         if independent:
@@ -318,7 +322,7 @@ class Store:
                 f"{self.spool_dir}; nothing was written",
             ) from exc
         if busy is not None:
-            log_spooled(self, op, busy)
+            observe.log_spooled(self, op, busy)
         else:
             log.debug("%s: %s queued in the spool behind earlier writes", self.path, op.name)
         self._wake()
@@ -436,6 +440,19 @@ class Store:
         self._check_open()
         return self.backend.sync_catalog(timeout)
 
+    def search_files(
+        self, *, session_id: str | None, root_id: str | None, project: str | None
+    ) -> list[str | None]:
+        """The files a search with these filters reads (None: the store's database, or
+        a sharded store's catalog)."""
+        return self.backend.search_files(session_id=session_id, root_id=root_id, project=project)
+
+    def with_file(self, key: str | None, fn: Callable[[Engine], T]) -> T:
+        """``fn(db)`` with file *key*'s database (``search_files``)."""
+        check_callable(fn)
+        self._check_open()
+        return self.backend.with_file(key, fn)
+
     def _start_publisher(self) -> None:
         """This process's figures, published for ``fleetstore top`` (a child after
         fork publishes under its own PID: threads do not survive a fork)."""
@@ -445,13 +462,7 @@ class Store:
             self._publisher = Publisher(
                 str(self.path), self.settings.publish_interval, self._published_figures
             )
-        telemetry.watch(
-            self,
-            {"db.system.name": self.dialect, "db.namespace": self.namespace},
-            self.metrics,
-            lambda: store_figures(self),
-        )
-        telemetry.refresh()
+        observe.watch(self)
         self._publisher.start()
 
     # -- background work: the spool drain and timed stream flushes -------------------------
@@ -557,7 +568,7 @@ class Store:
         """A background thread has ended: the last one out closes the store's engine if
         close() came while it was inside (see close)."""
         with self._cond:
-            if self._running or self._jobs_running:
+            if self._running or self._jobs_running or self._indexer.running:
                 return
             last_out, self._last_out = self._last_out, None
         if last_out is not None:
@@ -662,9 +673,7 @@ class Store:
         self._failures = 0
         self.spool.done(op)
         if not len(self.spool):
-            replayed = self.spool.replayed_total - self._replayed_logged
-            self._replayed_logged = self.spool.replayed_total
-            log_replayed(self, replayed)
+            self._replayed_logged = observe.log_replayed(self, self._replayed_logged)
         with self._cond:
             self._cond.notify_all()
         return 0.0
@@ -718,7 +727,7 @@ class Store:
             with self._counts_lock:
                 self._recovered += result.replayed
             if result.replayed:
-                log_recovered(self, path, result.replayed, result.status)
+                observe.log_recovered(self, path, result.replayed, result.status)
             if result.rejected:
                 with self._counts_lock:
                     self._rejected += result.rejected
@@ -760,6 +769,7 @@ class Store:
             "rejected": rejected,
             "open_streams": len(self._streams),
             "outbox": self.outbox_metrics.snapshot(),
+            **self._indexer.figures(),
         }
 
     def histograms(self) -> dict[str, Any]:
@@ -804,6 +814,7 @@ class Store:
                 self._stop = True  # the replay stops before its next operation
                 self._cond.notify_all()
             here = threading.current_thread() in (self._thread, self._jobs)
+            self._indexer.stop(self.settings.write_budget + 5)
             for thread in (self._thread, self._jobs):
                 if thread is not None and thread is not threading.current_thread():
                     # The operation under way ends within one write budget.
@@ -827,7 +838,7 @@ class Store:
                 # thread closes it as it leaves.  Closing it here met the operation in
                 # flight with a closed gate, and it went to rejected.jsonl as a bug
                 # (issue 23, cause 7; tests/store/test_spool.py::test_close_during_the_*).
-                inside = (self._running or self._jobs_running) and not here
+                inside = (self._running or self._jobs_running or self._indexer.running) and not here
                 if inside:
                     self._last_out = last_out
             if inside:

@@ -100,14 +100,32 @@ def log_spooled(store: Store, op: Operation, busy: BaseException) -> None:
     )
 
 
-def log_replayed(store: Store, replayed: int) -> None:
-    """The spool is empty again: *replayed* spooled writes were applied."""
+def watch(store: Store) -> None:
+    """OpenTelemetry's observable instruments read *store*'s figures from now on (once
+    an SDK is installed: ``telemetry.refresh`` looks for one now, then with every
+    publish)."""
+    telemetry.watch(
+        store,
+        {"db.system.name": store.dialect, "db.namespace": store.namespace},
+        store.metrics,
+        lambda: store_figures(store),
+    )
+    telemetry.refresh()
+
+
+def log_replayed(store: Store, logged: int) -> int:
+    """The spool is empty again: the spooled writes replayed since *logged* (the
+    spool's replayed total when this was last logged) were applied.  Returns the
+    total now."""
+    total = store.spool.replayed_total
+    replayed = total - logged
     log.info(
         "%s: the spool is empty again: %d spooled write(s) replayed",
         store.path,
         replayed,
         extra={"event": "replayed", "store": str(store.path), "replayed": replayed},
     )
+    return int(total)
 
 
 def log_recovered(store: Store, journal: Path, replayed: int, status: str) -> None:
@@ -135,4 +153,5 @@ __all__ = [
     "namespace",
     "store_figures",
     "traced",
+    "watch",
 ]
