@@ -36,6 +36,7 @@ READING: dict[str, Argv] = {
     "effects list": lambda t, out: ["effects", "list", "--store", t],
     "effects show": lambda t, out: ["effects", "show", "no-such-effect", "--store", t],
     "export": lambda t, out: ["export", "--store", t, "-o", str(out / "e.zst")],
+    "metrics": lambda t, out: ["metrics", "--store", t],
     "sessions list": lambda t, out: ["sessions", "list", "--store", t],
     "sessions show": lambda t, out: ["sessions", "show", "no-such-session", "--store", t],
     "search": lambda t, out: ["search", "anything", "--store", t],
