@@ -317,11 +317,8 @@ class Redactor:
                     self._folded.setdefault(prefix.lower(), []).append(index)
                 else:
                     self._exact.setdefault(prefix, []).append(index)
-        # Prefixes are looked for by their first characters (str.find, one pass each),
-        # shared by several (gh: ghp_, gho_, github_pat_...): 96 passes were 2.5 times
-        # slower (benchmarks/bench_redact.py).
-        self._exact_heads = _heads(self._exact)
-        self._folded_heads = _heads(self._folded)
+        self._exact_finder = _PrefixFinder(self._exact)
+        self._folded_finder = _PrefixFinder(self._folded)
         # Every proper beginning of a prefix: text ending in one may be a prefix cut off.
         self._starts_exact = {p[:k] for p in self._exact for k in range(1, len(p))}
         self._starts_folded = {p[:k] for p in self._folded for k in range(1, len(p))}
@@ -428,9 +425,9 @@ class Redactor:
     def _candidates(self, text: str, start: int, limit: int) -> list[tuple[int, int]]:
         """(position, rule index) of every prefix occurrence starting in [start, limit)."""
         found: list[tuple[int, int]] = []
-        _occurrences(text, self._exact_heads, start, limit, found)
-        if self._folded_heads:
-            _occurrences(_fold(text), self._folded_heads, start, limit, found)
+        self._exact_finder.find(text, start, limit, found)
+        if self._folded:
+            self._folded_finder.find(_fold(text), start, limit, found)
         found.sort()
         return found
 
@@ -449,9 +446,14 @@ class Redactor:
         rule's own."""
         if rule.secret == 0:
             return rule.kind
-        inner = self.find(secret)
-        if len(inner) == 1 and inner[0].start == 0 and inner[0].end == len(secret):
-            return inner[0].kind
+        # Only the rules that match a token by itself, tried at its start: a rule by
+        # context here would look inside again (PASSWORD=PASSWORD=... recursed).
+        for pos, index in self._candidates(secret, 0, 1):
+            inner = self.ruleset.rules[index]
+            if inner.secret == 0:
+                m = inner.regex.match(secret, pos)
+                if m is not None and m.end() == len(secret):
+                    return inner.kind
         return rule.kind
 
     def _decide(self, text: str, start: int, *, final: bool) -> tuple[int, list[Finding]]:
@@ -479,31 +481,47 @@ class Redactor:
         return limit, found
 
 
-#: Prefixes starting with one of these are looked for by that character alone (rare in
-#: text, and many url-token prefixes share it).
-_RARE_FIRST = "?&#"
+class _PrefixFinder:
+    """Every position where one of *prefixes* starts, in one pass of ``re``: the prefixes
+    as a trie-shaped pattern (``(?:A(?:KIA|SIA)|gh(?:p_|o_)...)``), searched again from
+    the character after each hit so that overlapping prefixes are all found.  One
+    ``str.find`` pass per prefix (96) cost 2-3 times more (benchmarks/bench_redact.py)."""
 
-Heads = dict[str, list[tuple[str, list[int]]]]
+    def __init__(self, prefixes: Mapping[str, list[int]]) -> None:
+        self._regex = re.compile(_trie_pattern(list(prefixes))) if prefixes else None
+        self._by_first: dict[str, list[tuple[str, list[int]]]] = {}
+        for prefix, indexes in prefixes.items():
+            self._by_first.setdefault(prefix[0], []).append((prefix, indexes))
 
-
-def _heads(prefixes: Mapping[str, list[int]]) -> Heads:
-    heads: Heads = {}
-    for prefix, indexes in prefixes.items():
-        head = prefix[0] if prefix[0] in _RARE_FIRST else prefix[:3]
-        heads.setdefault(head, []).append((prefix, indexes))
-    return heads
-
-
-def _occurrences(
-    text: str, heads: Heads, start: int, limit: int, found: list[tuple[int, int]]
-) -> None:
-    for head, group in heads.items():
-        at = text.find(head, start)
-        while 0 <= at < limit:
-            for prefix, indexes in group:
+    def find(self, text: str, start: int, limit: int, found: list[tuple[int, int]]) -> None:
+        if self._regex is None:
+            return
+        search = self._regex.search
+        m = search(text, start)
+        while m is not None and m.start() < limit:
+            at = m.start()
+            for prefix, indexes in self._by_first[text[at]]:
                 if text.startswith(prefix, at):
                     found.extend((at, i) for i in indexes)
-            at = text.find(head, at + 1)
+            m = search(text, at + 1)
+
+
+def _trie_pattern(words: list[str]) -> str:
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict[str, Any]) -> str:
+        alternatives = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        if not alternatives:
+            return ""
+        body = alternatives[0] if len(alternatives) == 1 else f"(?:{'|'.join(alternatives)})"
+        return f"(?:{body})?" if "" in node else body
+
+    return emit(trie)
 
 
 def _fold(text: str) -> str:
