@@ -18,6 +18,7 @@ from fleetstore.cli.maintain import maintain_command
 from fleetstore.cli.migrate import migrate_command
 from fleetstore.cli.recover import recover
 from fleetstore.cli.reshard import archive_tree_command, reshard_command, restore_tree_command
+from fleetstore.cli.scan import scan_command
 from fleetstore.cli.sessions import sessions
 from fleetstore.cli.stats import stats_command
 from fleetstore.cli.stress import stress_command
@@ -65,3 +66,4 @@ sessions.add_command(archive_tree_command)
 sessions.add_command(restore_tree_command)
 main.add_command(sessions)
 main.add_command(stats_command)
+main.add_command(scan_command)
