@@ -142,6 +142,11 @@ def test_a_store_is_scanned_everywhere_it_keeps_content(tmp_path: Path) -> None:
     assert spooled["path"] == str(journal) and spooled["line"] == 1
     assert spooled["json_path"] == "$.args.value.json.dsn"
     assert summary["scanned"]["blobs"] == 1 and summary["scanned"]["journals"] == 1
+    # The blob directory or the spool named alone.
+    for side, kind in ((".blobs", "private-key"), (".spool", "url-password")):
+        rc, alone, _ = scan_json(str(path) + side)
+        assert rc == 1 and [f["kind"] for f in alone] == [kind], side
+    assert snapshot(tmp_path) == before
     for f in findings:
         assert len(f["preview"]) <= 5 and f["preview"].endswith("…")
         assert f["fingerprint"].startswith("sha256:") and len(f["fingerprint"]) == 19

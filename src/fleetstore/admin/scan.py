@@ -53,6 +53,7 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _SIDE_FILES = re.compile(r".*(-wal|-shm|-journal|\.gate)$")
 _ATTEMPTS = 5
+_JOURNAL_LINE = re.compile(rb"[0-9a-f]{8} ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,11 @@ def scan(
         raise errors.NotFound(f"{path}: a link to nothing")
     if not path.exists():
         raise errors.NotFound(f"{path}: no such file or directory")
-    if path.is_dir():
+    if path.is_dir() and path.name.endswith(".blobs"):
+        scanner.blobs(path, database=path.with_name(path.name.removesuffix(".blobs")))
+    elif path.is_dir() and path.name.endswith(".spool"):
+        scanner.spool(path)
+    elif path.is_dir():
         scanner.directory(path)
     else:
         scanner.file(path, named=True)
@@ -379,8 +384,8 @@ class _Scanner:
             with path.open("rb") as f:
                 for number, raw in enumerate(f, 1):
                     line = raw.rstrip(b"\r\n")
-                    if spool and len(line) > 9 and line[8:9] == b" ":
-                        line = line[9:]
+                    if spool and _JOURNAL_LINE.match(line):
+                        line = line[9:]  # "<crc32 in hex> <json>" (store/spool.py)
                     self.report.scanned["lines"] += 1
                     self.report.scanned["bytes"] += len(raw)
                     if line:
