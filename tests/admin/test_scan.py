@@ -27,12 +27,12 @@ from tests.secret_samples import Sample, samples
 S = {s.kind: s for s in samples()}
 
 
-def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+def cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fleetstore", "scan", *argv],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env=clean_env(),
         stdin=subprocess.DEVNULL,
     )
@@ -289,6 +289,19 @@ def test_a_directory_of_transcripts_is_walked(tmp_path: Path) -> None:
     # Named on the command line, any file is read.
     rc, findings, _ = scan_json(root / "notes.txt")
     assert rc == 1 and [f["kind"] for f in findings] == ["npm-token"]
+
+
+def test_a_fifo_in_a_directory_is_skipped_not_read(tmp_path: Path) -> None:
+    """Opened, a FIFO with no writer blocks for ever: a walk must not open what is not a
+    regular file.  (The generous timeout only catches the hang.)"""
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    jsonl(tmp_path / "a.jsonl", [{"k": S["npm-token"].text}])
+    done = cli(str(tmp_path), "--json", timeout=60)
+    summary = json.loads(done.stdout.splitlines()[-1])["summary"]
+    assert done.returncode == 1 and summary["by_kind"] == {"npm-token": 1}
+    assert summary["skipped"] == [
+        {"path": str(tmp_path / "pipe.jsonl"), "why": "not a regular file"}
+    ]
 
 
 def test_a_sharded_store_is_scanned_whole(tmp_path: Path) -> None:

@@ -192,6 +192,16 @@ class _Scanner:
             return
         if _SIDE_FILES.fullmatch(path.name) and not named:
             return  # read with its database (or a lock file)
+        if named:
+            try:
+                st = path.stat()
+            except OSError as exc:
+                self.error(path, exc)
+                return
+        if not stat.S_ISREG(st.st_mode):
+            # A FIFO or a device would block the scan, or never end.
+            self.skip(path, "not a regular file")
+            return
         try:
             with path.open("rb") as f:
                 head = f.read(16)
