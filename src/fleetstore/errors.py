@@ -185,8 +185,9 @@ class WrongKey(PermanentError):
 
 
 class SealedCorrupt(CorruptStore):
-    """An encrypted file failed its authentication with the right key: it was damaged,
-    cut short, extended or changed after it was written.  Nothing of it was used."""
+    """An encrypted file failed its authentication with the right key (it was damaged,
+    cut short, extended or changed after it was written), or is not a sealed file this
+    version reads.  Nothing of it was used."""
 
 
 class InvalidInput(PermanentError, ValueError):
