@@ -36,6 +36,7 @@ COMMANDS = {
     "recover": "fleetstore.cli.recover:recover",
     "reshard": "fleetstore.cli.reshard:reshard_command",
     "restore": "fleetstore.cli.backup:restore_command",
+    "scan": "fleetstore.cli.scan:scan_command",
     "sessions": "fleetstore.cli.sessions:sessions",
     "stats": "fleetstore.cli.stats:stats_command",
     "stress": "fleetstore.cli.stress:stress_command",

@@ -21,6 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "langgraph": ("langgraph", "langchain_core"),
     "openai-agents": ("agents",),
     "adk": ("google", "pydantic"),
+    "encryption": ("cryptography",),
 }
 
 

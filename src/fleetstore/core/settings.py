@@ -81,6 +81,9 @@ class Settings:
     #: Sharded stores (``sqlite+sharded:///DIR``): shard files this process keeps
     #: open at once (idle ones beyond it are closed, least recently used first).
     max_open_shards: int = 64
+    #: The keyring file (fleetstore.core.keys) of a store encrypted at rest; "" for
+    #: none.  Not wired into the stores yet (issue 29): set, it is refused.
+    encryption_key_file: str = ""
 
     def __post_init__(self) -> None:
         for name, (minimum, maximum) in _NUMBERS.items():
@@ -117,6 +120,18 @@ class Settings:
             self.local_dir.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             raise ConfigError(f"local_dir is not a valid path: {self.local_dir!r:.80}") from None
+        if not isinstance(self.encryption_key_file, str) or "\x00" in self.encryption_key_file:
+            raise ConfigError(
+                f"encryption_key_file must be a file path, not {self.encryption_key_file!r:.80}"
+            )
+        if self.encryption_key_file:
+            # Refused until the stores encrypt (docs/secrets.md, "What is built"): a store
+            # that took the setting and wrote in the clear would be worse than none.
+            raise ConfigError(
+                f"encryption_key_file is set ({self.encryption_key_file!r:.200}), but this "
+                "version of fleetstore does not encrypt stores yet (docs/secrets.md); "
+                "refusing rather than writing in the clear"
+            )
         if not isinstance(self.gate, bool):
             raise ConfigError(f"gate must be true or false, not {self.gate!r:.80}")
 
