@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-
-from fleetstore import errors
-from fleetstore.admin.scan import ScanFinding, ScanReport, scan
 from click.core import ParameterSource
 
+from fleetstore import errors
 from fleetstore.cli.util import env, json_option, store_params
-from fleetstore.core.redact import Redactor, Ruleset
+
+if TYPE_CHECKING:
+    from fleetstore.admin.scan import ScanFinding, ScanReport
 
 EXIT_FOUND = 1
 EXIT_USAGE = 2
@@ -64,14 +64,19 @@ def scan_command(path: str | None, store: str | None, as_json: bool, rules: str 
     against a key you hold. Nothing is written: no byte or mtime of any file changes,
     no -wal, -shm or lock file is created.
     """
-    if path is not None and click.get_current_context().get_parameter_source(
-        "store"
-    ) is ParameterSource.COMMANDLINE and store != path:
+    if (
+        path is not None
+        and click.get_current_context().get_parameter_source("store") is ParameterSource.COMMANDLINE
+        and store != path
+    ):
         raise click.UsageError(f"scan names what to scan twice: PATH {path} and --store {store}")
     if path is None:
         from fleetstore.core.targets import parse_target
 
         path = store if store is not None else str(parse_target(None)[1])
+    from fleetstore.admin.scan import scan
+    from fleetstore.core.redact import Redactor, Ruleset
+
     try:
         redactor = Redactor(Ruleset.load(rules)) if rules else None
     except (errors.ConfigError, errors.NotFound) as exc:

@@ -134,7 +134,7 @@ class OutsideFile:
     def write(self) -> Iterator[WriteTx]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` (rolled back if the body raises)."""
         self._begin("BEGIN IMMEDIATE", "sqlite")
-        tx = WriteTx(self._conn, self.path)
+        tx = WriteTx(self._conn, self.path, time.time())
         try:
             yield tx
             tx._drop_cursor()
@@ -157,7 +157,7 @@ class OutsideFile:
     def read(self, fn: Callable[[ReadTx], T]) -> T:
         """``fn(tx)`` in a read transaction (one snapshot), rolled back after."""
         self._begin("BEGIN", "sqlite")
-        tx = ReadTx(self._conn, self.path)
+        tx = ReadTx(self._conn, self.path, time.time())
         try:
             return fn(tx)
         finally:
