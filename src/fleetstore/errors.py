@@ -194,6 +194,12 @@ class WrongKey(PermanentError):
     read, written or destroyed."""
 
 
+class NotEncrypted(PermanentError):
+    """A key was given for a store that is not encrypted.  Nothing was opened or
+    changed: open it without ``encryption_key_file``, or encrypt it (``fleetstore
+    rekey``)."""
+
+
 class SealedCorrupt(CorruptStore):
     """An encrypted file failed its authentication with the right key (it was damaged,
     cut short, extended or changed after it was written), or is not a sealed file this
@@ -317,6 +323,7 @@ __all__ = [
     "MigrationError",
     "MissingDependency",
     "NotAStore",
+    "NotEncrypted",
     "NotFound",
     "PayloadTooLarge",
     "PermanentError",

@@ -1,5 +1,5 @@
 """Keyrings (fleetstore.core.keys): the file format, the checks on the key file (this
-user's alone), rotation, and the setting that names it (refused until stores encrypt)."""
+user's alone), rotation, and the setting that names it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import fleetstore
 from fleetstore import errors
 from fleetstore.core.keys import Key, Keyring, write_keyring
 from fleetstore.core.settings import Settings
@@ -142,18 +141,13 @@ def test_a_key_is_never_shown_and_its_fingerprint_names_it() -> None:
 # -- the setting ----------------------------------------------------------------------------
 
 
-def test_the_setting_is_refused_until_stores_encrypt(tmp_path: Path) -> None:
-    """A store that took encryption_key_file and wrote in the clear would mislead: it is
-    refused, by keyword and by variable, and nothing is created."""
+def test_the_setting_is_taken_by_keyword_and_by_variable(tmp_path: Path) -> None:
+    """encryption_key_file names the keyring (tests/store/test_encryption.py: what it
+    does); a path that cannot be one is a ConfigError."""
     path, _ = keyring_file(tmp_path, "k1")
     assert Settings().encryption_key_file == ""
-    with pytest.raises(errors.ConfigError, match="does not encrypt stores yet"):
-        Settings(encryption_key_file=str(path))
-    with pytest.raises(errors.ConfigError, match="does not encrypt stores yet"):
-        Settings.load({"FLEETSTORE_ENCRYPTION_KEY_FILE": str(path)})
+    assert Settings(encryption_key_file=str(path)).encryption_key_file == str(path)
+    loaded = Settings.load({"FLEETSTORE_ENCRYPTION_KEY_FILE": str(path)})
+    assert loaded.encryption_key_file == str(path)
     with pytest.raises(errors.ConfigError, match="must be a file path"):
         Settings(encryption_key_file="a\x00b")
-    store = tmp_path / "s.db"
-    with pytest.raises(errors.ConfigError):
-        fleetstore.open(store, encryption_key_file=str(path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["keys"]

@@ -218,4 +218,10 @@ def write_keyring(path: str | os.PathLike[str], keyring: Keyring) -> None:
         os.close(dir_fd)
 
 
-__all__ = ["KEY_BYTES", "Key", "Keyring", "check_key_file", "write_keyring"]
+def keyring_of(key_file: str) -> Keyring | None:
+    """The keyring the ``encryption_key_file`` setting names (None for "": no
+    encryption); see ``Keyring.load`` for the errors."""
+    return Keyring.load(key_file) if key_file else None
+
+
+__all__ = ["KEY_BYTES", "Key", "Keyring", "check_key_file", "keyring_of", "write_keyring"]

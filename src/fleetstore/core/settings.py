@@ -82,8 +82,16 @@ class Settings:
     #: open at once (idle ones beyond it are closed, least recently used first).
     max_open_shards: int = 64
     #: The keyring file (fleetstore.core.keys) of a store encrypted at rest; "" for
-    #: none.  Not wired into the stores yet (issue 29): set, it is refused.
+    #: none.  Given, the SQLite files and everything written beside them (blobs, spool
+    #: journals, archives, exports, backups) are encrypted (docs/secrets.md).
     encryption_key_file: str = ""
+    #: Secrets in what is written (messages, parts, streamed text, tool arguments and
+    #: outputs, state values, effect payloads) are replaced by ``[REDACTED:kind]``
+    #: before they are stored (docs/secrets.md, "Redaction").
+    redaction: bool = True
+    #: A rules file of your own (TOML, docs/secrets.md "Adding rules"): rules added to
+    #: the built-in ones, built-in kinds disabled, strings allowed.  "" for none.
+    redaction_rules_file: str = ""
 
     def __post_init__(self) -> None:
         for name, (minimum, maximum) in _NUMBERS.items():
@@ -124,14 +132,12 @@ class Settings:
             raise ConfigError(
                 f"encryption_key_file must be a file path, not {self.encryption_key_file!r:.80}"
             )
-        if self.encryption_key_file:
-            # Refused until the stores encrypt (docs/secrets.md, "What is built"): a store
-            # that took the setting and wrote in the clear would be worse than none.
+        if not isinstance(self.redaction_rules_file, str) or "\x00" in self.redaction_rules_file:
             raise ConfigError(
-                f"encryption_key_file is set ({self.encryption_key_file!r:.200}), but this "
-                "version of fleetstore does not encrypt stores yet (docs/secrets.md); "
-                "refusing rather than writing in the clear"
+                f"redaction_rules_file must be a file path, not {self.redaction_rules_file!r:.80}"
             )
+        if not isinstance(self.redaction, bool):
+            raise ConfigError(f"redaction must be true or false, not {self.redaction!r:.80}")
         if not isinstance(self.gate, bool):
             raise ConfigError(f"gate must be true or false, not {self.gate!r:.80}")
 
