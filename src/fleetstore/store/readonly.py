@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from fleetstore import errors, sql
+from fleetstore.core.keys import keyring_of
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, parse_target, sharded_url
 from fleetstore.domain.blobs import BlobStore
@@ -177,7 +178,11 @@ class _ReadOnlyBackend(OneDatabase):
 
     def __init__(self, path: Path, queries: Mapping[str, str], settings: Settings) -> None:
         super().__init__(ReadOnlyFile(str(path)), queries, path)
-        self.blobs = BlobStore(str(path) + ".blobs", settings.max_payload_bytes)
+        self.blobs = BlobStore(
+            str(path) + ".blobs",
+            settings.max_payload_bytes,
+            keyring=keyring_of(settings.encryption_key_file),
+        )
 
     def apply(self, op: Operation) -> Result:
         raise errors.ReadOnlyError(f"{self.path}: opened read-only; {op.name} not written")
