@@ -28,6 +28,7 @@ import importlib
 import json
 import os
 import re
+import threading
 import tomllib
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -330,6 +331,8 @@ class Redactor:
         self.max_reach = max(self._reach)
         self._allow = self.ruleset.allow
         self._allow_patterns = self.ruleset.allow_patterns
+        self.screen = _screen(self._exact, self._folded)
+        self.cut_prefix = _cut_prefix(self._starts_exact, self._starts_folded)
 
     # -- the decisions ---------------------------------------------------------------------
 
@@ -476,6 +479,13 @@ class Redactor:
                 continue
             consumed = m.end()
             s, e = m.span(rule.secret)
+            # A secret ending in an escape's backslash (JSON text: TOKEN=x\") keeps it:
+            # replaced with it, the quote after it would end the string.
+            back = e
+            while back > s and text[back - 1] == "\\":
+                back -= 1
+            if (e - back) % 2:
+                e -= 1
             if e > s and not self._allowed(text[s:e]):
                 found.append(Finding(self._kind_of(rule, text[s:e]), s, e))
         return limit, found
@@ -561,6 +571,15 @@ class StreamMatcher:
         self._start = 0
         self._finished = False
 
+    def resume(self, context: str) -> None:
+        """Go on from a text whose beginning (ending in *context*) was decided
+        elsewhere, with nothing found in it: *context* is what rules look behind at."""
+        if self._buf or self._base:
+            raise errors.InvalidInput("resume() starts a stream, before anything is fed")
+        self._buf = context[-LOOKAROUND:]
+        self._start = len(self._buf)
+        self._base = -self._start
+
     @property
     def decided(self) -> int:
         """How much of the whole text is decided (its offset)."""
@@ -623,6 +642,129 @@ class StreamRedactor:
         return _replace(decided, local, self.counts)
 
 
+def _screen(exact: Mapping[str, Any], folded: Mapping[str, Any]) -> re.Pattern[str]:
+    """One pattern that matches wherever any rule's prefix occurs (in any case for the
+    rules that ignore it), and where a prefix ending in ``=`` occurs as a JSON object's
+    key (``"DB_PASSWORD": ...``, which a JSON value's walk reads as ``DB_PASSWORD=``).
+    No match: neither ``find`` on the text nor ``redact_value`` of the value it encodes
+    finds anything (tests/core/test_redact.py), so the write path stops there."""
+    keyed = [p[:-1] + '"' for p in exact if p.endswith("=") and len(p) > 1]
+    keyed_folded = [p[:-1] + '"' for p in folded if p.endswith("=") and len(p) > 1]
+    parts = [_trie_pattern(list(exact) + keyed)] if exact else []
+    if folded:
+        parts.append(f"(?i:{_trie_pattern(list(folded) + keyed_folded)})")
+    return re.compile("|".join(parts) or "(?!)", _FLAGS)
+
+
+def _cut_prefix(exact: set[str], folded: set[str]) -> re.Pattern[str]:
+    """A pattern matching at the end of a text that ends in the beginning of a prefix
+    (``gh`` may begin ``ghp_``): a stream must hold such an end back."""
+    parts = [f"(?:{_trie_pattern(sorted(exact))})"] if exact else []
+    if folded:
+        parts.append(f"(?i:{_trie_pattern(sorted(folded))})")
+    return re.compile(f"(?:{'|'.join(parts)})\\Z" if parts else "(?!)", _FLAGS)
+
+
+class WriteRedaction:
+    """What a store applies to content before it stores it (``redaction`` on): a
+    screen (one compiled regex search; nothing more when it finds no prefix), the
+    redactor when it does, and the counts by kind of what was replaced in this process.
+    Knows nothing of what the content is; the write path decides what passes here."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.redactor = redactor
+        #: ``screen(text)``: None means nothing in *text* (or in the JSON value it
+        #: encodes) can be a secret.
+        self.screen = redactor.screen.search
+        #: ``cut(text, len(text) - reach)``: not None when *text* ends in what could
+        #: begin a prefix (a stream must hold that end back).
+        self.cut = redactor.cut_prefix.search
+        self.reach = redactor._longest_start
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def _count(self, counts: Counter[str]) -> None:
+        if counts:
+            with self._lock:
+                self.counts.update(counts)
+
+    def text(self, text: str) -> str:
+        """*text* redacted."""
+        done = self.redactor.redact(text)
+        self._count(done.counts)
+        return done.text
+
+    def value(self, value: Any) -> Any:
+        """A JSON-like value redacted (see ``Redactor.redact_value``)."""
+        out, counts = self.redactor.redact_value(value)
+        self._count(counts)
+        return out
+
+    def json_text(self, text: str) -> str:
+        """JSON text redacted as the value it encodes (its form kept when nothing is
+        found)."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return self.text(text)
+        out, counts = self.redactor.redact_value(value)
+        if not counts:
+            return text
+        self._count(counts)
+        return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+
+    def data(self, data: bytes) -> bytes:
+        """Bytes redacted when they are UTF-8 text (as JSON when they parse as JSON);
+        other bytes (an image, msgpack) are left as they are."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return data
+        if self.screen(text) is None:
+            return data
+        stripped = text.lstrip()
+        out = self.json_text(text) if stripped[:1] in ("{", "[", '"') else self.text(text)
+        return data if out == text else out.encode("utf-8")
+
+    def stream(self, context: str = "") -> CountedStream:
+        """A stream redactor for a text whose beginning, ending in *context*, was
+        written with nothing found in it."""
+        return CountedStream(self, context)
+
+
+class CountedStream:
+    """A ``StreamRedactor`` whose counts go to its ``WriteRedaction``."""
+
+    def __init__(self, owner: WriteRedaction, context: str) -> None:
+        self._owner = owner
+        self._stream = StreamRedactor(owner.redactor)
+        if context:
+            self._stream._matcher.resume(context)
+
+    def feed(self, piece: str) -> str:
+        before = Counter(self._stream.counts)
+        out = self._stream.feed(piece)
+        self._owner._count(self._stream.counts - before)
+        return out
+
+    def finish(self) -> str:
+        before = Counter(self._stream.counts)
+        out = self._stream.finish()
+        self._owner._count(self._stream.counts - before)
+        return out
+
+
+def write_redaction(rules_file: str = "") -> WriteRedaction:
+    """The write path's redaction (a store's: counts of its own) with the built-in
+    rules and the user's *rules_file* (its redactor built once per process and file)."""
+    return WriteRedaction(_redactor_for(rules_file))
+
+
+@functools.cache
+def _redactor_for(rules_file: str) -> Redactor:
+    return Redactor(Ruleset.load(rules_file or None))
+
+
 @functools.cache
 def default_redactor() -> Redactor:
     """A redactor with the built-in rules (built once per process)."""
@@ -652,7 +794,9 @@ __all__ = [
     "Ruleset",
     "StreamMatcher",
     "StreamRedactor",
+    "WriteRedaction",
     "default_redactor",
     "fingerprint",
     "preview",
+    "write_redaction",
 ]

@@ -53,6 +53,7 @@ from fleetstore.domain.codec import (
     columns,
     decode_value,
     prepare_payload,
+    redact_json,
     value_payload,
     write_payload,
 )
@@ -903,7 +904,9 @@ class Claim:
     def succeed(self, result: Any = None) -> bool:
         """Done: keep *result* (JSON, at most 1 MiB).  True once applied, False if
         spooled (applied in order once the store is writable again)."""
-        text = None if result is None else dump_json(result, "effect result")
+        text = (
+            None if result is None else redact_json(self._store, dump_json(result, "effect result"))
+        )
         if text is not None and len(text.encode("utf-8")) > MAX_RESULT:
             raise errors.InvalidInput("an effect result is kept inline: at most 1 MiB of JSON")
         return self._settle("succeeded", result=text)
@@ -946,7 +949,9 @@ class Claim:
         """For a worker: the result of a handler it gave up on, offered with this
         claim's token (which the store refuses once it was raised: ``LeaseLost``).
         Never spooled: past the write budget ``StoreBusy``."""
-        text = None if result is None else dump_json(result, "effect result")
+        text = (
+            None if result is None else redact_json(self._store, dump_json(result, "effect result"))
+        )
         return self._settle("succeeded", must_land=False, result=text)
 
     def _settle(self, outcome: str, *, must_land: bool = True, **args: Any) -> bool:

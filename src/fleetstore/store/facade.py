@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetstore import errors, sql
+from fleetstore.core.keys import keyring_of
+from fleetstore.core.redact import WriteRedaction, write_redaction
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import (
     CATALOG,
@@ -132,7 +134,14 @@ class Store:
         self.router: Router | None = backend if isinstance(backend, Router) else None
         self.blobs: BlobStore | DbBlobStore = backend.blobs
         self.spool_dir = Path(str(self.path) + ".spool")
-        self.spool = Spool(self.spool_dir)
+        #: The keys of a store encrypted at rest (None: not encrypted): its spool
+        #: journals, blob files, archives and exports are sealed with the current one.
+        self.keyring = keyring_of(settings.encryption_key_file)
+        #: What content passes through before it is stored (domain/codec.py; None: off).
+        self.redaction: WriteRedaction | None = (
+            write_redaction(settings.redaction_rules_file) if settings.redaction else None
+        )
+        self.spool = Spool(self.spool_dir, self.keyring)
         self.sessions = Sessions(self)
         self.messages = Messages(self)
         self.state = State(self)
@@ -596,7 +605,7 @@ class Store:
             # tests/store/test_spool.py::test_spooled_write_that_cannot_apply_is_rejected_not_dropped
             path = self.spool.path
             try:
-                reject(self.spool_dir, op, exc, path.name if path else None)
+                reject(self.spool_dir, op, exc, path.name if path else None, self.keyring)
             except OSError as err:
                 log.error("%s: cannot record rejected %s: %s", self.path, op.name, err)
                 return _MAX_PAUSE
@@ -660,7 +669,9 @@ class Store:
                 continue
             # Stops between two operations once close() begins: the rest waits for the
             # next open or `fleetstore recover` (issue 23, cause 7).
-            result = recover_journal(path, self._noting_jobs, self._check_blobs, lambda: self._stop)
+            result = recover_journal(
+                path, self._noting_jobs, self._check_blobs, lambda: self._stop, self.keyring
+            )
             if result.status == "unfinished":
                 stopped = f"the replay of {path.name} stopped"
             with self._counts_lock:
@@ -705,6 +716,8 @@ class Store:
             "recovered": recovered,
             "rejected": rejected,
             "open_streams": len(self._streams),
+            # Secrets replaced by their markers before they were stored, by kind.
+            "redacted": dict(self.redaction.counts) if self.redaction is not None else {},
         }
 
     def _published_figures(self) -> dict[str, Any]:
