@@ -411,6 +411,11 @@ METHODS: list[Method] = [
             "last": h.integer(0, optional=True),
         },
     ),
+    Method(
+        "messages.iterate",
+        lambda w: {"session_id": w.session_id, "after": 0, "page": 10},
+        {"session_id": h.ID, "after": h.integer(0), "page": h.integer(1)},
+    ),
     # -- Stream (an open one), ToolCallHandle
     Method("text", lambda w: {"delta": "x"}, {"delta": h.NOT_STR | h.BAD_TEXT}, root="stream"),
     Method("reasoning", lambda w: {"delta": "x"}, {"delta": h.NOT_STR | h.BAD_TEXT}, root="stream"),

@@ -344,6 +344,7 @@ _NAMED_TYPES = {
             "before_at",
             "since",
             "after",
+            "after_updated",
         ],
         "double precision",
     ),

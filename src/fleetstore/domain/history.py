@@ -579,10 +579,15 @@ class Messages:
         part's file is read when its message is reached, not with its page.  Messages
         committed while it runs are included if they come after the page being read.
         ``NotFound`` if there is no such session (at the first page)."""
+        # Checked here, not at the first next(): a bad argument raises at the call
+        # (test_hostile_api), as every other method's does.
         check_id(session_id, "session_id")
         check_int(after, "after")
         check_int(page, "page", minimum=1)
         self._store.check_visible(session_id)
+        return self._pages(session_id, after, page)
+
+    def _pages(self, session_id: str, after: int, page: int) -> Iterator[Message]:
         q = self._store.queries
         first = True
         while True:

@@ -48,7 +48,7 @@ import builtins
 import concurrent.futures
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -439,12 +439,15 @@ class AsyncMessages:
             lambda: self.sync.list(session_id, after=after, limit=limit, last=last)
         )
 
-    async def iterate(
+    def iterate(
         self, session_id: str, *, after: int = 0, page: int = ITERATE_PAGE
     ) -> AsyncIterator[Message]:
         """``Messages.iterate`` as an async iterator (``async for m in ...``): each
-        page, and each message's blobs, read in the worker thread."""
-        messages = self.sync.iterate(session_id, after=after, page=page)
+        page, and each message's blobs, read in the worker thread.  Arguments are
+        checked at the call, as the sync method's are."""
+        return self._pages(self.sync.iterate(session_id, after=after, page=page))
+
+    async def _pages(self, messages: Iterator[Message]) -> AsyncIterator[Message]:
         end = object()
         while True:
             found = await self._owner._run(lambda: next(messages, end))
