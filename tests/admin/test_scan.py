@@ -56,8 +56,12 @@ def assert_never_shown(done: subprocess.CompletedProcess[str], *secrets: Sample)
 
 
 def store_with_secrets(path: Path) -> dict[str, str]:
-    """A store holding one secret in each place a store keeps content; the ids."""
-    with fleetstore.open(path, blob_threshold=4096, stream_flush_interval=1000) as store:
+    """A store holding one secret in each place a store keeps content; the ids.  (With
+    redaction off: on, none would be stored; a store made before redaction, or with it
+    off, is what scan is for.)"""
+    with fleetstore.open(
+        path, blob_threshold=4096, stream_flush_interval=1000, redaction=False
+    ) as store:
         sid = store.sessions.create(title="t", metadata={"note": S["aws-access-key-id"].text}).id
         user = store.messages.append(sid, "user", "run it with " + S["openai-key"].secret)
         tool = store.messages.append(
@@ -172,7 +176,7 @@ def test_a_secret_streamed_across_flushes_is_found_at_every_cut(tmp_path: Path) 
     secret = S["github-token"].secret
     text = "prefix " + secret + " suffix"
     path = tmp_path / "s.db"
-    with fleetstore.open(path, stream_flush_interval=1000) as store:
+    with fleetstore.open(path, stream_flush_interval=1000, redaction=False) as store:
         sid = store.sessions.create().id
         for cut in range(1, len(text)):
             with store.messages.stream(sid) as stream:
@@ -306,7 +310,7 @@ def test_a_fifo_in_a_directory_is_skipped_not_read(tmp_path: Path) -> None:
 
 def test_a_sharded_store_is_scanned_whole(tmp_path: Path) -> None:
     url = f"sqlite+sharded://{tmp_path / 'fleet'}"
-    with fleetstore.open(url, blob_threshold=1024) as store:
+    with fleetstore.open(url, blob_threshold=1024, redaction=False) as store:
         for _ in range(3):
             store.sessions.create(title="quiet")
         sid = store.sessions.create(title="leaky").id
@@ -370,15 +374,33 @@ def test_a_file_that_cannot_be_read_exits_3_when_nothing_was_found(tmp_path: Pat
     assert rc == 1 and len(summary["errors"]) == 1
 
 
-def test_an_encrypted_file_is_skipped_not_misread(tmp_path: Path) -> None:
+def test_an_encrypted_file_is_read_with_its_key_and_not_called_clean_without(
+    tmp_path: Path,
+) -> None:
+    """A sealed file (an encrypted store's export, blob or journal) is read given the
+    keyring; without it, it is not read and the scan cannot say it is clean (exit 3)."""
     from fleetstore.core import sealed
-    from fleetstore.core.keys import Key, Keyring
+    from fleetstore.core.keys import Key, Keyring, write_keyring
 
-    box = tmp_path / "export.jsonl"
-    box.write_bytes(sealed.seal(S["github-token"].text.encode(), Keyring((Key.generate("k1"),))))
-    rc, findings, summary = scan_json(tmp_path)
-    assert (rc, findings) == (0, [])
-    assert "sealed" in summary["skipped"][0]["why"]
+    keyring = Keyring((Key.generate("k1"),))
+    keys = tmp_path / "keys"
+    write_keyring(keys, keyring)
+    files = tmp_path / "files"
+    files.mkdir()
+    box = files / "export.jsonl"
+    box.write_bytes(sealed.seal(S["github-token"].text.encode(), keyring))
+    rc, findings, summary = scan_json(files)
+    assert (rc, findings) == (3, [])
+    assert "without its key" in summary["errors"][0]["error"]
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetstore", "--key-file", str(keys), "scan", str(files), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
+    found = [json.loads(line) for line in done.stdout.splitlines()][:-1]
+    assert done.returncode == 1 and [f["kind"] for f in found] == ["github-token"]
 
 
 @pytest.mark.parametrize("kind", ["private-key", "aws-session-token", "jwt"])
@@ -388,7 +410,7 @@ def test_a_long_secret_in_a_large_blob_is_found_across_read_pieces(
     """Blob files are read 1 MiB at a time; a secret across a piece boundary is found."""
     path = tmp_path / "s.db"
     sample = S[kind]
-    with fleetstore.open(path) as store:
+    with fleetstore.open(path, redaction=False) as store:
         sid = store.sessions.create().id
         filler = "a " * ((1024 * 1024 - 30) // 2)
         store.messages.append(sid, "tool", [ToolResult("c", filler + sample.text + filler)])

@@ -15,10 +15,15 @@ and a fingerprint (fleetstore.core.redact.preview, fingerprint).  Text that is J
 read as JSON, strings under keys as ``key=value`` (as redaction reads them); a
 fleetstore store's streamed text (its ``chunks`` rows) is read part by part as one
 stream, so a secret cut across two flushes is still found.
+
+An encrypted store (or a sealed export, blob file or journal line) is read with the
+keyring given (``keyring``); without it, it is listed as skipped and says why.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -28,16 +33,20 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import zstandard
 
 from fleetstore import errors
+from fleetstore.core import sealed
+from fleetstore.core.keys import Keyring
 from fleetstore.core.redact import Finding, Redactor, default_redactor, fingerprint, preview
-from fleetstore.core.sealed import is_sealed
+from fleetstore.core.sealed import is_sealed, open_reader
 from fleetstore.core.targets import POSTGRES_SCHEMES, parse_target
+from fleetstore.engine.cipher import key_of_file, looks_encrypted
 from fleetstore.engine.foreign import FileChanged, ForeignFile
 from fleetstore.engine.inspect import InspectFailed, ReadOnlyDatabase
+from fleetstore.store.spool import unseal_text
 
 #: Rows read per read transaction.
 BATCH = 256
@@ -113,6 +122,7 @@ def scan(
     target: str | os.PathLike[str],
     on_finding: OnFinding,
     redactor: Redactor | None = None,
+    keyring: Keyring | None = None,
 ) -> ScanReport:
     """Scan *target* (see the module docstring), calling *on_finding* for each finding
     as it is found.  ``ConfigError`` for a target scan does not read (a PostgreSQL URL);
@@ -120,7 +130,7 @@ def scan(
     report's ``errors``; nothing is ever written."""
     started = time.monotonic()
     path = _path_of(target)
-    scanner = _Scanner(redactor or default_redactor(), on_finding)
+    scanner = _Scanner(redactor or default_redactor(), on_finding, keyring)
     if path.is_symlink() and not path.exists():
         raise errors.NotFound(f"{path}: a link to nothing")
     if not path.exists():
@@ -154,9 +164,12 @@ def _path_of(target: str | os.PathLike[str]) -> Path:
 
 
 class _Scanner:
-    def __init__(self, redactor: Redactor, on_finding: OnFinding) -> None:
+    def __init__(
+        self, redactor: Redactor, on_finding: OnFinding, keyring: Keyring | None = None
+    ) -> None:
         self.redactor = redactor
         self.on_finding = on_finding
+        self.keyring = keyring
         self.report = ScanReport()
 
     # -- what a path is -----------------------------------------------------------------
@@ -204,14 +217,23 @@ class _Scanner:
             return
         try:
             with path.open("rb") as f:
-                head = f.read(16)
+                head = f.read(100)
         except OSError as exc:
             self.error(path, exc)
             return
-        if head == _SQLITE_MAGIC:
-            self.sqlite(path, sidecars=named)
+        if head[:16] == _SQLITE_MAGIC or looks_encrypted(head):
+            if looks_encrypted(head) and self.keyring is None:
+                # (Not read, so not known to be clean: an error, exit 3, not a skip.)
+                self.error(
+                    path, errors.KeyMissing(_NO_KEY.format(what="an encrypted SQLite database"))
+                )
+            else:
+                self.sqlite(path, sidecars=named)
         elif is_sealed(head):
-            self.skip(path, "sealed (encrypted): nothing to read without its key")
+            if self.keyring is None:
+                self.error(path, errors.KeyMissing(_NO_KEY.format(what="sealed (encrypted)")))
+            else:
+                self.lines(path)
         elif named or path.name.endswith(JSON_SUFFIXES):
             if not head:
                 self.report.scanned["files"] += 1
@@ -266,7 +288,7 @@ class _Scanner:
 
     def sqlite(self, path: Path, *, sidecars: bool) -> None:
         try:
-            reader = _Reader(path)
+            reader = _Reader(path, self.keyring)
             tables = reader.read(_tables)
         except (errors.FleetstoreError, OSError) as exc:
             self.error(path, exc)
@@ -353,7 +375,7 @@ class _Scanner:
                     continue
                 self.report.scanned["blobs"] += 1
                 if found:
-                    refs = _references(database, blob.name)
+                    refs = _references(database, blob.name, self.keyring)
                     for f, secret in found:
                         self.found(
                             f.kind, blob,
@@ -365,11 +387,18 @@ class _Scanner:
         with blob.open("rb") as f:
             head = f.read(len(_ZSTD_MAGIC) * 2)
             f.seek(0)
+            source: Any = f
             if is_sealed(head):
-                self.skip(blob, "sealed (encrypted): nothing to read without its key")
-                return []
+                if self.keyring is None:
+                    self.error(blob, errors.KeyMissing(_NO_KEY.format(what="sealed (encrypted)")))
+                    return []
+                source = open_reader(f, self.keyring, str(blob))
+                head = source.read(len(_ZSTD_MAGIC))
+                source = _Prefixed(head, source)
             stream: Any = (
-                zstandard.ZstdDecompressor().stream_reader(f) if head.startswith(_ZSTD_MAGIC) else f
+                zstandard.ZstdDecompressor().stream_reader(source)
+                if head.startswith(_ZSTD_MAGIC)
+                else source
             )
             text_stream = _TextStream(self.redactor)
             found: list[tuple[Finding, str]] = []
@@ -391,19 +420,74 @@ class _Scanner:
         """A file line by line: each line that is JSON (a spool line after its checksum)
         walked as JSON, the others as text."""
         try:
-            with path.open("rb") as f:
+            with self._opened(path) as f:
                 for number, raw in enumerate(f, 1):
                     line = raw.rstrip(b"\r\n")
                     if spool and _JOURNAL_LINE.match(line):
                         line = line[9:]  # "<crc32 in hex> <json>" (store/spool.py)
+                    if spool and line.startswith(b"!"):  # a sealed line (store/spool.py)
+                        try:
+                            line = unseal_text(line, self.keyring, f"{path}, line {number}")
+                        except errors.KeyMissing:
+                            self.error(path, errors.KeyMissing(_NO_KEY.format(what="sealed lines")))
+                            return
+                        except errors.FleetstoreError as exc:
+                            self.error(path, exc)
+                            continue
                     self.report.scanned["lines"] += 1
                     self.report.scanned["bytes"] += len(raw)
                     if line:
                         self.text(path, {"line": number}, line)
-        except OSError as exc:
+        except (OSError, errors.FleetstoreError, zstandard.ZstdError) as exc:
             self.error(path, exc)
             return
         self.report.scanned["journals" if spool else "files"] += 1
+
+    @contextlib.contextmanager
+    def _opened(self, path: Path) -> Iterator[Any]:
+        """*path* to read line by line: a sealed file (an encrypted store's export)
+        unsealed with the keyring, a zstd stream (an export) decompressed."""
+        with path.open("rb") as f:
+            source: Any = f
+            head = f.read(len(sealed.MAGIC))
+            f.seek(0)
+            if is_sealed(head) and self.keyring is not None:
+                source = open_reader(f, self.keyring, str(path))
+            first = source.read(len(_ZSTD_MAGIC))
+            if first == _ZSTD_MAGIC:
+                stream = zstandard.ZstdDecompressor().stream_reader(
+                    cast(IO[bytes], _Prefixed(first, source)), read_across_frames=True
+                )
+                yield io.BufferedReader(cast(Any, stream))
+            else:
+                yield io.BufferedReader(_Prefixed(first, source))
+
+
+class _Prefixed(io.RawIOBase):
+    """*head* (bytes already read) then the rest of *rest*."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head = head
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self._head:
+            n = min(len(b), len(self._head))
+            b[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._rest.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+_NO_KEY = (
+    "{what}: nothing read without its key (give the store's keyring: fleetstore "
+    "--key-file FILE scan, or FLEETSTORE_ENCRYPTION_KEY_FILE)"
+)
 
 
 class _TextStream:
@@ -462,9 +546,10 @@ class _Reader:
     """Short read transactions on one SQLite file, each through its own strictly
     read-only connection; a file that changed during an unlocked read is read again."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keyring: Keyring | None = None) -> None:
         self.path = str(path)
-        self._foreign = ForeignFile(self.path)
+        self._key = key_of_file(self.path, keyring, strict=False)
+        self._foreign = ForeignFile(self.path, self._key)
 
     def read(self, fn: Callable[[ReadOnlyDatabase], Any]) -> Any:
         for attempt in range(_ATTEMPTS):
@@ -473,7 +558,7 @@ class _Reader:
             except FileChanged:
                 if attempt == _ATTEMPTS - 1:
                     raise
-                self._foreign = ForeignFile(self.path)
+                self._foreign = ForeignFile(self.path, self._key)
         raise AssertionError("unreachable")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
@@ -544,7 +629,7 @@ def _pages(
         yield from ((None, *r) for r in reader.query(f"SELECT {select} FROM {name}"))
 
 
-def _references(database: Path, sha: str) -> list[dict[str, Any]]:
+def _references(database: Path, sha: str, keyring: Keyring | None) -> list[dict[str, Any]]:
     """The rows of *database* (and, for a sharded store's catalog, of its shards) that
     refer to blob *sha*: their table and key columns."""
     files = [database]
@@ -554,7 +639,7 @@ def _references(database: Path, sha: str) -> list[dict[str, Any]]:
     refs: list[dict[str, Any]] = []
     for file in files:
         try:
-            reader = _Reader(file)
+            reader = _Reader(file, keyring)
             for table, _ in reader.read(_tables):
                 columns = reader.columns(table)
                 names = [c for c, _ in columns]

@@ -11,12 +11,13 @@ the work lives in ``fleetstore.admin``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from fleetstore.cli.util import STORE_ENV, LazyGroup
+from fleetstore.cli.util import KEY_FILE_ENV, STORE_ENV, LazyGroup
 from fleetstore.core.version import __version__
 from fleetstore.errors import MissingDependency
 
@@ -79,8 +80,18 @@ Run `fleetstore COMMAND --help` for a command's options and exit codes.""",
     help="The store of the command that follows, as if given to it as --store "
     "(its own --store wins).",
 )
+@click.option(
+    "--key-file",
+    metavar="FILE",
+    default=None,
+    envvar=KEY_FILE_ENV,
+    show_envvar=True,
+    help="The keyring of an encrypted store (docs/secrets.md): every command opens its "
+    "stores with it, and what a command writes of an encrypted store (exports, backups, "
+    "archives) is encrypted with its current key.",
+)
 @click.pass_context
-def main(ctx: click.Context, store: str | None) -> None:
+def main(ctx: click.Context, store: str | None, key_file: str | None) -> None:
     """fleetstore: session storage a fleet of agent processes can write at once.
 
     Commands for a fleetstore store: one SQLite file, a sharded directory
@@ -91,6 +102,9 @@ def main(ctx: click.Context, store: str | None) -> None:
     work on any SQLite file, fleetstore's or another program's; so do maintain's
     generic steps (with --yes, on a file in WAL mode).
     """
+    if key_file:
+        # Every store the command opens reads its settings from the environment.
+        os.environ[KEY_FILE_ENV] = key_file
     # The group's --store before a command that takes none (merge, migrate, reshard
     # name their stores as arguments; stress has --url) would be silently ignored.
     name = ctx.invoked_subcommand

@@ -10,7 +10,7 @@ import click
 from click.core import ParameterSource
 
 from fleetstore import errors
-from fleetstore.cli.util import env, json_option, store_params
+from fleetstore.cli.util import env, json_option, settings_keyring, store_params
 
 if TYPE_CHECKING:
     from fleetstore.admin.scan import ScanFinding, ScanReport
@@ -89,7 +89,7 @@ def scan_command(path: str | None, store: str | None, as_json: bool, rules: str 
             click.echo(_line(finding))
 
     try:
-        report = scan(path, show, redactor)
+        report = scan(path, show, redactor, settings_keyring())
     except errors.NotFound as exc:
         click.echo(f"fleetstore scan: {exc} (nothing was read)", err=True)
         sys.exit(EXIT_USAGE)

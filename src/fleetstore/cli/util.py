@@ -14,18 +14,23 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from click.core import ParameterSource
 
 import fleetstore
 from fleetstore.core.units import size
+
+if TYPE_CHECKING:
+    from fleetstore.core.keys import Keyring
 from fleetstore.errors import FleetstoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 STORE_ENV = "FLEETSTORE_URL"
+#: The keyring of an encrypted store (the setting encryption_key_file).
+KEY_FILE_ENV = "FLEETSTORE_ENCRYPTION_KEY_FILE"
 STORE_HELP = (
     "The store: its file, a directory holding fleetstore.db, sqlite:///absolute/path, a "
     "sharded store (sqlite+sharded:///absolute/dir, or the directory holding its "
@@ -191,10 +196,19 @@ def _check_store(command: str, path: Path, hint: str = "") -> None:
     from fleetstore.store.readonly import check_store_file
 
     try:
-        check_store_file(path)
+        check_store_file(path, keyring=settings_keyring())
     except (FleetstoreError, OSError) as exc:
         click.echo(f"fleetstore {command}: {exc}{hint}", err=True)
         sys.exit(1)
+
+
+def settings_keyring() -> Keyring | None:
+    """The keyring the settings name (``--key-file``, ``$FLEETSTORE_ENCRYPTION_KEY_FILE``):
+    for the commands that read files without opening a store (doctor, scan)."""
+    from fleetstore.core.keys import keyring_of
+    from fleetstore.core.settings import Settings
+
+    return keyring_of(Settings.load().encryption_key_file)
 
 
 def open_existing(command: str, store: str | None) -> fleetstore.Store:

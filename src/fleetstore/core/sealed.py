@@ -33,11 +33,12 @@ files a fleet writes.  The commitment tells a wrong key (``WrongKey``) from dama
 from __future__ import annotations
 
 import hmac
+import io
 import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from fleetstore import errors
 from fleetstore.core.keys import Key, Keyring
@@ -197,6 +198,78 @@ def _chunks(src: BinaryIO, header: Header, cipher: AESGCM, where: str) -> Iterat
         current = following
 
 
+class SealingWriter:
+    """A file-like object that seals what is written to it into *dst*, chunk by chunk
+    (``seal_stream`` for a producer that writes: an export's compressed stream).
+    ``close`` writes the last chunk; *dst* is left open."""
+
+    def __init__(self, dst: BinaryIO, keyring: Keyring, *, chunk_size: int = CHUNK_SIZE) -> None:
+        self._dst = dst
+        self._header, self._cipher = Header.new(keyring.current, CHUNKS, chunk_size)
+        self._size = chunk_size
+        self._buf = bytearray()
+        self._index = 0
+        self._closed = False
+        dst.write(self._header.raw)
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._closed:
+            raise ValueError("write to a closed sealed file")
+        self._buf += data
+        # A full chunk is sealed once more follows it: only the last is marked so.
+        while len(self._buf) > self._size:
+            self._emit(bytes(self._buf[: self._size]), last=False)
+            del self._buf[: self._size]
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing: what is buffered is less than a chunk, sealed once more comes."""
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._emit(bytes(self._buf), last=True)
+            self._buf = bytearray()
+
+    def _emit(self, piece: bytes, *, last: bool) -> None:
+        self._dst.write(self._cipher.encrypt(_nonce(self._index, last), piece, self._header.raw))
+        self._index += 1
+
+
+class _OpenedReader(io.RawIOBase):
+    """The plaintext of a sealed file, as a readable binary file (``open_reader``)."""
+
+    def __init__(self, src: BinaryIO, chunks: Iterator[bytes]) -> None:
+        self._src = src
+        self._chunks = chunks
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            piece = next(self._chunks, None)
+            if piece is None:
+                return 0
+            self._buf = piece
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def tell(self) -> int:
+        """Where the sealed file is read up to (progress of a reader)."""
+        return self._src.tell()
+
+
+def open_reader(src: BinaryIO, keyring: Keyring, where: str = "sealed file") -> BinaryIO:
+    """The plaintext of the sealed file *src* as a binary file, each chunk checked
+    before any of it is given (see ``open_stream`` for the errors)."""
+    chunks = open_stream(src, keyring, where)
+    return cast(BinaryIO, _OpenedReader(src, chunks))
+
+
 def seal(data: bytes, keyring: Keyring, *, chunk_size: int = CHUNK_SIZE) -> bytes:
     """*data* sealed with the keyring's current key."""
     import io
@@ -343,7 +416,9 @@ __all__ = [
     "Header",
     "RecordSealer",
     "Records",
+    "SealingWriter",
     "is_sealed",
+    "open_reader",
     "open_records",
     "open_stream",
     "read_header",

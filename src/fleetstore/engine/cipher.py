@@ -24,11 +24,13 @@ import os
 import struct
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+import urllib.parse
+from collections.abc import Callable
 
 import apsw
 
 from fleetstore import errors
+from fleetstore.core.keys import Keyring
 
 #: The cipher of every encrypted store (docs/secrets.md: 1.14x per small write
 #: transaction, against 1.66x for sqlite3mc's default ChaCha20-Poly1305).
@@ -123,11 +125,10 @@ def key_opens(page1: bytes, key: bytes) -> bool:
 def choose_key(
     path: str,
     head: bytes,
-    keys: Sequence[tuple[str, bytes]],
-    source: str,
+    keyring: Keyring | None,
     read_page: Callable[[], bytes] | None = None,
 ) -> bytes | None:
-    """The key (of *keys*, ``(id, bytes)``, the current one first) that opens the
+    """The key (of *keyring*, the current one first) that opens the
     database at *path* whose first bytes are *head* (page 1 whole, or at least its
     100-byte header), or None for a plain file opened without keys.  Nothing is
     written anywhere but a private temporary file.
@@ -135,6 +136,8 @@ def choose_key(
     ``KeyMissing``: the file is encrypted and no key was given.  ``NotEncrypted``: keys
     were given and the file is plain.  ``WrongKey``: no key of the ring opens it.
     An empty file (a new store) takes the current key."""
+    keys = [] if keyring is None else [(k.id, k.secret) for k in keyring]
+    source = keyring.source if keyring is not None else ""
     if not head:
         return keys[0][1] if keys else None
     if head.startswith(SQLITE_MAGIC):
@@ -169,6 +172,93 @@ def choose_key(
     )
 
 
+def key_of_file(path: str, keyring: Keyring | None, *, strict: bool = True) -> bytes | None:
+    """``choose_key`` for an existing file read without writing (the read-only and
+    outside connections, backups): its page 1 read with a plain ``pread``.  A file
+    that is missing or empty: None (nothing to decrypt).  Not *strict* (doctor, scan:
+    any program's file), a plain file is read without a key whatever the ring."""
+
+    def page() -> bytes:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return b""
+        try:
+            head = os.pread(fd, 100, 0)
+            return os.pread(fd, page_size(head), 0) if looks_encrypted(head) else head
+        finally:
+            os.close(fd)
+
+    head = page()
+    if not head or (not strict and not looks_encrypted(head)):
+        return None
+    return choose_key(path, head, keyring, page)
+
+
+def copy_under_key(
+    source: str, dest: str, key: bytes | None, new_key: bytes | None, *, busy_ms: int = 60_000
+) -> None:
+    """Write the database *source* (opened with *key*; its WAL checkpointed into it
+    first, whole: ``StoreBusy`` if a reader keeps that from happening) to the new
+    file *dest* under *new_key* (None: plain), with ``VACUUM INTO`` (changing the key
+    of a database in WAL mode in place is not supported: every other connection to
+    the file would fail, and one still holding the old key would write pages under
+    it).  *dest* is then switched to WAL, checked (``quick_check``, its schema), and
+    fsynced.  *source* is not changed but for the checkpoint."""
+    flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_URI | apsw.SQLITE_OPEN_NOFOLLOW
+    target = f"file:{urllib.parse.quote(dest, safe='/')}?" + (
+        f"cipher={CIPHER}&key=raw:{new_key.hex()}" if new_key is not None else "key="
+    )
+    conn = connect(source, flags, key)
+    try:
+        conn.setbusytimeout(busy_ms)
+        busy, log, done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0]
+        if busy or log != done:
+            raise errors.StoreBusy(source, 0.0, 1, stage="a checkpoint of the whole WAL")
+        schema = conn.execute("SELECT count(*) FROM sqlite_schema").fetchall()[0][0]
+        conn.execute("VACUUM INTO ?", (target,))
+    finally:
+        conn.close()
+    copy = connect(dest, apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW, new_key)
+    try:
+        if str(copy.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]).lower() != "wal":
+            raise errors.StorageError(f"{dest}: the copy could not be switched to WAL")
+        found = [str(r[0]) for r in copy.execute("PRAGMA quick_check")]
+        copied = copy.execute("SELECT count(*) FROM sqlite_schema").fetchall()[0][0]
+        if found != ["ok"] or copied != schema:
+            raise errors.CorruptStore(f"{dest}: the copy does not check out: {found[:3]}")
+    finally:
+        copy.close()
+    fd = os.open(dest, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def put_in_place(copy: str, path: str) -> None:
+    """Rename the checked *copy* (``copy_under_key``) over the database *path*, whose
+    WAL must be empty (checkpointed whole) and which nobody may be using: its -wal and
+    -shm are removed first (frames of the old file must never be read as the new
+    one's), then the rename, atomic, and the directory fsynced.  A crash anywhere
+    leaves the old file (its WAL empty) or the new one, whole."""
+    wal = path + "-wal"
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.getsize(wal):
+            raise errors.StoreBusy(path, 0.0, 1, stage="its WAL is not empty")
+    for side in (wal, path + "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(side)
+    os.replace(copy, path)
+    fd = os.open(
+        os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    )
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def check_encrypted(path: str) -> None:
     """After a new encrypted file's first write: ``StorageError`` if it begins with
     SQLite's plain header (sqlite3mc 2.7.0 notes key setups that could leave a
@@ -188,6 +278,9 @@ __all__ = [
     "check_encrypted",
     "choose_key",
     "connect",
+    "copy_under_key",
+    "put_in_place",
+    "key_of_file",
     "key_opens",
     "looks_encrypted",
     "page_size",

@@ -255,13 +255,7 @@ class Database(Checkpoints):
         keyring = keyring_of(config.encryption_key_file)
         st, head = _own_file(path, foreign)
         # Before the gate or anything else is made beside it: a wrong key changes nothing.
-        key = cipher.choose_key(
-            path,
-            head,
-            [(k.id, k.secret) for k in keyring or ()],
-            config.encryption_key_file,
-            lambda: _own_file(path, foreign)[1],
-        )
+        key = cipher.choose_key(path, head, keyring, lambda: _own_file(path, foreign)[1])
         db = cls(path, config)
         db._identity = (st.st_dev, st.st_ino)
         db._key = key

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetstore import errors, sql
-from fleetstore.core.keys import keyring_of
+from fleetstore.core.keys import Keyring, keyring_of
 from fleetstore.core.redact import WriteRedaction, write_redaction
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import (
@@ -47,6 +47,7 @@ from fleetstore.domain.outbox import Effects
 from fleetstore.domain.ports import Flushable
 from fleetstore.domain.state import State
 from fleetstore.engine.base import Tx
+from fleetstore.engine.cipher import key_of_file
 from fleetstore.engine.foreign import read_foreign
 from fleetstore.engine.inspect import InspectFailed, read_header
 from fleetstore.store.backend import Backend
@@ -870,7 +871,7 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     return store
 
 
-def check_store_file(path: Path) -> None:
+def check_store_file(path: Path, keyring: Keyring | None = None) -> None:
     """``CorruptStore`` unless *path* is a fleetstore store's file, read without
     changing it (recover must not make a store of whatever file it is pointed at)."""
     try:
@@ -889,6 +890,7 @@ def check_store_file(path: Path) -> None:
             lambda db: {
                 r[0] for r in db.query("SELECT name FROM sqlite_schema WHERE type='table'")
             },
+            key=key_of_file(str(path), keyring),
         )
     except errors.FleetstoreError:
         return  # cannot tell now (busy, a WAL without its index...): the open decides
@@ -915,7 +917,7 @@ def recover_journals(
         if not path.is_file():
             raise errors.NotFound(f"no store at {target}")
     if not isinstance(target, str):
-        check_store_file(path)
+        check_store_file(path, keyring_of(config.encryption_key_file))
     spool_dir = Path(str(path) + ".spool")
     if not journals(spool_dir) and kind != "sharded":
         remove_stale_new_files(spool_dir)
