@@ -332,7 +332,7 @@ class Redactor:
         self._allow = self.ruleset.allow
         self._allow_patterns = self.ruleset.allow_patterns
         self.screen = _screen(self._exact, self._folded)
-        self.cut_prefix = _cut_prefix(self._starts_exact, self._starts_folded)
+        self.cut_prefix = _cut_prefix(rules)
 
     # -- the decisions ---------------------------------------------------------------------
 
@@ -656,12 +656,22 @@ def _screen(exact: Mapping[str, Any], folded: Mapping[str, Any]) -> re.Pattern[s
     return re.compile("|".join(parts) or "(?!)", _FLAGS)
 
 
-def _cut_prefix(exact: set[str], folded: set[str]) -> re.Pattern[str]:
+def _cut_prefix(rules: tuple[Rule, ...]) -> re.Pattern[str]:
     """A pattern matching at the end of a text that ends in the beginning of a prefix
-    (``gh`` may begin ``ghp_``): a stream must hold such an end back."""
-    parts = [f"(?:{_trie_pattern(sorted(exact))})"] if exact else []
-    if folded:
-        parts.append(f"(?i:{_trie_pattern(sorted(folded))})")
+    where that rule's token could begin (``gh`` after a space may begin ``ghp_``; the
+    ``n`` of ``written`` begins no token, as ``npm_`` must start a word): a stream
+    must hold such an end back, and needs to hold nothing else."""
+    groups: dict[tuple[str, bool], set[str]] = {}
+    for rule in rules:
+        starts = groups.setdefault((rule.boundary, rule.ignore_case), set())
+        for prefix in rule.prefixes:
+            starts.update(prefix[:k] for k in range(1, len(prefix)))
+    parts = []
+    for (boundary, fold), starts in sorted(groups.items()):
+        if starts:
+            words = sorted({w.lower() for w in starts} if fold else starts)
+            body = f"(?i:{_trie_pattern(words)})" if fold else f"(?:{_trie_pattern(words)})"
+            parts.append(_BOUNDARIES[boundary] + body)
     return re.compile(f"(?:{'|'.join(parts)})\\Z" if parts else "(?!)", _FLAGS)
 
 
