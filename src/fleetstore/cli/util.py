@@ -129,7 +129,9 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
-def existing_store(command: str, store: str | None, *, server: bool = True) -> str:
+def existing_store(
+    command: str, store: str | None, *, server: bool = True, plain_ok: bool = False
+) -> str:
     """What to pass to ``fleetstore.open``: the store file's path, a sharded store's
     ``sqlite+sharded:///DIR`` URL (it exists iff ``DIR/catalog.db`` is a file), or a
     PostgreSQL store's URL (where *server*); exit 2 if there is no store (commands
@@ -151,7 +153,7 @@ def existing_store(command: str, store: str | None, *, server: bool = True) -> s
                 err=True,
             )
             sys.exit(2)
-        _check_store(command, directory / CATALOG)
+        _check_store(command, directory / CATALOG, plain_ok=plain_ok)
         return f"{SHARDED_SCHEME}://{directory}"
     if isinstance(target, str):
         if not server:
@@ -166,7 +168,7 @@ def existing_store(command: str, store: str | None, *, server: bool = True) -> s
     if not path.is_file():
         click.echo(f"fleetstore {command}: no store at {path} (nothing was created)", err=True)
         sys.exit(2)
-    _check_store(command, path)
+    _check_store(command, path, plain_ok=plain_ok)
     return str(path)
 
 
@@ -190,13 +192,13 @@ def check_target(
         _check_store(command, path, hint)
 
 
-def _check_store(command: str, path: Path, hint: str = "") -> None:
+def _check_store(command: str, path: Path, hint: str = "", *, plain_ok: bool = False) -> None:
     """Exit 1, the file unchanged, unless *path* is a fleetstore store: a command
     that works on an existing store never converts another program's file."""
     from fleetstore.store.readonly import check_store_file
 
     try:
-        check_store_file(path, keyring=settings_keyring())
+        check_store_file(path, keyring=settings_keyring(), plain_ok=plain_ok)
     except (FleetstoreError, OSError) as exc:
         click.echo(f"fleetstore {command}: {exc}{hint}", err=True)
         sys.exit(1)

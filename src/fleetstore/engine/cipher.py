@@ -209,6 +209,8 @@ def copy_under_key(
     target = f"file:{urllib.parse.quote(dest, safe='/')}?" + (
         f"cipher={CIPHER}&key=raw:{new_key.hex()}" if new_key is not None else "key="
     )
+    # Made 0600 first (VACUUM INTO would make it by the umask): sessions carry secrets.
+    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     conn = connect(source, flags, key)
     try:
         conn.setbusytimeout(busy_ms)

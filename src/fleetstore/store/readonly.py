@@ -58,6 +58,7 @@ def check_store_file(
     *,
     unless_open_here: bool = False,
     keyring: Keyring | None = None,
+    plain_ok: bool = False,
 ) -> None:
     """Raise ``NotAStore`` unless *path* is a SQLite file holding fleetstore's tables,
     read strictly read-only (``NotFound`` if there is no such file).  A WAL file whose
@@ -66,7 +67,8 @@ def check_store_file(
     open cannot be read here without dropping its SQLite locks: ``PermanentError``,
     or, with *unless_open_here* (the caller opened it as a store), no check.  An
     encrypted file is read with the key of *keyring* that opens it (``KeyMissing``
-    without one, ``WrongKey``)."""
+    without one, ``WrongKey``); a plain one with a keyring is ``NotEncrypted``, unless
+    *plain_ok* (a rekey that encrypts it)."""
     path = os.fspath(path)
     if unless_open_here:
         real = os.path.realpath(path)
@@ -74,7 +76,7 @@ def check_store_file(
             check_not_open_here([real, real + "-wal", real + "-shm"])
         except errors.PermanentError:
             return
-    key = cipher.key_of_file(path, keyring)
+    key = cipher.key_of_file(path, keyring, strict=not plain_ok)
     try:
         foreign = ForeignFile(path, key)
     except InspectFailed as exc:
