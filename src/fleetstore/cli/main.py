@@ -35,6 +35,7 @@ COMMANDS = {
     "merge": "fleetstore.cli.transfer:merge_command",
     "migrate": "fleetstore.cli.migrate:migrate_command",
     "recover": "fleetstore.cli.recover:recover",
+    "redact": "fleetstore.cli.redact:redact_command",
     "rekey": "fleetstore.cli.rekey:rekey_command",
     "reshard": "fleetstore.cli.reshard:reshard_command",
     "restore": "fleetstore.cli.backup:restore_command",
