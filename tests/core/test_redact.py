@@ -342,3 +342,25 @@ def test_the_pem_sample_helper_builds_what_it_says() -> None:
     key = pem(random.Random(1), "EC", 2)
     assert key.startswith("-----BEGIN EC PRIVATE KEY-----\n")
     assert key.endswith("\n-----END EC PRIVATE KEY-----")
+
+
+def test_bytes_are_redacted_in_place_their_framing_kept() -> None:
+    """A serialized body (msgpack, a pickle) keeps its length and every byte that is not
+    the secret's: a length header before the text stays true.  (A length byte that
+    reads as a letter defeats a rule's boundary before a prefix: docs/secrets.md.)"""
+    from fleetstore.core.redact import write_redaction
+
+    w = write_redaction()
+    for s in samples():
+        data = b"\xd9\x90" + s.text.encode() + b"\x92\x07\xc3"
+        out = w.data(data)
+        assert len(out) == len(data) and out[:2] == data[:2] and out[-3:] == data[-3:], s.kind
+        assert s.secret.encode() not in out and b"[REDACTED" in out, (s.kind, out)
+
+
+def test_a_redacted_values_json_read_as_text_holds_no_secret() -> None:
+    """Markers with JSON escapes after them (a redacted value stored as JSON, read by
+    scan): TOKEN=[REDACTED:x]\\nHOME=... is no secret."""
+    for s in samples():
+        value, _ = R.redact_value({"out": f"a\n{s.text}\nHOME=/root\nb"})
+        assert R.find(json.dumps(value)) == [], s.kind

@@ -60,6 +60,10 @@ _BOUNDARIES = {
     "none": "",
 }
 _FLAGS = re.ASCII
+_MARKER = re.compile(r"\[REDACTED(?::[a-z0-9][a-z0-9-]{0,63})?\]")
+#: What a secret in bytes is overwritten within (WriteRedaction.data): printable ASCII,
+#: tab, CR and LF (a private key's lines), never a byte a binary format frames with.
+_IN_BYTES = re.compile(r"[\t\n\r\x20-\x7e]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,8 +481,13 @@ class Redactor:
             m = rule.regex.match(text, pos)
             if m is None:
                 continue
-            consumed = m.end()
             s, e = m.span(rule.secret)
+            if _MARKER.match(text, s):
+                # A value redacted already, read as text from its JSON (TOKEN=[REDACTED:x]
+                # then \nHOME=..., which the rule's body does not stop at): no secret, and
+                # what follows is decided on its own (test_redaction.py, the state blob).
+                continue
+            consumed = m.end()
             # A secret ending in an escape's backslash (JSON text: TOKEN=x\") keeps it:
             # replaced with it, the quote after it would end the string.
             back = e
@@ -724,17 +733,36 @@ class WriteRedaction:
         return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
 
     def data(self, data: bytes) -> bytes:
-        """Bytes redacted when they are UTF-8 text (as JSON when they parse as JSON);
-        other bytes (an image, msgpack) are left as they are."""
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            return data
+        """Bytes redacted: JSON as the value it encodes; any other bytes (UTF-8 text, or
+        a serialized body: LangGraph's msgpack, a pickle) read a byte a character, each
+        secret overwritten in place by a marker of its length, within its run of
+        printable ASCII.  A length that frames the text (msgpack's str header) stays
+        true: a shorter marker made LangGraph's checkpoints unreadable
+        (test_redaction.py, the frameworks' bodies)."""
+        text = data.decode("latin-1")
         if self.screen(text) is None:
             return data
-        stripped = text.lstrip()
-        out = self.json_text(text) if stripped[:1] in ("{", "[", '"') else self.text(text)
-        return data if out == text else out.encode("utf-8")
+        if text.lstrip()[:1] in ("{", "[", '"'):
+            try:
+                value = json.loads(data)
+            except ValueError:
+                pass
+            else:
+                out, found = self.redactor.redact_value(value)
+                if not found:
+                    return data
+                self._count(found)
+                return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+        buf = bytearray(data)
+        counts: Counter[str] = Counter()
+        for f in self.redactor.find(text):
+            m = _IN_BYTES.match(text, f.start, f.end)
+            n = m.end() - f.start if m is not None else 0
+            if n:
+                buf[f.start : f.start + n] = _fitted_marker(f.kind, n)
+                counts[f.kind] += 1
+        self._count(counts)
+        return bytes(buf)
 
     def stream(self, context: str = "") -> CountedStream:
         """A stream redactor for a text whose beginning, ending in *context*, was
@@ -762,6 +790,15 @@ class CountedStream:
         out = self._stream.finish()
         self._owner._count(self._stream.counts - before)
         return out
+
+
+def _fitted_marker(kind: str, n: int) -> bytes:
+    """A marker of exactly *n* bytes: ``[REDACTED:kind]`` padded with ``*``, else
+    ``[REDACTED]`` padded, else ``*`` (markers and ``*`` runs are never secrets)."""
+    marker = MARKER.format(kind=kind)
+    if n < len(marker):
+        marker = "[REDACTED]" if n >= 10 else ""
+    return (marker + "*" * (n - len(marker))).encode("ascii")
 
 
 def write_redaction(rules_file: str = "") -> WriteRedaction:
