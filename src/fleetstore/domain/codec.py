@@ -77,6 +77,16 @@ def _redacted(redaction: WriteRedaction, value: str | bytes, enc: str) -> str | 
     return redaction.json_text(value) if enc == "json" else redaction.text(value)
 
 
+def redacted_copy(store: StorePort, text: str | None) -> str | None:
+    """A text an adapter keeps beside a body it wrote (an ADK event's plain text, a view
+    of its JSON) redacted as the body was, and not counted again: it was counted there
+    (test_redaction.py, the frameworks' bodies)."""
+    redaction = store.redaction
+    if text is None or redaction is None or redaction.screen(text) is None:
+        return text
+    return redaction.redactor.redact(text).text
+
+
 def write_payload(store: StorePort, prepared: Prepared) -> dict[str, Any]:
     """``{"enc", "body"}`` inline, or ``{"enc", "blob"}`` after writing the blob file."""
     return {**prepared.head, **_encoded(store, prepared.raw, prepared.value, prepared.enc)}
