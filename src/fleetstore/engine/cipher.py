@@ -26,6 +26,7 @@ import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable
+from typing import Any
 
 import apsw
 
@@ -39,6 +40,17 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 #: A page-1 copy that fails to decrypt may be a read torn by a checkpoint writing
 #: page 1 meanwhile: it is read again this many times before the key is called wrong.
 _ATTEMPTS = 3
+
+
+def board_cipher(key: bytes) -> Any:
+    """The AEAD (AES-256-GCM, its key derived from *key*) sealing the group-commit
+    board's requests and results in the gate file: they hold what the operations
+    write (test_redaction.py's encrypted fleet found it there in the clear)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.hashes import SHA256
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return AESGCM(HKDF(SHA256(), 32, salt=None, info=b"fleetstore gate board").derive(key))
 
 
 def available() -> bool:
