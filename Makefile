@@ -9,7 +9,7 @@ AGENTS   ?= 16
 DURATION ?= 25
 THINK_MS ?= 10
 
-.PHONY: venv demo test lint typecheck unit frameworks bench clean readme
+.PHONY: venv demo test soak lint typecheck unit fast check frameworks bench clean readme
 
 venv: $(STAMP)
 
@@ -46,15 +46,24 @@ typecheck: venv
 # 7 of the suite's 15.5 minutes.  Six workers loaded the cores so that `fleetstore
 # lock` processes the stress tests start took over 5 s to lock.
 PYTEST_N := -n 4 --maxschedchunk 2
+
+# make test is the correctness suite; make soak runs what it leaves out: the real
+# fleets (tests marked fleet: many processes, outside locks of 6.5 to 70 s, the
+# benchmarks' own runs) and the assertions that must stay bounds on wall-clock time
+# (marked timing: a budget honoured, a wake-up within a bound), which a loaded machine
+# can upset.  CI runs both (.ci/run).
 unit: venv
-	$(BIN)/pytest $(PYTEST_N)
+	$(BIN)/pytest $(PYTEST_N) -m "not fleet and not timing"
 
 test: lint typecheck unit
 
-# The fast subset for iterating (2.5 min on 2 cores): everything but the tests marked
-# slow (the fleet tests and the heaviest process and CLI tests; make test runs them).
+soak: venv
+	$(BIN)/pytest $(PYTEST_N) -m "fleet or timing"
+
+# The fast subset for iterating (under 3 min on 2 cores): the correctness suite less
+# the tests marked slow (the heaviest process and CLI tests).
 fast: venv
-	$(BIN)/pytest $(PYTEST_N) -m "not slow"
+	$(BIN)/pytest $(PYTEST_N) -m "not slow and not fleet and not timing"
 
 check: lint typecheck fast
 

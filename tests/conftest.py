@@ -9,7 +9,7 @@ pytest_plugins = ("tests.fix_procs", "tests.fix_pg", "tests.fix_stores", "tests.
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow fleet tests first, the longest (the largest timeout marker: the 70 s
+    """The fleet and slow tests first, the longest (the largest timeout marker: the 70 s
     outside-lock fleets) before the others, stable otherwise: a long test started last
     stretches the run.  The Makefile's --maxschedchunk 2 makes pytest-xdist hand them
     out two at a time; its default first chunk (a quarter of a worker's share, in
@@ -18,6 +18,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def key(item: pytest.Item) -> tuple[bool, float]:
         timeout = item.get_closest_marker("timeout")
         longest = float(timeout.args[0]) if timeout is not None and timeout.args else 0.0
-        return (item.get_closest_marker("slow") is None, -longest)
+        heavy = any(item.get_closest_marker(m) for m in ("fleet", "slow"))
+        return (not heavy, -longest)
 
     items.sort(key=key)

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(240)
 def test_the_write_path_benchmark_runs_every_target_and_verifies_it(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
@@ -41,3 +41,24 @@ def test_the_write_path_benchmark_runs_every_target_and_verifies_it(tmp_path: Pa
     lone = next(c for c in fleetstore if c["agents"] == 1)
     assert 1.9 < lone["commits_per_turn"] < 2.2, lone["commits_per_turn"]
     assert lone["verify"]["effects"]["pending"] == lone["verify"]["acked_turns"]
+
+
+@pytest.mark.fleet
+@pytest.mark.timeout(120)
+def test_the_flaky_kind_benchmark_drains_every_configuration(tmp_path: Path) -> None:
+    """bench_outbox_failures.py (issue 25's figures in docs/outbox.md): every effect of
+    every configuration ends final, the same failures are met with or without lanes (the
+    script fails otherwise), and a cap on the attempts makes fewer of them."""
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_outbox_failures.py"), "--quick",
+         "--json", str(out), "--workdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"before", "policy", "lanes", "lanes+policy", "cap"}
+    assert all(r["effects"] == 60 and r["not_final"] == 0 for r in results.values())
+    assert results["policy"]["attempts"] == results["before"]["attempts"]
+    assert results["cap"]["attempts"] < results["before"]["attempts"]
+    assert results["cap"]["dead"] >= results["before"]["dead"]

@@ -205,12 +205,16 @@ class NewEffect:
 
 @dataclass(frozen=True, slots=True)
 class EffectError:
-    """One failed attempt, as kept in ``Effect.errors``."""
+    """One failed attempt, as kept in ``Effect.errors``: its error (the exception's
+    type and message), when, the worker that ran it, and the handler's traceback
+    when it raised one (its last 8 KiB: the innermost frames and the exception;
+    ``None`` for an attempt that raised nothing, e.g. a timeout or a lost lease)."""
 
     attempt: int
     error: str
     at: float
     owner: str | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ def small_store(path: Path, blobs: int = 3) -> dict[str, str]:
     return ids
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_a_backup_taken_while_a_fleet_writes_restores_every_acknowledged_write(
     tmp_path: Path,
 ) -> None:

@@ -703,7 +703,8 @@ def prefill(store: fleetstore.Store, rng: random.Random) -> dict[str, int]:
     return {"sessions": len(old), "messages": sum(sizes), "garbage_blobs": garbage, "ops": ops}
 
 
-@pytest.mark.slow
+@pytest.mark.timing
+@pytest.mark.fleet
 def test_maintain_while_16_agents_write_fails_no_write_and_holds_the_lock_briefly(
     store_path: Path, tmp_path: Path, agents: list[subprocess.Popen[str]]
 ) -> None:

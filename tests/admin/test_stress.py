@@ -45,7 +45,7 @@ def stress(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     return done.returncode, report, done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_run_under_faults_passes_with_every_turn_read_back(tmp_path: Path) -> None:
     """Kills, maintenance and an outside lock: restarted agents go on after the turn
     they were killed in, and everything acknowledged is there, once, in order."""
@@ -65,6 +65,9 @@ def test_run_under_faults_passes_with_every_turn_read_back(tmp_path: Path) -> No
     assert fs["corrupt"] == fs["stuck_effects"] == 0 and fs["integrity"] == "ok"
     assert fs["kills"], "no process was killed"
     assert fs["effects"].get("succeeded", 0) > 0
+    # The run waited for the two workers to settle the backlog before stopping them.
+    assert fs["outbox"]["drain"]["left"] == 0, fs["outbox"]
+    assert fs["outbox"]["settled"] == fs["outbox"]["enqueued"], fs["outbox"]
     (lock,) = fs["external_locks"]
     assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
     (maint,) = fs["maintenance"]
@@ -74,7 +77,7 @@ def test_run_under_faults_passes_with_every_turn_read_back(tmp_path: Path) -> No
     assert str(tmp_path / "run") in stderr  # where the results are, said up front
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_sharded_target_passes_under_kills_and_an_outside_lock(tmp_path: Path) -> None:
     """``--url sqlite+sharded:///DIR``: the agents' trees in shard files, effects in the
     catalog; the read-back checks every file and the catalog's index against them.
@@ -99,7 +102,7 @@ def test_sharded_target_passes_under_kills_and_an_outside_lock(tmp_path: Path) -
     assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_writes_spooled_during_an_outside_lock_are_counted_whoever_was_killed(
     tmp_path: Path,
 ) -> None:
@@ -124,7 +127,7 @@ def test_writes_spooled_during_an_outside_lock_are_counted_whoever_was_killed(
     assert engine["processes"] >= 3 + 1 and engine["processes"] > engine["finished"]
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_a_target_that_drops_every_100th_write_fails_the_run(tmp_path: Path) -> None:
     code, report, stderr = stress(
         tmp_path, "--agents", "3", "--duration", "3", "--think-ms", "2", "--workers", "1",
@@ -311,7 +314,7 @@ def test_the_workload_is_the_same_for_every_target() -> None:
     assert len(turns[0].output(cfg, 1)) == turns[0].output_size
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_postgresql_target_passes_with_an_outside_lock(tmp_path: Path, pg_url: str) -> None:
     code, report, stderr = stress(
         tmp_path, "--url", pg_url, "--agents", "2", "--duration", "5", "--workers", "1",
@@ -325,7 +328,7 @@ def test_postgresql_target_passes_with_an_outside_lock(tmp_path: Path, pg_url: s
     assert lock["locked_at"] is not None and lock["exit_code"] == 0, json.dumps(lock)
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_langgraph_peer_checkpoints_turns_and_its_verifier_sees_loss(tmp_path: Path) -> None:
     """The LangGraph peer through the agent module's own processes (stdlib sqlite3 never
     enters this one): its turns read back intact; a forged acknowledgement is lost and a
@@ -400,7 +403,7 @@ def test_bad_store_url_or_dir_exits_2_before_any_process_starts(
     assert not (tmp_path / "data").exists()  # nothing was started or created
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_kill_rate_is_kept_on_a_clock_whatever_the_restarts_take(tmp_path: Path) -> None:
     """Issue 18, item 12: each kill waited for the replacement to be ready, so
     ``--kill-rate 2`` killed at about a third of that.  Kills are scheduled on a
@@ -437,7 +440,7 @@ def _files_bytes(paths: list[Path]) -> int:
     return total
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_bytes_rows_are_the_files_on_disk(tmp_path: Path) -> None:
     """Each target's kept bytes, summed here from the files the run left (after the
     run's own checkpoint there is no WAL), and per acknowledged turn; fleetstore
@@ -470,7 +473,7 @@ def test_bytes_rows_are_the_files_on_disk(tmp_path: Path) -> None:
     assert by["opencode"]["bytes"]["per_turn"] > 5 * by["fleetstore"]["bytes"]["per_turn"]
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_a_hung_worker_blocks_a_t3code_lane_for_good_and_no_fleetstore_lane(
     tmp_path: Path,
 ) -> None:

@@ -50,7 +50,7 @@ def png_pixels(path: Path) -> tuple[int, int, bytes]:
     return width, height, zlib.decompress(idat)
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_compare_report_renders_in_chromium(tmp_path: Path) -> None:
     browser = chromium()
     html_file = tmp_path / "report.html"

@@ -16,7 +16,8 @@ An item inserts its key into ``t`` (a key already there is left alone: applying 
 item twice is applying it once); a key starting with "bad" raises ``InvalidInput``; one
 starting with "half" inserts its key, then raises (only a rollback keeps it out); one
 starting with "stop", applied by a process other than its own, SIGSTOPs that process
-first (a holder frozen mid-batch).
+first (a holder frozen mid-batch); one starting with "ring" rings the channel
+``RING_CHANNEL`` (``tx.notify``: heard once the transaction that applied it commits).
 
 Environment: COMBINE_THREADS=N (write: N threads submit KEY-0 .. KEY-N-1, each prints
 its own line), COMBINE_OWN=0 (serve: no item of its own), COMBINE_SYNC=FULL (the
@@ -42,6 +43,7 @@ from fleetstore.engine.sqlite import Database
 from tests.fix_faults import install
 
 SCHEMA = [Migration(1, "t", "CREATE TABLE t(k TEXT PRIMARY KEY, pid INTEGER)")]
+RING_CHANNEL = "combine_test"
 TAG = "combine-test/1"
 
 
@@ -55,6 +57,8 @@ def insert(tx: Tx, key: str, pid: int) -> dict[str, object]:
     )
     if key.startswith("half"):
         raise errors.InvalidInput(f"refused after writing: {key}")
+    if key.startswith("ring"):
+        tx.notify(RING_CHANNEL)
     return {"key": key, "inserted": bool(rows)}
 
 

@@ -11,8 +11,10 @@ Commands print short, flushed lines on stdout that the tests wait for:
   ``logged_migrations`` (each step logs its application), prints a JSON line.
 * ``inside``   - opens the engine, inserts the row ``INSIDE_KEY`` inside ``db.write()``,
   prints ``inside``, and sleeps there without committing (the test kills it).
-* ``notify``   - opens the engine, prints ``ready``, waits on a barrier, then runs
-  ``--sql`` (one parameter: the channel) in ``run_write`` and prints ``sent``.
+* ``notify``   - opens the engine, prints ``ready``, waits on a barrier, then rings
+  ``--channel`` (``tx.notify``) in a ``run_write`` that commits and prints ``sent``;
+  with ``--hold`` it inserts the row ``(channel, pid)`` and rings inside a transaction,
+  prints ``inside``, and commits only once the barrier is released.
 
 The module is also imported by the tests for the contract schema and ``open_engine``.
 """
@@ -139,8 +141,16 @@ def cmd_inside(args: argparse.Namespace) -> int:
 def cmd_notify(args: argparse.Namespace) -> int:
     with open_engine(args.kind, args.location, args.key, SCHEMA) as db:
         say("ready")
-        wait_barrier(args.barrier)
-        db.run_write(lambda tx: tx.execute(args.sql, (args.channel,)))
+        if not args.hold:
+            wait_barrier(args.barrier)
+            db.run_write(lambda tx: tx.notify(args.channel))
+            say("sent")
+            return 0
+        with db.write() as tx:
+            tx.execute("INSERT INTO items(k, v) VALUES (?, ?)", (args.channel, os.getpid()))
+            tx.notify(args.channel)
+            say("inside")
+            wait_barrier(args.barrier)
         say("sent")
     return 0
 
@@ -168,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p = command("notify")
     p.add_argument("--barrier", required=True)
     p.add_argument("--channel", required=True)
-    p.add_argument("--sql", required=True)
+    p.add_argument("--hold", action="store_true", help="ring inside, commit at the barrier")
     p.set_defaults(fn=cmd_notify)
 
     args = parser.parse_args(argv)

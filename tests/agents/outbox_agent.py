@@ -6,21 +6,23 @@
 effect's payload asks:
 
 * ``plan``: one outcome per attempt, ``ok`` (return), ``retry`` (``RetryEffect`` with no
-  delay), ``error`` (an exception: the worker's backoff) or ``fail`` (``FailEffect``);
+  delay), ``error`` (an exception: the worker's backoff), ``deep`` (an exception raised
+  300 frames down: a traceback longer than the 8 KiB kept) or ``fail`` (``FailEffect``);
   attempts past the plan are ``ok``;
 * ``hold`` ``{"file": F, "attempts": [1]}``: on those attempts wait until F exists;
 * ``sleep``: seconds of work.
 
 Every handler run is logged to the shared events file, one ``os.write`` of one JSON line
 on an ``O_APPEND`` descriptor each, so the file's order is the order the writes happened
-in across processes: ``start`` (id, thread, seq, attempt, pid) before the work, ``end``
-(with the outcome) after it.  A per-thread marker file, created with ``O_CREAT|O_EXCL``
+in across processes: ``start`` (id, thread, seq, attempt, pid, ``t`` its wall-clock
+time) before the work, ``end`` (with the outcome) after it.  A per-thread marker file, created with ``O_CREAT|O_EXCL``
 at the start and removed before the end is logged, catches two handlers of one thread
 running at once: a ``start`` that finds the marker taken carries ``overlap``.
 
 stdout, one line each, flushed: ``ready PID``, ``started ID ATTEMPT`` (a handler began),
 ``stats {...}`` (whenever ``worker.stats`` changed), ``log LEVEL MESSAGE`` (the worker's
-log), and at the end ``report {...}`` (run()'s code, stats, spool length and whether any
+log), ``failure {...}`` (the worker's record of a failed attempt: its ``extra`` fields,
+its level and whether it carried a traceback), and at the end ``report {...}`` (run()'s code, stats, spool length and whether any
 connection of the store was left inside a transaction), then exits with run()'s code.
 With ``--barrier FILE`` it starts only once it gets a shared flock of FILE (conftest's
 ``Barrier``), so a fleet starts together.  SIGUSR1 dumps every thread's stack to stderr.
@@ -72,7 +74,8 @@ class Events:
         self.markers = Path(markers)
 
     def log(self, **record: Any) -> None:
-        line = json.dumps({**record, "pid": os.getpid()}, separators=(",", ":")) + "\n"
+        record = {**record, "pid": os.getpid(), "t": time.time()}
+        line = json.dumps(record, separators=(",", ":")) + "\n"
         os.write(self.fd, line.encode())
 
     def run(self, effect: Effect) -> Any:
@@ -113,13 +116,32 @@ class Events:
             raise RetryEffect("planned retry", delay=0.0)
         if outcome == "error":
             raise RuntimeError(f"planned error in attempt {effect.attempt}")
+        if outcome == "deep":
+            deep(300, effect.attempt)
         if outcome == "fail":
             raise FailEffect("planned failure")
         return {"pid": os.getpid(), "attempt": effect.attempt}
 
 
+def deep(frames: int, attempt: int) -> None:
+    """Raise *frames* calls down, alternating two functions (Python folds a run of one
+    repeated frame into a line, which would keep the traceback short)."""
+    if frames:
+        deeper(frames - 1, attempt)
+    raise RuntimeError(f"deep failure in attempt {attempt}")
+
+
+def deeper(frames: int, attempt: int) -> None:
+    deep(frames, attempt)
+
+
 class SayHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
+        failure = getattr(record, "failure", None)
+        if failure is not None:
+            fields = {**failure, "level": record.levelname, "traceback": bool(record.exc_info)}
+            say("failure", json.dumps(fields, sort_keys=True))
+            return
         say("log", record.levelname, record.getMessage().replace("\n", " "))
 
 
@@ -155,6 +177,7 @@ def worker_main(args: argparse.Namespace) -> int:
         poll_interval=args.poll,
         backoff=args.backoff,
         max_backoff=1.0,
+        max_attempts=args.max_attempts,
         until_idle=args.until_idle,
         handler_timeout=args.handler_timeout or None,
     )
@@ -215,6 +238,7 @@ def main(argv: list[str]) -> int:
     w.add_argument("--prefetch", type=int, default=0)
     w.add_argument("--poll", type=float, default=0.05)
     w.add_argument("--backoff", type=float, default=0.01)
+    w.add_argument("--max-attempts", type=int, default=None, help="the worker's cap")
     w.add_argument("--until-idle", action="store_true")
     w.add_argument("--handler-timeout", type=float, default=600.0, help="0: no limit")
     w.add_argument("--barrier", help="a file to take a shared flock of before starting")

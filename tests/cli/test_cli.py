@@ -216,6 +216,7 @@ def test_lock_on_a_file_that_is_not_a_database_exits_1(tmp_path: Path) -> None:
     assert "not a database" in done.stderr
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_lock_holds_the_write_lock_until_it_says_released(db_path: Path) -> None:
     assert probe(db_path) == "ok"

@@ -214,8 +214,18 @@ def test_the_commands_that_had_no_json_print_the_documented_shapes(tmp_path: Pat
     assert cancelled["state"] == "cancelled"
     (retried,) = cli("effects", "retry", str(effect["id"]), "--store", db)
     assert retried["state"] == "pending"
-    (ran,) = cli("worker", "jh:HANDLERS", "--store", db, "--until-idle", cwd=tmp_path)
-    assert ran["exit_code"] == 0 and ran["stats"]["succeeded"] == 1  # type: ignore[index]
+    started, ran = cli("worker", "jh:HANDLERS", "--store", db, "--until-idle", cwd=tmp_path)
+    assert started["event"] == "started" and started["kinds"] == {
+        "k": {
+            "replay_safe": True,
+            "timeout": 600.0,
+            "backoff": 1.0,
+            "max_backoff": 300.0,
+            "max_attempts": None,
+        }
+    }
+    assert ran["event"] == "stopped" and ran["exit_code"] == 0
+    assert ran["stats"]["succeeded"] == 1  # type: ignore[index]
 
     (exported,) = cli("export", "-o", str(tmp_path / "e.zst"), "--store", db)
     assert exported["sessions"] == 1 and exported["messages"] == 1

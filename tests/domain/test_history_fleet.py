@@ -411,7 +411,7 @@ def killer(proc: Proc, how: str, t0: float, rng: random.Random, out: dict[str, A
         out["error"] = exc
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(280)
 def test_history_fleet_kill9_keeps_every_acknowledged_operation(
     procs: list[Proc], barrier: Barrier, tmp_path: Path

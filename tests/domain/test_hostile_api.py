@@ -33,6 +33,7 @@ from fleetstore import (
     AsyncToolCallHandle,
     Database,
     Effect,
+    Handler,
     Migration,
     Operation,
     Settings,
@@ -48,6 +49,8 @@ from tests.domain import hostile as h
 from tests.domain.hostile import Kind, kind
 
 MAX_DELAY = 366 * 86400.0
+#: Not a channel name (engine/notify.py): lowercase letters, digits and _, at most 63.
+CHANNELS = kind([None, 5, "", "Upper", "has space", "9x", "x" * 64, h.LONE, b"c", ["c"]])
 MAX_LEASE = 86400.0
 
 
@@ -284,8 +287,15 @@ METHODS: list[Method] = [
     ),
     Method(
         "notify_wait",
-        lambda w: {"channel": "fleetstore_effects", "timeout": 0.0},
-        {"channel": h.nonempty(63, optional=False), "timeout": h.TIMEOUT},
+        lambda w: {"channel": "fleetstore_effects", "timeout": 0.0, "token": None},
+        {"channel": CHANNELS, "timeout": h.TIMEOUT, "token": h.integer(0, optional=True)},
+        mirrored=False,
+    ),
+    Method("notify_token", lambda w: {"channel": "c"}, {"channel": CHANNELS}, mirrored=False),
+    Method(
+        "listen",
+        lambda w: {"channel": "c", "fn": lambda: None},
+        {"channel": CHANNELS, "fn": h.CALLABLE},
         mirrored=False,
     ),
     Method("close", lambda w: {"timeout": 0.0}, {"timeout": h.OPT_TIMEOUT}, root="fresh_store"),
@@ -533,7 +543,11 @@ METHODS: list[Method] = [
             "after": kind([5, "x", new_id(), {"thread_key": "t", "seq": 1}, h.Opaque()]),
         },
     ),
-    Method("effects.wait_for_work", lambda w: {"timeout": 0.0}, {"timeout": h.TIMEOUT}),
+    Method(
+        "effects.wait_for_work",
+        lambda w: {"timeout": 0.0, "token": None},
+        {"timeout": h.TIMEOUT, "token": h.integer(0, optional=True)},
+    ),
     Method("effects.next_ready", lambda w: {"kinds": None}, {"kinds": h.ITERABLE_OF_STR}),
     Method("effects.active", lambda w: {"kinds": None}, {"kinds": h.ITERABLE_OF_STR}),
     Method(
@@ -590,20 +604,29 @@ METHODS: list[Method] = [
     ),
     Method(
         "retry",
-        lambda w: {"delay": 0.0, "error": "e"},
-        {"delay": h.number(0.0, MAX_DELAY), "error": h.NOT_STR},
+        lambda w: {"delay": 0.0, "error": "e", "traceback": None, "max_attempts": None},
+        {
+            "delay": h.number(0.0, MAX_DELAY),
+            "error": h.NOT_STR,
+            "traceback": h.NOT_STR,
+            "max_attempts": h.integer(1, 10_000, optional=True),
+        },
         root="fresh_claim",
     ),
     Method(
         "fail",
-        lambda w: {"error": "e", "interrupted": False},
-        {"error": h.NOT_STR | kind([None]), "interrupted": h.BOOL},
+        lambda w: {"error": "e", "interrupted": False, "traceback": None},
+        {"error": h.NOT_STR | kind([None]), "interrupted": h.BOOL, "traceback": h.NOT_STR},
         root="fresh_claim",
     ),
     Method(
         "timed_out",
-        lambda w: {"error": "e", "delay": 0.0},
-        {"error": h.NOT_STR | kind([None]), "delay": h.number(0.0, MAX_DELAY)},
+        lambda w: {"error": "e", "delay": 0.0, "max_attempts": None},
+        {
+            "error": h.NOT_STR | kind([None]),
+            "delay": h.number(0.0, MAX_DELAY),
+            "max_attempts": h.integer(1, 10_000, optional=True),
+        },
         root="fresh_claim",
     ),
     # -- Worker
@@ -618,8 +641,11 @@ METHODS: list[Method] = [
             "poll_interval": 0.1,
             "sweep_interval": None,
             "prefetch": 0,
+            "batch": 64,
+            "settle_delay": 0.002,
             "backoff": 1.0,
             "max_backoff": 300.0,
+            "max_attempts": None,
             "owner": None,
             "until_idle": False,
             "handler_timeout": 600.0,
@@ -639,16 +665,24 @@ METHODS: list[Method] = [
                     {"x" * 300: print},
                     {h.LONE: print},
                     [("k", print)],
+                    {"k": Handler(print, max_attempts=0)},
+                    {"k": Handler(print, max_attempts=True)},  # type: ignore[arg-type]
+                    {"k": Handler(print, backoff=-1.0)},
+                    {"k": Handler(print, max_backoff=math.nan)},
+                    {"k": Handler(print, backoff="1")},  # type: ignore[arg-type]
                 ]
             ),
             "concurrency": h.integer(1, 1000),
             "lease": h.number(0.001, MAX_LEASE),
             "grace": h.number(0.0, MAX_DELAY),
-            "poll_interval": h.number(0.0, MAX_DELAY),
+            "poll_interval": h.number(0.0, MAX_DELAY, optional=True),
             "sweep_interval": h.number(0.0, MAX_DELAY, optional=True),
             "prefetch": h.integer(0, 999),
+            "batch": h.integer(1, 1000),
+            "settle_delay": h.number(0.0, 1.0),
             "backoff": h.number(0.0, MAX_DELAY),
             "max_backoff": h.number(0.0, MAX_DELAY),
+            "max_attempts": h.integer(1, 10_000, optional=True),
             "owner": h.nonempty(256),
             "until_idle": h.BOOL,
             "handler_timeout": kind(
@@ -721,8 +755,18 @@ METHODS: list[Method] = [
     ),
     Method(
         "notify_wait",
-        lambda w: {"channel": "c", "timeout": 0.0},
-        {"channel": h.nonempty(63, optional=False), "timeout": h.TIMEOUT},
+        lambda w: {"channel": "c", "timeout": 0.0, "token": None},
+        {"channel": CHANNELS, "timeout": h.TIMEOUT, "token": h.integer(0, optional=True)},
+        root="db",
+        mirrored=False,
+    ),
+    Method(
+        "notify_token", lambda w: {"channel": "c"}, {"channel": CHANNELS}, root="db", mirrored=False
+    ),
+    Method(
+        "listen",
+        lambda w: {"channel": "c", "fn": lambda: None},
+        {"channel": CHANNELS, "fn": h.CALLABLE},
         root="db",
         mirrored=False,
     ),
@@ -977,7 +1021,7 @@ def test_every_public_method_has_a_row() -> None:
         "Stream": {"open", "due", "flush"},
         "ToolCallHandle": set(),
         "State": set(),
-        "Effects": {"counts", "sweep", "kinds"},
+        "Effects": {"counts", "sweep", "kinds", "wake_token"},
         "Claim": {"cancel", "release"},
         "Worker": {"run", "run_async"},
         "Database": {"write", "metrics", "histograms", "connection_report", "close"},
@@ -1019,7 +1063,7 @@ OP_KEYS = sorted(
     | {"expected_version", "at_seq", "archived", "thread_key", "kind", "events", "messages"}
     | {"values", "thread_id", "checkpoint_ns", "checkpoint_id", "body", "now", "created_at"}
     | {"effects", "result", "app_name", "user_id", "adk_session_id", "revision", "event"}
-    | {"timeouts"}
+    | {"timeouts", "items", "claim_op", "traceback", "max_attempts"}
 )
 OP_VALUES = st.sampled_from(
     [None, 5, -1, "x", "", [1], {"a": 1}, [{"a": 1}], math.nan, 2**64, True, "\x00", h.LONE]

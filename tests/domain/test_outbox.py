@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -544,7 +545,141 @@ def test_bad_effects_on_a_history_write_write_nothing(store: Store) -> None:
     assert store.messages.list(s.id) == [] and n_effects(store) == 0
 
 
+# -- batched settlements ---------------------------------------------------------------------------
+
+
+def test_a_batch_settles_each_effect_and_refuses_a_lost_lease_alone(store: Store) -> None:
+    """One ``settle_effects`` operation: each settlement checks its own token; the one
+    whose effect an operator cancelled under it gets ``LeaseLost`` and changes nothing,
+    the others land, and each thread moves on."""
+    ids = [store.effects.enqueue(f"t{i}", "k", {"i": i}) for i in range(3)]
+    nexts = [store.effects.enqueue(f"t{i}", "k") for i in range(3)]
+    claims = sorted(store.effects.claim("w", limit=3), key=lambda c: ids.index(c.id))
+    assert [c.id for c in claims] == ids
+    store.effects.cancel(ids[1])
+    before = rows(store, f"SELECT * FROM effects WHERE id = '{ids[1]}'")
+    items = [claims[0]._success({"ok": 0}), claims[1]._success(1), claims[2]._retry(0.0, "again")]
+    outcome = store.effects._settle_batch(claims, items)
+    assert outcome is not None
+    assert outcome[0] == "succeeded" and outcome[2] == "pending", outcome
+    assert isinstance(outcome[1], errors.LeaseLost), outcome
+    assert (outcome[1].effect_id, outcome[1].state) == (ids[1], "cancelled")
+    assert rows(store, f"SELECT * FROM effects WHERE id = '{ids[1]}'") == before
+    got = [store.effects.get(i) for i in ids]
+    assert [g.state for g in got] == ["succeeded", "cancelled", "pending"]
+    assert got[0].result == {"ok": 0} and got[2].last_error == "again"
+    # Threads 0 and 1 moved on; thread 2's retried effect is still its head.
+    claimed = {c.id for c in store.effects.claim("w", limit=10)}
+    assert claimed == {nexts[0], nexts[1], ids[2]}
+    with pytest.raises(errors.InvalidInput):
+        claims[0]._success(2)  # each claim settles once, in a batch or alone
+
+
+def test_a_batch_is_applied_once_whatever_retries_happen(store: Store) -> None:
+    """Logged in applied_ops as one operation: applied again (a spool replay, a group
+    commit whose outcome was lost), it is found there and changes nothing."""
+    ids = [store.effects.enqueue(f"t{i}", "k") for i in range(2)]
+    claims = store.effects.claim("w", limit=2)
+    items = [c._retry(0.0, "once") for c in claims]
+    op = fleetstore.Operation("settle_effects", {"items": items}, new_id())
+    first = store.apply(op)
+    assert first["states"] == "pp" and first["refused"] == {}
+    after = rows(store, "SELECT * FROM effects ORDER BY id")
+    again = store.apply(op)
+    assert again["duplicate"] is True and again["states"] == "pp"
+    assert rows(store, "SELECT * FROM effects ORDER BY id") == after
+    for eid in ids:
+        effect = store.effects.get(eid)
+        assert (effect.state, [e.error for e in effect.errors]) == ("pending", ["once"])
+
+
+def test_bad_batches_from_outside_are_refused_whole(store: Store) -> None:
+    eid = store.effects.enqueue("t", "k")
+    (c,) = store.effects.claim("w")
+    good = c._success(None)
+    for bad in (
+        {"items": []},
+        {"items": "x"},
+        {"items": [good, 5]},
+        {"items": [{**good, "outcome": "explode"}]},
+        {"items": [{**good, "fence": 0}]},
+        {"items": [{**good, "result": 5}]},
+        {"items": [good] * 1001},
+    ):
+        with pytest.raises(errors.InvalidInput):
+            store.apply(fleetstore.Operation("settle_effects", bad, new_id()))
+    assert store.effects.get(eid).state == "running"
+
+
+def test_a_claimed_effect_carries_what_a_handler_needs(store: Store) -> None:
+    eid = store.effects.enqueue("t", "k", {"a": [1, 2]}, idempotency_key="key-1", max_attempts=3)
+    first = claim_one(store)
+    first.retry(0.0, "boom")
+    (c,) = store.effects.claim("w", lease=30, timeouts={"k": 60})
+    e = c.effect
+    stored = store.effects.get(eid)
+    assert (e.id, e.thread_key, e.seq, e.kind, e.payload) == (eid, "t", 1, "k", {"a": [1, 2]})
+    assert (e.state, e.attempt, e.max_attempts, e.fence) == ("running", 2, 3, stored.fence)
+    assert (e.idempotency_key, e.last_error, e.lease_owner) == ("key-1", "boom", "w")
+    assert e.lease_expires_at == stored.lease_expires_at and e.started_at == stored.started_at
+    assert e.created_at == stored.created_at and e.available_at == stored.available_at
+    # What it does not carry: the error history and the result (effects.get has them).
+    assert e.errors == () and [x.error for x in stored.errors] == ["boom"]
+
+
+# -- rings: an effect that becomes claimable wakes idle workers ------------------------------------
+
+
+def test_what_makes_an_effect_claimable_rings_and_nothing_else_does(store: Store) -> None:
+    """An idle worker sleeps until a ring: every way an effect becomes claimable rings
+    (once committed: tests/engine/test_contract.py), and a write that makes nothing
+    claimable does not wake every idle worker of the fleet.  (PostgreSQL's effects
+    trigger also rings where an enqueue touches its thread's pending head row.)"""
+    effects = store.effects
+    quiet = store.dialect == "sqlite"
+
+    def rang(action: Any) -> bool:
+        token = effects.wake_token()
+        action()
+        return effects.wait_for_work(0.3, token=token)
+
+    assert store.notifies
+    assert rang(lambda: effects.enqueue("t", "k"))  # a new head
+    behind = rang(lambda: effects.enqueue("t", "k"))
+    assert not behind or not quiet  # behind its head: not claimable
+    c = claim_one(store)
+    assert not rang(c.heartbeat)
+    assert rang(lambda: c.succeed())  # its thread's next effect is its head now
+    c2 = claim_one(store)
+    assert rang(lambda: c2.retry(0.0, "x"))  # pending again
+    c3 = claim_one(store)
+    dead = c3.id
+    assert not rang(lambda: c3.fail("no"))  # the thread is done: nothing new to claim
+    assert rang(lambda: effects.retry(dead))  # an operator's retry: a new head
+    c4 = claim_one(store)
+    expire(store, c4.id)
+    assert rang(effects.sweep)  # back to pending
+
+
 # -- settlement through a locked store ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_batch_past_the_budget_is_spooled_even_with_on_busy_raise_and_lands(
+    open_store: OpenStore, spawn: Spawn
+) -> None:
+    store = open_store(write_budget=0.5, on_busy="raise")
+    ids = [store.effects.enqueue(f"t{i}", "k") for i in range(2)]
+    nxt = store.effects.enqueue("t0", "k")
+    claims = store.effects.claim("w", limit=2, lease=60)
+    lock, _ = start_lock(spawn, store.url, 2.0)
+    items = [c._success({"i": i}) for i, c in enumerate(claims)]
+    assert store.effects._settle_batch(claims, items) is None  # spooled, not raised
+    assert lock.finish(timeout=30) == 0
+    assert store.flush(timeout=30)
+    assert [store.effects.get(i).state for i in ids] == ["succeeded", "succeeded"]
+    assert claim_one(store).id == nxt
+    assert not any(r["in_transaction"] for r in store.db.connection_report())
 
 
 @pytest.mark.slow
@@ -746,6 +881,117 @@ def test_worker_rejects_bad_configuration(store: Store) -> None:
     assert Worker(store, {"k": print}).timeouts == {"k": 600.0}
 
 
+def test_a_failed_attempt_keeps_its_traceback_bounded_and_the_claim_says_what_became_of_it(
+    store: Store,
+) -> None:
+    """Issue 25: only ``KeyError: 'missing_key'`` was kept.  A traceback is kept with its
+    attempt, cut to its last 8 KiB (where it failed); a claimer's own ``max_attempts``
+    gives up sooner than the effect's; ``claim.settled`` is what the store made of it."""
+    from fleetstore.domain.outbox import MAX_TRACEBACK
+
+    eid = store.effects.enqueue("t", "k", max_attempts=5)
+    nxt = store.effects.enqueue("t", "k")
+    deep = "Traceback (most recent call last):\n" + '  File "x.py", line 1, in f\n' * 2000
+    first = claim_one(store)
+    assert first.retry(0, "KeyError: 'k'", traceback=deep + "KeyError: 'k'\x00\n") is True
+    assert (first.settled, first.dead_reason) == ("pending", None)
+    second = claim_one(store)
+    assert second.retry(0, "e2", max_attempts=2) is True  # its 2nd attempt, and the last
+    assert (second.settled, second.dead_reason) == ("dead", "attempts_exhausted")
+    got = store.effects.get(eid)
+    assert (got.state, got.dead_reason, got.attempt, got.max_attempts) == (
+        "dead",
+        "attempts_exhausted",
+        2,
+        5,
+    )
+    kept = got.errors[0].traceback
+    assert kept is not None and len(kept) <= MAX_TRACEBACK
+    assert kept.startswith("…") and kept.endswith("KeyError: 'k'\ufffd\n")  # the tail, cleaned
+    assert got.errors[1].traceback is None and got.errors[1].error == "e2"
+    third = claim_one(store)
+    assert third.id == nxt  # the thread moved on
+    assert third.fail("bad", traceback="Traceback ...\nValueError: bad\n") is True
+    assert (third.settled, third.dead_reason) == ("dead", "failed")
+    assert store.effects.get(nxt).errors[0].traceback == "Traceback ...\nValueError: bad\n"
+    # A bad traceback or cap is refused, nothing changed: the claim still holds.
+    fourth_id = store.effects.enqueue("u", "k")
+    fourth = claim_one(store)
+    for bad in ({"traceback": 5}, {"max_attempts": 0}, {"max_attempts": True}):
+        with pytest.raises(errors.InvalidInput):
+            fourth.retry(0, "e", **bad)  # type: ignore[arg-type]
+    assert store.effects.get(fourth_id).state == "running" and fourth.settled is None
+
+
+def test_worker_logs_each_failed_attempt_once_keeps_its_traceback_and_counts_the_dead(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One record per failed attempt, after its settlement, with the effect's fields and
+    what happens next; an unexpected exception's record carries its traceback, which is
+    also kept from the handler's frame on (none of the worker's own); ``Handler``'s
+    ``max_attempts`` and ``backoff`` are the kind's policy; ``stats["dead"]`` counts."""
+
+    def lookup(e: Effect) -> None:
+        return {}["missing_key"]  # type: ignore[no-any-return]
+
+    async def coroutine(e: Effect) -> None:
+        await asyncio.sleep(0)
+        raise ValueError(f"async attempt {e.attempt}")
+
+    def refuse(e: Effect) -> None:
+        raise FailEffect("no such user")
+
+    keyed = store.effects.enqueue("a", "lookup", max_attempts=2)
+    capped = store.effects.enqueue("b", "coroutine")  # 5 attempts; its kind allows 1
+    after = store.effects.enqueue("b", "ok")
+    refused = store.effects.enqueue("c", "refuse")
+    worker = Worker(
+        store,
+        {
+            "lookup": lookup,
+            "coroutine": Handler(coroutine, max_attempts=1, backoff=7.0),
+            "refuse": refuse,
+            "ok": lambda e: "ok",
+        },
+        until_idle=True,
+        backoff=0.001,
+        poll_interval=0.01,
+    )
+    assert worker.policies["coroutine"].backoff == 7.0
+    assert worker.policies["lookup"].backoff == 0.001
+    with caplog.at_level(logging.INFO, logger="fleetstore.worker"):
+        assert worker.run() == fleetstore.domain.worker.EXIT_OK
+    failures = [r for r in caplog.records if hasattr(r, "effect_id")]
+    seen = sorted((r.effect_id, r.attempt, r.next) for r in failures)  # type: ignore[attr-defined]
+    assert seen == sorted(
+        [(keyed, 1, "retry"), (keyed, 2, "dead"), (capped, 1, "dead"), (refused, 1, "dead")]
+    )
+    by = {(r.effect_id, r.attempt): r for r in failures}  # type: ignore[attr-defined]
+    first = by[(keyed, 1)]
+    assert first.levelno == logging.WARNING and first.exc_info is not None
+    assert first.error == "KeyError: 'missing_key'"  # type: ignore[attr-defined]
+    assert first.where.endswith("in lookup") and first.retry_at is not None  # type: ignore[attr-defined]
+    assert (first.kind, first.thread_key, first.max_attempts) == ("lookup", "a", 2)  # type: ignore[attr-defined]
+    last = by[(keyed, 2)]
+    assert last.levelno == logging.ERROR and last.dead_reason == "attempts_exhausted"  # type: ignore[attr-defined]
+    assert by[(capped, 1)].max_attempts == 1  # type: ignore[attr-defined]
+    assert by[(refused, 1)].exc_info is None  # a FailEffect is deliberate: no traceback logged
+    assert "no such user" in by[(refused, 1)].getMessage()
+    for eid, frame in ((keyed, "in lookup"), (capped, "in coroutine"), (refused, "in refuse")):
+        for error in store.effects.get(eid).errors:
+            assert error.traceback is not None and frame in error.traceback
+            assert error.traceback.startswith("Traceback (most recent call last):")
+            assert "domain/worker.py" not in error.traceback  # the handler's frames only
+    assert store.effects.get(capped).attempt == 1  # dead at its kind's limit, not its own
+    assert store.effects.get(after).state == "succeeded"  # its thread moved on
+    assert (worker.stats["dead"], worker.stats["retried"], worker.stats["failed"]) == (3, 1, 1)
+    for bad in ({"max_attempts": 0}, {"backoff": -1.0}, {"max_backoff": math.inf}):
+        with pytest.raises(errors.ConfigError):
+            Worker(store, {"k": Handler(print, **bad)})  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigError):
+        Worker(store, {"k": print}, max_attempts=0)
+
+
 # -- the CLI --------------------------------------------------------------------------------------
 
 FLEETSTORE = [sys.executable, "-m", "fleetstore"]
@@ -771,8 +1017,9 @@ def test_cli_enqueue_worker_list_show_retry_cancel_sweep(tmp_path: Path) -> None
     boom = cli("effects", "enqueue", "t2", "boom", "--store", db, "--max-attempts", "1")
     boom_id = boom.stdout.strip()
     ran = cli("worker", "handlers_mod:HANDLERS", "--store", db, "--until-idle", cwd=tmp_path)
-    assert ran.returncode == 0, ran.stderr
+    assert ran.returncode == 5, ran.stderr  # an effect went dead in its run
     assert "1 failed" in ran.stderr and "1 succeeded" in ran.stderr
+    assert "1 effect(s) went dead in this run" in ran.stderr
     listed = cli("effects", "list", "--store", db, "--json")
     effects = {e["id"]: e for e in map(json.loads, listed.stdout.splitlines())}
     assert effects[first.stdout.strip()]["result"] == {"hello": "ada"}

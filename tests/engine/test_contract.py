@@ -7,7 +7,7 @@ every engine through the ``engine`` fixture below:
   ``shards.use(key, create=True)`` gives.
 
 Where the engines legitimately differ, the difference is an attribute of the fixture
-object (``engine.reruns_allowed``, ``engine.lock_before_body``, ``engine.notifies``...),
+object (``engine.reruns_allowed``, ``engine.lock_before_body``, ``engine.busy_stage``...),
 stated and explained once, not an ``if`` in each test.  Every outside party (a lock
 holder, processes migrating at once, a notifier, a writer inside its transaction) is a
 real process: ``fleetstore lock`` (``start_lock``) or tests/agents/contract_agent.py.
@@ -87,14 +87,8 @@ class EngineUnderTest:
     #: statement takes its own locks, so the body starts at once and its first write
     #: waits (the wait shows in ``lock_hold``; a lock_timeout ends it at the budget).
     lock_before_body: bool
-    #: ``notify_wait`` returns True when another process notifies (PostgreSQL's
-    #: LISTEN/NOTIFY); SQLite has no notifications: it sleeps the timeout, False.
-    notifies: bool
     #: ``StoreBusy.stage`` when an outside lock outlasts the write budget.
     busy_stage: str
-    #: What the contract agent runs (one parameter, a channel) to notify: a NOTIFY
-    #: on PostgreSQL; on SQLite, with nothing to send, a committed write.
-    notify_sql: str
 
     def __init__(
         self, kind: str, tmp_path: Path, request: pytest.FixtureRequest, stack: contextlib.ExitStack
@@ -105,13 +99,11 @@ class EngineUnderTest:
         self._stack = stack
         self._fresh = itertools.count()
         if kind == "postgresql":
-            self.reruns_allowed, self.lock_before_body, self.notifies = True, False, True
+            self.reruns_allowed, self.lock_before_body = True, False
             self.busy_stage = "statement"
-            self.notify_sql = "SELECT pg_notify(?, 'contract')"
         else:
-            self.reruns_allowed, self.lock_before_body, self.notifies = False, True, False
+            self.reruns_allowed, self.lock_before_body = False, True
             self.busy_stage = "sqlite"
-            self.notify_sql = "INSERT INTO items(k, v) VALUES (?, 0)"
         #: The store the tests open (``open()``) and lock (``lock_path``).
         self.target = self.fresh_target()
 
@@ -296,6 +288,7 @@ def test_a_concurrent_read_modify_write_is_applied_once_and_every_rerun_is_count
     assert extra == (1 if engine.reruns_allowed else 0), runs
 
 
+@pytest.mark.timing
 def test_an_outside_lock_within_the_budget_is_waited_out_and_each_body_runs_once(
     engine: EngineUnderTest, spawn: Spawn
 ) -> None:
@@ -340,6 +333,7 @@ def test_an_outside_lock_within_the_budget_is_waited_out_and_each_body_runs_once
     assert no_open_transaction(db)
 
 
+@pytest.mark.timing
 def test_store_busy_past_the_budget_writes_nothing_and_the_engine_recovers(
     engine: EngineUnderTest, spawn: Spawn
 ) -> None:
@@ -574,6 +568,7 @@ def test_reads_neither_see_nor_wait_for_another_processes_open_write(
 CHANNEL = "fleetstore_contract"
 
 
+@pytest.mark.timing
 def test_notify_wait_without_a_notification_returns_false_after_about_the_timeout(
     engine: EngineUnderTest,
 ) -> None:
@@ -598,20 +593,22 @@ def start_notifier(
         barrier.path,
         "--channel",
         channel,
-        "--sql",
-        engine.notify_sql,
     )
     sender.wait_line("ready", timeout=60)
     return sender
 
 
-def test_notify_wait_wakes_promptly_on_another_processes_notify_where_the_engine_notifies(
+@pytest.mark.timing
+def test_notify_wait_wakes_promptly_on_another_processes_notify(
     engine: EngineUnderTest, procs: list[Proc], barrier: Barrier
 ) -> None:
+    """A committed ``tx.notify`` of another process wakes a waiter at once (SQLite: a
+    futex word in the gate file; PostgreSQL: NOTIFY), and not before it was sent."""
     db = engine.open()
-    assert db.notify_wait(CHANNEL, 0.05) is False  # PostgreSQL: listening from here on
+    assert db.notifies
+    assert db.notify_wait(CHANNEL, 0.05) is False
     sender = start_notifier(engine, procs, barrier, CHANNEL)
-    wait = 2.5
+    wait = 30.0
     result: dict[str, Any] = {}
 
     def waiter() -> None:
@@ -627,25 +624,105 @@ def test_notify_wait_wakes_promptly_on_another_processes_notify_where_the_engine
     barrier.release()
     sender.wait_line("sent", timeout=30)
     thread.join(wait + 30)
-    assert result["woke"] is engine.notifies, result
+    assert result["woke"] is True, result
     assert result["at"] > released, "woken before the notification was sent"
-    # Woken well before the timeout where notifications exist, else the whole wait.
-    assert (result["elapsed"] < wait - 0.5) is engine.notifies, result
+    # Woken by the ring, not by the timeout (a generous bound: the machine is shared).
+    assert result["elapsed"] < wait / 2, result
     assert sender.finish(timeout=30) == 0, sender.stderr_tail()
+
+
+def test_a_ring_between_the_token_and_the_wait_is_not_lost(
+    engine: EngineUnderTest, procs: list[Proc], barrier: Barrier
+) -> None:
+    """The token protocol: a token taken before looking, a ring (a committed write of
+    another process) after it, then the wait: it returns at once.  A wait without a
+    token misses nothing since the same thread's last look either."""
+    db = engine.open()
+    token = db.notify_token(CHANNEL)
+    assert db.notify_wait(CHANNEL, 0.05, token) is False  # nothing since the token
+    sender = start_notifier(engine, procs, barrier, CHANNEL)
+    barrier.release()
+    sender.wait_line("sent", timeout=30)
+    assert sender.finish(timeout=30) == 0, sender.stderr_tail()
+    started = time.monotonic()
+    assert db.notify_wait(CHANNEL, 30.0, token) is True
+    assert time.monotonic() - started < 15.0
+    # A wait without a token: rings since this thread's last look (its last wait, or
+    # token): this one saw the ring already.
+    assert db.notify_wait(CHANNEL, 0.2) is False
+    assert db.notify_wait(CHANNEL, 30.0, token) is True  # the token still predates it
 
 
 def test_notify_wait_hears_its_own_channel_only_and_loses_no_other(
     engine: EngineUnderTest, procs: list[Proc], barrier: Barrier
 ) -> None:
+    # (On SQLite two channels may share a word of the gate file, and then wake each
+    # other's waiters; these two do not.)
+    from fleetstore.engine.notify import word_of
+
+    assert word_of("contract_a") != word_of("contract_b")
     db = engine.open()
     assert db.notify_wait("contract_a", 0.05) is False
-    assert db.notify_wait("contract_b", 0.05) is False  # PostgreSQL: listening to both
+    assert db.notify_wait("contract_b", 0.05) is False
     sender = start_notifier(engine, procs, barrier, "contract_b")
     barrier.release()
     sender.wait_line("sent", timeout=30)
     assert sender.finish(timeout=30) == 0, sender.stderr_tail()
     assert db.notify_wait("contract_a", 0.5) is False, "woken by another channel's notify"
-    assert db.notify_wait("contract_b", 0.5) is engine.notifies, "contract_b's notify was lost"
+    # (No token: a ring since this thread's last wait on the channel, before the send.)
+    assert db.notify_wait("contract_b", 30.0) is True, "contract_b's notify was lost"
+
+
+def test_a_ring_wakes_nobody_before_its_commit_and_the_woken_see_what_it_rang_about(
+    engine: EngineUnderTest, procs: list[Proc], barrier: Barrier
+) -> None:
+    """A process rings inside a transaction it keeps open: no waiter wakes; it commits:
+    the waiter wakes, and its first read sees the committed row (a ring before COMMIT
+    would let a woken worker look, find nothing, and sleep through the work)."""
+    db = engine.open()
+    token = db.notify_token(CHANNEL)
+    sender = engine.agent(
+        procs, "notify", engine.target, "--barrier", barrier.path, "--channel", CHANNEL, "--hold"
+    )
+    sender.wait_line("inside", timeout=60)
+    assert db.notify_wait(CHANNEL, 0.5, token) is False, "woken before the COMMIT"
+    result: dict[str, Any] = {}
+
+    def waiter() -> None:
+        result["woke"] = db.notify_wait(CHANNEL, 60.0, token)
+        result["seen"] = items(db).get(CHANNEL)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    barrier.release()
+    sender.wait_line("sent", timeout=30)
+    thread.join(90)
+    assert result == {"woke": True, "seen": sender.pid}, result
+    assert sender.finish(timeout=30) == 0, sender.stderr_tail()
+
+
+def test_a_transaction_that_does_not_commit_rings_nothing(engine: EngineUnderTest) -> None:
+    db = engine.open()
+    token = db.notify_token(CHANNEL)
+    with pytest.raises(RuntimeError), db.write() as tx:
+        tx.execute(INSERT, ("rolled back", 1))
+        tx.notify(CHANNEL)
+        raise RuntimeError("rolled back")
+    assert db.notify_wait(CHANNEL, 0.3, token) is False
+    with db.write() as tx:
+        tx.notify(CHANNEL)
+    assert db.notify_wait(CHANNEL, 30.0, token) is True
+
+
+def test_a_bad_channel_is_refused_and_a_read_cannot_notify(engine: EngineUnderTest) -> None:
+    db = engine.open()
+    for bad in ("", "Upper", "1digit", "has space", "x" * 64, None, 7):
+        with pytest.raises(errors.InvalidInput):
+            db.notify_wait(bad, 0.0)  # type: ignore[arg-type]
+        with pytest.raises(errors.InvalidInput), db.write() as tx:
+            tx.notify(bad)  # type: ignore[arg-type]
+    with pytest.raises(errors.ReadOnlyError):
+        db.read(lambda tx: tx.notify(CHANNEL))
 
 
 # -- metrics --------------------------------------------------------------------------------

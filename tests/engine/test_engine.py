@@ -276,6 +276,7 @@ def test_existing_rollback_journal_file_is_switched_to_wal(tmp_path: Path) -> No
         assert {r["journal_mode"] for r in db.connection_report()} == {"wal"}
 
 
+@pytest.mark.timing
 def test_wal_switch_waits_under_the_gate_and_never_fails_silently(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     # An outside reader holds a SHARED lock on a rollback-journal file: the

@@ -76,7 +76,7 @@ def writer_report(proc: Proc, timeout: float) -> dict[str, Any]:
     return report
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(180)
 def test_outside_lock_mid_run_loses_nothing(
     spawn: Spawn, barrier: Barrier, store_path: str, tmp_path: Path
@@ -122,6 +122,7 @@ def test_outside_lock_mid_run_loses_nothing(
         assert integrity(db) == [("ok",)]
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_budget_exceeded_raises_store_busy_then_recovers(spawn: Spawn, store_path: str) -> None:
     db = Database.open(store_path, write_budget=2)
@@ -277,6 +278,7 @@ def test_outside_lock_released_writer_commits_promptly(spawn: Spawn, store_path:
         db.close()
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_gate_held_by_other_process_store_busy_names_pid_and_gate_released_after(
     spawn: Spawn, store_path: str

@@ -100,6 +100,7 @@ def test_a_full_disk_that_frees_within_the_budget_costs_latency_not_turns(
     assert max(float(a.last_line().split()[2]) for a in agents) > 1.0
 
 
+@pytest.mark.timing
 def test_a_disk_full_past_the_budget_fails_writes_typed_and_kills_nobody(
     disk: Path, procs: list[Proc]
 ) -> None:

@@ -166,6 +166,7 @@ def test_a_holder_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
         assert len(holder_keys) == 1
 
 
+@pytest.mark.timing
 def test_a_waiter_whose_budget_runs_out_while_posted_is_never_applied_later(
     tmp_path: Path, procs: list[Proc], barrier: Barrier
 ) -> None:
@@ -300,6 +301,7 @@ def test_a_batch_whose_commit_failed_tells_no_waiter_its_write_was_saved(
         assert set(told.values()) == {"ok"}, told
 
 
+@pytest.mark.timing
 def test_a_holder_stopped_mid_batch_keeps_no_waiter_past_its_budget(
     tmp_path: Path, procs: list[Proc], barrier: Barrier
 ) -> None:
@@ -333,6 +335,7 @@ def test_a_holder_stopped_mid_batch_keeps_no_waiter_past_its_budget(
     assert any(k.startswith("holder-") for k in stored)
 
 
+@pytest.mark.timing
 def test_a_holder_stopped_while_committing_reports_the_outcome_unknown_in_time(
     tmp_path: Path, procs: list[Proc], barrier: Barrier
 ) -> None:
@@ -350,6 +353,42 @@ def test_a_holder_stopped_while_committing_reports_the_outcome_unknown_in_time(
     os.kill(holder.pid, signal.SIGCONT)
     assert holder.finish(60) == 0, holder.stderr_tail()
     assert set(keys) <= {k for k, _ in _keys(path)}  # decided in time: committed
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_an_item_applied_for_another_process_rings_after_the_holders_commit(
+    tmp_path: Path, procs: list[Proc], barrier: Barrier
+) -> None:
+    """A writer's item that rings (``tx.notify``) is applied by the gate holder in its
+    own transaction: the ring is the holder's to make, after ITS COMMIT.  The holder
+    stopped just before that COMMIT: nobody is woken; let go, it commits: the waiter
+    wakes and sees the writer's row."""
+    path, holder, writers = _run_batch(tmp_path, procs, barrier, ["ring1"], "stop:before-commit")
+    db = Database.open(path, migrations=combine_agent.SCHEMA)
+    try:
+        # (The token after the release is fine: nothing can ring before the holder's
+        # COMMIT, and the holder stops before it.)
+        token = db.notify_token(combine_agent.RING_CHANNEL)
+        deadline = time.monotonic() + 60
+        while not _stopped(holder.pid):
+            assert time.monotonic() < deadline, "the holder never stopped before its COMMIT"
+            time.sleep(0.01)
+        assert db.notify_wait(combine_agent.RING_CHANNEL, 0.5, token) is False
+        assert "ring1" not in {k for k, _ in _keys(path)}
+        os.kill(holder.pid, signal.SIGCONT)
+        assert db.notify_wait(combine_agent.RING_CHANNEL, 60, token) is True
+        pids = dict(db.read(lambda tx: tx.execute("SELECT k, pid FROM t")))
+        assert pids["ring1"] == writers[0].pid, pids  # the writer's item, the holder's commit
+    finally:
+        db.close()
+    assert holder.finish(60) == 0, holder.stderr_tail()
+    assert writers[0].finish(60) == 0, writers[0].stderr_tail()
+    assert _line(writers[0], "ok", "err")[1].startswith("ok ring1 "), writers[0].seen
+    assert _figures(writers[0])["handed_over"] == 1  # applied by the holder, not by itself
 
 
 def _plant(gate: Path, slot: int, how: str, tag: int) -> None:

@@ -320,7 +320,7 @@ def history_fleet(
     return logs, stop
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(240)
 def test_server_restart_under_8_agents_loses_nothing(
     restartable: pgserver.PgServer, procs: list[Proc], barrier: Barrier, tmp_path: Path

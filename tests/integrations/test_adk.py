@@ -669,7 +669,7 @@ def check_fleet(path: str, logs: dict[int, list[dict[str, Any]]]) -> None:
         assert store.db.read(lambda tx: tx.execute("PRAGMA integrity_check"))[0][0] == "ok"
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_fleet_appends_through_an_outside_lock_of_6_5_s(
     tmp_path: Path, spawn: Spawn, barrier: Barrier
 ) -> None:
@@ -684,7 +684,7 @@ def test_fleet_appends_through_an_outside_lock_of_6_5_s(
     check_fleet(str(tmp_path / "fleet.db"), logs)
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(500)
 def test_fleet_appends_through_an_outside_lock_of_70_s_via_the_spool(
     tmp_path: Path, spawn: Spawn, barrier: Barrier

@@ -500,7 +500,7 @@ FLEET = 16
 LOCK_AT, LOCK_HOLD, RUN = 3.0, 6.5, 13.0
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 def test_fleet_of_16_processes_checkpoints_through_an_outside_lock(
     tmp_path: Path, spawn: Spawn, barrier: Barrier
 ) -> None:

@@ -643,7 +643,7 @@ def turn_times(proc: Proc) -> list[tuple[float, float]]:
     return [turn_time(line) for _, line in proc.seen if line.startswith("turn ")]
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(400)
 def test_fleet_of_16_runners_waits_out_a_6_5_s_outside_lock(
     tmp_path: Path, spawn: Spawn, barrier: Barrier
@@ -657,7 +657,7 @@ def test_fleet_of_16_runners_waits_out_a_6_5_s_outside_lock(
         assert any(start > released_at for start, _ in times), (proc.name, times, released_at)
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(500)
 def test_fleet_of_16_runners_goes_on_through_the_spool_past_a_70_s_outside_lock(
     tmp_path: Path, spawn: Spawn, barrier: Barrier

@@ -241,7 +241,7 @@ def _covered(items: list[Any]) -> list[str]:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(180)
 def test_appends_of_other_processes_racing_compactions_are_never_lost(tmp_path: Path) -> None:
     """Four processes append to one SDK session while this one compacts it over and

@@ -292,6 +292,8 @@ STORE_INTERNALS = {
     "notifies",
     "spans_files",
     "notify_wait",
+    "notify_token",
+    "listen",
     "spool_pending",
     "finish_jobs",
 }

@@ -276,6 +276,7 @@ def test_a_raw_write_whose_commit_sync_failed_says_it_may_be_there(
         db.close()
 
 
+@pytest.mark.timing
 def test_a_store_write_whose_outcome_stays_unknown_past_the_budget_is_spooled_and_lands_once(
     tmp_path: Path, faults: Faults
 ) -> None:

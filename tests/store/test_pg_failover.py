@@ -97,7 +97,7 @@ def longest_write(log: Path) -> float:
     return longest
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(300)
 def test_failover_under_a_fleet_loses_duplicates_and_double_runs_nothing(
     pair: tuple[pgserver.PgServer, pgserver.PgServer],
@@ -289,6 +289,7 @@ PROMOTE_AFTER = 8.0
 SHORT_BUDGET = 12.0
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_write_waits_out_a_slow_promotion_within_its_budget(

@@ -35,7 +35,7 @@ RUN = 16.0  # seconds the fleet writes
 SURE_BIG = 2  # agents whose first reply carries a 7-8 MB output (run_clean_fleet)
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(300)
 def test_32_agents_on_one_postgresql_store_lose_and_duplicate_nothing(
     pg_url: str, procs: list[Proc], barrier: Barrier, tmp_path: Path
@@ -65,7 +65,7 @@ def pg_env(
             proc.kill()
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(300)
 def test_8_outbox_workers_on_postgresql_keep_thread_order_and_settle_once(
     pg_env: outbox_fleet.Env, barrier: Barrier

@@ -27,7 +27,7 @@ RUN = 6.0  # seconds the fleet writes
 SURE_BIG = 2  # agents whose first reply carries a 7-8 MB output (run_clean_fleet)
 
 
-@pytest.mark.slow
+@pytest.mark.fleet
 @pytest.mark.timeout(300)
 def test_32_agents_on_one_sharded_store_lose_and_duplicate_nothing(
     procs: list[Proc], barrier: Barrier, tmp_path: Path

@@ -347,6 +347,7 @@ def test_outside_lock_past_the_budget_spools_then_drains_in_order(
         store.close()
 
 
+@pytest.mark.timing
 def test_on_busy_raise_raises_store_busy_and_writes_nothing(
     open_store: OpenStore, spawn: Spawn
 ) -> None:

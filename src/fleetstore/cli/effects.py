@@ -149,7 +149,8 @@ def _row(e: fleetstore.Effect) -> tuple[str, ...]:
 @json_option("effects show")
 @_store_params()
 def effects_show(effect_id: str, as_json: bool, store: str | None) -> None:
-    """One effect with its payload, result and every failed attempt."""
+    """One effect with its payload, result and every failed attempt kept (the newest
+    20), each with its error and, if its handler raised, its traceback (the last 8 KiB)."""
     with _reading("effects show", store) as opened:
         effect = _get_effect(opened, "show", effect_id)
     if as_json:
@@ -167,6 +168,9 @@ def effects_show(effect_id: str, as_json: bool, store: str | None) -> None:
         click.echo(
             f"{'error':>16}: attempt {err.attempt}, {_when(err.at)}, {err.owner}: {err.error}"
         )
+        if err.traceback:
+            for line in err.traceback.rstrip("\n").splitlines():
+                click.echo(f"{'':>18}{line}")
 
 
 def _get_effect(opened: fleetstore.Store, command: str, effect_id: str) -> fleetstore.Effect:

@@ -213,6 +213,17 @@ Exit codes:
     "output in 20-60 chunks as it grows (a few ms apart).",
 )
 @click.option(
+    "--drain-wait",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    envvar="FLEETSTORE_STRESS_DRAIN_WAIT",
+    show_envvar=True,
+    help="Once the agents stopped, wait up to this long for the outbox workers to settle "
+    "the effects still pending (fleetstore target); the report says how long it waited.",
+)
+@click.option(
     "--hang-worker",
     is_flag=True,
     default=False,
@@ -262,6 +273,7 @@ def stress_command(
     target_names: str | None,
     long_replies: bool,
     hang_worker: bool,
+    drain_wait: float,
     drop_every: int,
     as_json: bool,
     report_file: str | None,
@@ -306,6 +318,7 @@ def stress_command(
         ),
         long_replies=long_replies,
         hang_worker=hang_worker,
+        drain_wait=drain_wait,
     )
     try:
         config.validate()

@@ -71,6 +71,9 @@ class _DryTx:
     def executemany(self, sql: str, seq_of_params: Iterable[Any]) -> None:
         return None
 
+    def notify(self, channel: str) -> None:
+        return None
+
 
 class _AnyQuery(dict[str, str]):
     def __missing__(self, key: str) -> str:

@@ -1,22 +1,12 @@
-"""The durable effect outbox: enqueue, claim, heartbeat, settle, sweep.
+"""The durable effect outbox: the API (``store.effects``, ``Claim``).  The operations it
+makes, and the rules they keep (per-thread order, leases and fencing, settlements that
+land, sweeps, rings), are in domain/outbox_ops.py.
 
-Per ``thread_key`` effects run one at a time in ``seq`` order: only a thread's
-*head* (its lowest-seq effect still pending or running) can be claimed, and two
-partial unique indexes (one running row, one head per thread) make anything
-else impossible in the database itself, whatever a query does.  A retried
-effect stays its thread's head, so a newer one can never overtake it.
-
-A claim takes a lease and a fencing token (``fence``, raised by every claim).
-Heartbeats and settlements match the token inside their transaction: a worker
-whose lease was swept and handed to another gets ``LeaseLost`` and changes
-nothing.  Settlements are logged operations that must land: past the write
-budget they go to the spool (even with ``on_busy="raise"``) and the worker
-keeps heartbeating the lease until the spool has applied them, so a lock held
-from outside delays a settlement but never loses it or strands the thread.
-
-A sweep (one guarded statement) returns expired leases to ``pending`` when the
-kind is replay-safe and attempts are left, else to ``dead`` with the reason;
-a dead, succeeded or cancelled head hands the thread on to its next effect.
+A claim's effect is built from the claim's own rows with what a worker needs
+(``claimed_effect``: no result, no error history); ``effects.get`` reads it whole.
+Settlements of one claim each are ``Claim.succeed`` and its siblings; a worker settles
+its finished effects in batches (``Effects.settle_batch``: one logged operation, each
+settlement checked against its own token).
 """
 
 from __future__ import annotations
@@ -26,472 +16,56 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
-from fleetstore.core.ids import derived_id, is_valid_id, new_id
+from fleetstore.core.ids import derived_id, new_id
 from fleetstore.core.validate import (
-    MAX_WAIT,
-    arg_id,
-    arg_int,
-    arg_number,
-    arg_str,
-    arg_time,
     check_bool,
     check_id,
     check_int,
     check_number,
     check_opt_str,
     check_str,
-    check_strings,
     check_timeout,
     dump_json,
 )
 from fleetstore.domain.codec import (
     Prepared,
-    check_encoded,
-    columns,
     decode_value,
     prepare_payload,
     redact_json,
     value_payload,
     write_payload,
 )
-from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
+from fleetstore.domain.operations import Operation
+from fleetstore.domain.outbox_ops import (
+    CHANNEL,
+    DEFAULT_LEASE,
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_CLAIM,
+    MAX_DELAY,
+    MAX_KIND,
+    MAX_LEASE,
+    MAX_RESULT,
+    MAX_SETTLE_BATCH,
+    MAX_THREAD_KEY,
+    MAX_TRACEBACK,
+    STATE_OF_CODE,
+    error_text,
+    kinds_json,
+    replay_safe_arg,
+    timeouts_json,
+    traceback_text,
+)
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectError, EffectState, NewEffect, Page
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
 
-OPERATIONS = Declarations()
-
-#: Seconds a claim's lease lasts unless renewed; workers heartbeat at a third of it.
-DEFAULT_LEASE = 30.0
-DEFAULT_MAX_ATTEMPTS = 5
-#: Failed attempts kept per effect (the newest).
-ERRORS_KEPT = 20
-MAX_THREAD_KEY = 1024
-MAX_KIND = 256
-MAX_ERROR = 16 * 1024
-#: A handler's result is kept inline: larger results belong in the store proper.
-MAX_RESULT = 1024 * 1024
-MAX_ATTEMPTS_LIMIT = 10_000
-MAX_DELAY = MAX_WAIT
-MAX_LEASE = 86400.0
-MAX_CLAIM = 1000
-
 _STATES = tuple(s.value for s in EffectState)
-_OUTCOMES = ("succeeded", "retry", "dead", "cancelled", "release", "timed_out")
-
-
-# -- argument checks (inside the transaction: spooled ops are checked again) ---------------------
-
-
-def _replay_safe(value: object) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise errors.InvalidInput(f"replay_safe must be true, false or null, not {value!r}")
-    return int(value)
-
-
-def _error_text(value: object) -> str:
-    """An effect error as kept: at most MAX_ERROR characters, NUL and lone surrogates
-    replaced (it is often an exception's message, which may hold anything)."""
-    if not isinstance(value, str):
-        raise errors.InvalidInput(f"an effect error must be a string, not {type(value).__name__}")
-    value = value[: MAX_ERROR + 1].replace("\x00", "\ufffd")
-    value = value.encode("utf-8", "replace").decode("utf-8")
-    return value if len(value) <= MAX_ERROR else value[: MAX_ERROR - 1] + "…"
-
-
-def _kinds_json(kinds: Iterable[str] | None) -> str | None:
-    if kinds is None:
-        return None
-    listed = sorted(set(check_strings(kinds, "kinds", limit=MAX_KIND)))
-    return json.dumps(listed)
-
-
-def _timeouts_json(timeouts: Mapping[str, float] | None) -> str | None:
-    """``{kind: seconds}`` as the JSON text a claim records deadlines from (None: none)."""
-    if timeouts is None:
-        return None
-    if not isinstance(timeouts, Mapping):
-        raise errors.InvalidInput(
-            f"timeouts must be a dict of kind -> seconds, not {timeouts!r:.80}"
-        )
-    checked = {
-        check_str(kind, "a timeout's kind", limit=MAX_KIND, empty=False): check_number(
-            seconds, f"the timeout of kind {kind!r}", minimum=0.001, maximum=MAX_WAIT
-        )
-        for kind, seconds in sorted(timeouts.items())
-    }
-    return json.dumps(checked) if checked else None
-
-
-def _timeouts_arg(a: Args) -> str | None:
-    """The ``timeouts`` argument of a claim: null or the JSON text of an object."""
-    text = a.get("timeouts")
-    if text is None:
-        return None
-    try:
-        value = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise errors.InvalidInput(f"timeouts must be the JSON text of an object, not {text!r:.80}")
-    return _timeouts_json(value)
-
-
-def _kinds_arg(a: Args) -> str | None:
-    """The ``kinds`` argument of a claim: null or the JSON text of a list of kinds."""
-    text = a.get("kinds")
-    if text is None:
-        return None
-    try:
-        value = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        value = None
-    if not isinstance(value, list):
-        raise errors.InvalidInput(f"kinds must be the JSON text of a list, not {text!r:.80}")
-    return _kinds_json(value)
-
-
-# -- operations ---------------------------------------------------------------------------------
-
-
-def check_effect(a: Args) -> dict[str, Any]:
-    """An effect to enqueue (``enqueue_effect``'s arguments, or one of a history
-    operation's ``effects``) from outside, checked and in the form ``insert_effect``
-    reads."""
-    eid = arg_id(a, "id")
-    return {
-        "id": eid,
-        "thread_key": arg_str(a, "thread_key", False, MAX_THREAD_KEY, empty=False),
-        "kind": arg_str(a, "kind", False, MAX_KIND, empty=False),
-        "idempotency_key": arg_str(a, "idempotency_key", True, MAX_THREAD_KEY, empty=False),
-        "delay": arg_number(a, "delay", 0.0, 0.0, MAX_DELAY),
-        "max_attempts": arg_int(
-            a, "max_attempts", False, 1, MAX_ATTEMPTS_LIMIT, DEFAULT_MAX_ATTEMPTS
-        ),
-        "replay_safe": _replay_safe(a.get("replay_safe")),
-        "payload": check_encoded(a.get("payload"), f"payload of effect {eid}", ("json", "bytes")),
-    }
-
-
-def check_effect_list(effects: object) -> list[dict[str, Any]]:
-    """The ``effects`` argument of a history operation from outside, checked."""
-    if not isinstance(effects, list):
-        raise errors.InvalidInput("effects must be a list")
-    for effect in effects:
-        if not isinstance(effect, dict):
-            raise errors.InvalidInput("each effect must be an object")
-    return [check_effect(e) for e in effects]
-
-
-def insert_effect(tx: Tx, q: Queries, a: Args, now: float) -> Result:
-    """Insert one checked effect in the transaction *tx*; history operations call
-    this for their ``effects`` (the transactional outbox)."""
-    eid, thread, kind, key = a["id"], a["thread_key"], a["kind"], a["idempotency_key"]
-    for found in (
-        tx.execute(q["effect_by_key"], (key,)) if key is not None else (),
-        tx.execute(q["effect_get"], (eid,)),
-    ):
-        if found:
-            old_id, old_thread, old_kind = found[0][:3]
-            if (old_thread, old_kind) != (thread, kind):
-                raise errors.AlreadyExists(
-                    f"effect {old_id!r} (idempotency key {key!r}) already exists "
-                    f"for thread {old_thread!r}, kind {old_kind!r}"
-                )
-            return {"id": old_id, "duplicate": True}
-    enc, body, sha, size = columns(tx, q, a["payload"], now)
-    seq = tx.execute(q["effect_thread_last_seq"], (thread,))[0][0] + 1
-    head = not tx.execute(q["effect_thread_has_active"], (thread,))
-    tx.execute(
-        q["effect_insert"],
-        {
-            "id": eid,
-            "thread": thread,
-            "seq": seq,
-            "kind": kind,
-            "enc": enc,
-            "payload": body,
-            "blob_sha": sha,
-            "size": size,
-            "is_head": int(head),
-            "max_attempts": a["max_attempts"],
-            "replay_safe": a["replay_safe"],
-            "available_at": now + a["delay"],
-            "key": key,
-            "now": now,
-        },
-    )
-    return {"id": eid, "seq": seq}
-
-
-def _check_enqueue(a: Args) -> dict[str, Any]:
-    return {**check_effect(a), "now": arg_time(a, "now")}
-
-
-@OPERATIONS.declare("enqueue_effect", scope=Scope.CATALOG, check=_check_enqueue)
-def enqueue_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    return insert_effect(tx, q, a, a["now"])
-
-
-@OPERATIONS.declare(
-    "claim_effects", scope=Scope.CATALOG, logged=False, single_statement=True, retry_safe=False
-)
-def _claim_effects(tx: Tx, q: Queries, a: Args) -> Result:
-    """Not logged and never spooled: a claim whose outcome is unknown (a crash)
-    is recovered by its lease expiring.  A claim run again after a COMMIT whose
-    outcome was lost (PostgreSQL: ``tx.uncertain``) first looks for the effects
-    it had claimed, by its ``claim_op``, so they reach the caller, not the sweep."""
-    claim_op = a.get("claim_op")
-    if claim_op is not None and not is_valid_id(claim_op):
-        raise errors.InvalidInput(f"claim_op must be an id, not {claim_op!r}")
-    if claim_op is not None and getattr(tx, "uncertain", False):
-        rows = tx.execute(q["effect_claimed_by"], (claim_op,))
-        if rows:
-            return {"rows": rows}
-    rows = tx.execute(
-        q["effect_claim"],
-        {
-            "claim_op": claim_op,
-            "owner": arg_str(a, "owner", False, 256, empty=False),
-            "limit": arg_int(a, "limit", False, 1, MAX_CLAIM, 1),
-            "lease": arg_number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE),
-            "kinds": _kinds_arg(a),
-            "timeouts": _timeouts_arg(a),
-            "now": float(a["now"]),
-        },
-    )
-    return {"rows": rows}
-
-
-@OPERATIONS.declare("heartbeat_effect", scope=Scope.CATALOG, logged=False)
-def _heartbeat_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    eid = arg_id(a, "id")
-    fence = arg_int(a, "fence", False, 1, 2**62, 0)
-    lease = arg_number(a, "lease", DEFAULT_LEASE, 0.001, MAX_LEASE)
-    params = {
-        "id": eid,
-        "fence": fence,
-        "lease": lease,
-        "owner": arg_str(a, "owner", False, 256, empty=False),
-        "now": float(a["now"]),
-    }
-    # Pending with this claim's token can only mean a sweep took it from an owner
-    # that looked lost (settlements that leave an effect pending raise the token):
-    # the owner is back before anyone else claimed it, so it takes it back.
-    rows = tx.execute(q["effect_heartbeat"], params)
-    if not rows:
-        _lost(tx, q, eid, fence)
-    return {"lease_expires_at": rows[0][0]}
-
-
-def _lost(tx: Tx, q: Queries, eid: str, fence: int) -> NoReturn:
-    """Raise ``LeaseLost`` (or ``NotFound``) saying what became of the effect."""
-    rows = tx.execute(q["effect_for_settle"], (eid,))
-    if not rows:
-        raise errors.NotFound(f"no effect {eid!r}")
-    _thread, state, current, owner, attempt, _max, _errors, _reason = rows[0]
-    if state == "running":
-        detail = f"it was claimed again (attempt {attempt}, token {current}) by {owner}"
-    else:
-        detail = f"it is {state} now"
-    raise errors.LeaseLost(
-        f"effect {eid}: the lease of token {fence} is lost: {detail}", eid, state
-    )
-
-
-def _advance_head(tx: Tx, q: Queries, thread: str) -> None:
-    tx.execute(q["effect_clear_head"], (thread,))
-    tx.execute(q["effect_advance_head"], (thread,))
-
-
-#: Why a sweep buries an effect.  A claim's late settlement may still land on an
-#: effect buried so (see ``_settle_effect``).
-_SWEEP_REASONS = ("not_replay_safe", "attempts_exhausted")
-#: Why a timed-out attempt buries an effect that may not run twice: its handler
-#: may still be running (``outcome="timed_out"``).
-TIMED_OUT = "timed_out"
-_DEAD_REASONS = ("failed", "interrupted")
-
-
-@OPERATIONS.declare("settle_effect", scope=Scope.CATALOG)
-def _settle_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    """A claim's outcome, applied only while the claim's token is current.
-
-    A sweep does not raise the token: it takes an effect from an owner that
-    looked lost, not from one that is known to be.  So a settlement whose token
-    still matches lands even after a sweep, as long as nobody claimed the
-    effect since (claims, operator retries and cancels raise the token):
-    tests/domain/test_outbox_fleet.py::test_settlement_spooled_past_its_lease_is_not_lost_to_a_sweep
-    (a spooled success, delayed by an outside lock past its lease, used to be
-    rejected and a replay-safe effect ran twice).
-
-    ``timed_out``: the worker gave up on an attempt whose handler still runs (it
-    cannot be stopped).  Replay-safe (as the sweep decides), the effect is retried
-    after *delay* (``dead``, ``attempts_exhausted``, if it was the last attempt);
-    else it is ``dead`` with reason ``timed_out``.  Either way the token is raised,
-    so whatever the abandoned attempt's claim settles later raises ``LeaseLost``:
-    tests/domain/test_outbox.py::test_a_timed_out_attempt_*"""
-    eid = arg_id(a, "id")
-    fence = arg_int(a, "fence", False, 1, 2**62, 0)
-    outcome = a.get("outcome")
-    if outcome not in _OUTCOMES:
-        raise errors.InvalidInput(f"outcome must be one of {', '.join(_OUTCOMES)}, not {outcome!r}")
-    now = float(a["now"])
-    error = _error_text(a["error"]) if a.get("error") is not None else None
-    result = a.get("result")
-    if result is not None and (not isinstance(result, str) or len(result) > MAX_RESULT):
-        raise errors.InvalidInput("result must be JSON text of at most 1 MiB")
-    delay = arg_number(a, "delay", 0.0, 0.0, MAX_DELAY)
-    reason = a.get("dead_reason", "failed")
-    if reason not in _DEAD_REASONS:
-        raise errors.InvalidInput(f"dead_reason must be one of {', '.join(_DEAD_REASONS)}")
-    rows = tx.execute(q["effect_for_settle"], (eid,))
-    if not rows or rows[0][2] != fence:
-        _lost(tx, q, eid, fence)
-    thread, current, _fence, owner, attempt, max_attempts, errs, buried = rows[0]
-    swept_dead = current == "dead" and buried in _SWEEP_REASONS
-    if current not in ("running", "pending") and not swept_dead:
-        _lost(tx, q, eid, fence)
-    if swept_dead and outcome in ("retry", "release", "timed_out"):
-        # It will not run again (its kind may not run twice, or it is out of
-        # attempts): the sweep's verdict stands, nothing to change (but a timed-out
-        # attempt's handler may still come back: nothing of its claim may land).
-        if outcome == "timed_out":
-            tx.execute(q["effect_fence_raise"], (now, eid))
-        return {"id": eid, "state": "dead"}
-    kept = json.loads(errs)
-    if error is not None:
-        kept = [*kept, {"attempt": attempt, "error": error, "at": now, "owner": owner}]
-        kept = kept[-ERRORS_KEPT:]
-    state, dead_reason, available_at = outcome, None, now
-    if outcome == "retry":
-        state, available_at = "pending", now + delay
-        if attempt >= max_attempts:
-            state, dead_reason = "dead", "attempts_exhausted"
-    elif outcome == "dead":
-        dead_reason = reason
-    elif outcome == "release":
-        # Claimed but never started (a worker shutting down): back without
-        # spending the attempt.
-        state, attempt = "pending", attempt - 1
-    elif outcome == "timed_out":
-        if not tx.execute(q["effect_replay_safe"], (eid,))[0][0]:
-            state, dead_reason = "dead", TIMED_OUT
-        elif attempt >= max_attempts:
-            state, dead_reason = "dead", "attempts_exhausted"
-        else:
-            state, available_at = "pending", now + delay
-    head = state == "pending"
-    tx.execute(
-        q["effect_settle"],
-        {
-            "id": eid,
-            "state": state,
-            "is_head": int(head),
-            "available_at": available_at,
-            "result": result if state == "succeeded" else None,
-            "error": error,
-            "dead_reason": dead_reason,
-            "errors": json.dumps(kept),
-            "attempt": attempt,
-            "finished_at": None if head else now,
-            "now": now,
-            # Pending again: a new token, so this claim's heartbeats cannot take it
-            # back (a pending effect with a current token is one a sweep took).
-            # Timed out: the handler may still return, and must change nothing.
-            "bump": int(head or outcome == "timed_out"),
-        },
-    )
-    if not head:
-        _advance_head(tx, q, thread)
-    return {"id": eid, "state": state}
-
-
-@OPERATIONS.declare("sweep_effects", scope=Scope.CATALOG, logged=False)
-def _sweep_effects(tx: Tx, q: Queries, a: Args) -> Result:
-    swept = tx.execute(q["effect_sweep"], {"now": float(a["now"]), "kept": ERRORS_KEPT})
-    for thread in sorted({thread for _id, thread, state in swept if state == "dead"}):
-        _advance_head(tx, q, thread)
-    return {"swept": [(eid, state) for eid, _thread, state in swept]}
-
-
-@OPERATIONS.declare("retry_effect", scope=Scope.CATALOG)
-def _retry_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    """An operator's retry: a dead or cancelled effect goes back to ``pending``
-    at the end of its thread with fresh attempts; a pending one runs now."""
-    eid = arg_id(a, "id")
-    now = float(a["now"])
-    rows = tx.execute(q["effect_for_settle"], (eid,))
-    if not rows:
-        raise errors.NotFound(f"no effect {eid!r}")
-    thread, state = rows[0][0], rows[0][1]
-    if state == "pending":
-        tx.execute(q["effect_make_due"], (now, now, eid))
-        return {"id": eid, "state": state}
-    if state not in ("dead", "cancelled"):
-        raise errors.InvalidInput(
-            f"effect {eid} is {state}: only dead, cancelled or pending effects can be retried"
-        )
-    seq = tx.execute(q["effect_thread_last_seq"], (thread,))[0][0] + 1
-    head = not tx.execute(q["effect_thread_has_active"], (thread,))
-    tx.execute(q["effect_requeue"], {"id": eid, "seq": seq, "is_head": int(head), "now": now})
-    return {"id": eid, "state": "pending", "seq": seq}
-
-
-@OPERATIONS.declare("cancel_effect", scope=Scope.CATALOG)
-def _cancel_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    """An operator's cancel: a pending or running effect becomes ``cancelled``
-    (a worker running it gets ``LeaseLost`` at its next heartbeat)."""
-    eid = arg_id(a, "id")
-    now = float(a["now"])
-    rows = tx.execute(q["effect_for_settle"], (eid,))
-    if not rows:
-        raise errors.NotFound(f"no effect {eid!r}")
-    thread, state, _fence, _owner, attempt, _max, errs, _reason = rows[0]
-    if state == "cancelled":
-        return {"id": eid, "state": state, "duplicate": True}
-    if state not in ("pending", "running"):
-        raise errors.InvalidInput(f"effect {eid} is {state} already: it cannot be cancelled")
-    tx.execute(
-        q["effect_settle"],
-        {
-            "id": eid,
-            "state": "cancelled",
-            "is_head": 0,
-            "available_at": now,
-            "result": None,
-            "error": "cancelled by an operator",
-            "dead_reason": None,
-            "errors": errs,
-            "attempt": attempt,
-            "finished_at": now,
-            "now": now,
-            # A running claim's late settlement must not land on a cancelled effect.
-            "bump": 1,
-        },
-    )
-    _advance_head(tx, q, thread)
-    return {"id": eid, "state": "cancelled"}
-
-
-@OPERATIONS.declare("declare_effect_kinds", scope=Scope.CATALOG, logged=False)
-def _declare_effect_kinds(tx: Tx, q: Queries, a: Args) -> Result:
-    kinds = a.get("kinds")
-    if not isinstance(kinds, dict):
-        raise errors.InvalidInput("kinds must be an object of kind -> replay_safe")
-    for kind, safe in sorted(kinds.items()):
-        check_str(kind, "kind", limit=MAX_KIND, empty=False)
-        if not isinstance(safe, bool):
-            raise errors.InvalidInput(f"replay_safe of kind {kind!r} must be true or false")
-        tx.execute(q["effect_declare_kind"], (kind, int(safe), float(a["now"])))
-    return {"declared": len(kinds)}
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -544,13 +118,74 @@ def effect_from_row(store: StorePort, row: Sequence[Any]) -> Effect:
         last_error=last_error,
         dead_reason=dead_reason,
         errors=tuple(
-            EffectError(int(e["attempt"]), str(e["error"]), float(e["at"]), e.get("owner"))
+            EffectError(
+                int(e["attempt"]),
+                str(e["error"]),
+                float(e["at"]),
+                e.get("owner"),
+                e.get("traceback"),
+            )
             for e in json.loads(errs)
         ),
         created_at=created,
         updated_at=updated,
         started_at=started,
         finished_at=finished,
+    )
+
+
+def claimed_effect(store: StorePort, row: Sequence[Any]) -> Effect:
+    """A claimed effect from its claim's row (``effect_claim``'s columns): what a
+    handler and its worker need; no result and no error history (``effects.get``
+    reads those), its ``last_error`` kept."""
+    (
+        eid,
+        thread,
+        seq,
+        kind,
+        enc,
+        payload,
+        sha,
+        size,
+        attempt,
+        max_attempts,
+        safe,
+        available_at,
+        fence,
+        owner,
+        expires,
+        key,
+        last_error,
+        created,
+        started,
+    ) = row
+    if sha is None and enc == "json" and payload.__class__ is str:
+        value = json.loads(payload)  # the usual payload, decoded in place
+    else:
+        value = decode_value(store, enc, payload, sha, size)
+    return Effect(
+        eid,
+        thread,
+        seq,
+        kind,
+        value,
+        EffectState.running,
+        attempt,
+        max_attempts,
+        None if safe is None else bool(safe),
+        available_at,
+        fence,
+        owner,
+        expires,
+        key,
+        None,
+        last_error,
+        None,
+        (),
+        created,
+        started,
+        started,
+        None,
     )
 
 
@@ -583,7 +218,7 @@ def _effect_args(
         "idempotency_key": key,
         "delay": delay,
         "max_attempts": max_attempts,
-        "replay_safe": None if replay_safe is None else _replay_safe(replay_safe),
+        "replay_safe": None if replay_safe is None else replay_safe_arg(replay_safe),
     }
 
 
@@ -756,25 +391,37 @@ class Effects:
 
         return self._store.read(run)
 
-    def wait_for_work(self, timeout: float) -> bool:
-        """Wait up to *timeout* seconds for an effect to become ready (PostgreSQL:
-        a NOTIFY from the effects trigger; SQLite: just the wait).  True if woken."""
+    def wake_token(self) -> int:
+        """The token of ``wait_for_work``: take it *before* looking for work, so that an
+        effect that becomes claimable between the look and the wait is not missed."""
+        return self._store.notify_token(CHANNEL)
+
+    def wait_for_work(self, timeout: float, *, token: int | None = None) -> bool:
+        """Wait up to *timeout* seconds for an effect to become claimable, in any
+        process: enqueued, handed on by its thread's head, retried, swept (a ring
+        after the commit that did it).  *token* (``wake_token``): a ring since it
+        ends the wait at once.  True if woken; a wake-up is a hint, look again.
+        Where nothing can be heard (no futex on this machine) it waits the timeout."""
         check_timeout(timeout)
-        return bool(self._store.notify_wait("fleetstore_effects", timeout))
+        return bool(self._store.notify_wait(CHANNEL, timeout, token))
 
     def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
         """When the next claimable effect (of *kinds*) becomes available: a time
         (maybe past: claim now), or None if no thread has a pending head."""
-        q = self._store.queries
-        params = {"kinds": _kinds_json(kinds)}
-        rows = self._store.read(lambda tx: tx.execute(q["effect_next_ready"], params))
+        return self._next_ready(kinds_json(kinds))
+
+    def _next_ready(self, kinds: str | None) -> float | None:
+        """``next_ready`` with *kinds* as its JSON text (a worker makes it once)."""
+        sql = self._store.queries["effect_next_ready"]
+        params = {"kinds": kinds}
+        rows = self._store.read(lambda tx: tx.execute(sql, params))
         value = rows[0][0] if rows else None
         return None if value is None else float(value)
 
     def active(self, kinds: Iterable[str] | None = None) -> int:
         """How many effects (of *kinds*) are pending or running."""
         q = self._store.queries
-        params = {"kinds": _kinds_json(kinds)}
+        params = {"kinds": kinds_json(kinds)}
         return int(self._store.read(lambda tx: tx.execute(q["effect_active_count"], params))[0][0])
 
     def claim(
@@ -795,6 +442,14 @@ class Effects:
         check_str(owner, "owner", limit=256, empty=False)
         check_int(limit, "limit", minimum=1, maximum=MAX_CLAIM)
         check_number(lease, "lease", minimum=0.001, maximum=MAX_LEASE)
+        return self._claim(owner, limit, lease, kinds_json(kinds), timeouts_json(timeouts))
+
+    def _claim(
+        self, owner: str, limit: int, lease: float, kinds: str | None, timeouts: str | None
+    ) -> builtins.list[Claim]:
+        """``claim`` with its arguments checked, *kinds* and *timeouts* as their JSON
+        text (a worker makes them once)."""
+        store = self._store
         op_id = new_id()
         op = Operation(
             "claim_effects",
@@ -802,19 +457,49 @@ class Effects:
                 "owner": owner,
                 "limit": limit,
                 "lease": lease,
-                "kinds": _kinds_json(kinds),
-                "timeouts": _timeouts_json(timeouts),
+                "kinds": kinds,
+                "timeouts": timeouts,
                 "claim_op": op_id,
             },
             op_id,
             True,
         )
-        result = self._store.submit(op, independent=True)
+        result = store.submit(op, independent=True)
         assert result is not None  # independent operations are never spooled
-        claims = []
-        for row in result["rows"]:
-            claims.append(Claim(self._store, effect_from_row(self._store, row), owner, lease))
-        return claims
+        return [Claim(store, claimed_effect(store, row), owner, lease) for row in result["rows"]]
+
+    def _settle_batch(
+        self, claims: Sequence[Claim], items: Sequence[dict[str, Any]]
+    ) -> builtins.list[str | errors.FleetstoreError] | None:
+        """Settle *claims* with their *items* (``Claim._success`` and its siblings) as
+        one logged operation that must land (``settle_effects``): per claim, the
+        effect's new state once applied (``"applied"`` where a replay cannot tell), or
+        the error that refused it alone (``LeaseLost``, ``NotFound``);
+        None if the batch went to the spool (past the write budget, even with
+        ``on_busy="raise"``: it lands later, and the caller keeps the leases alive)."""
+        if not 1 <= len(items) <= MAX_SETTLE_BATCH or len(claims) != len(items):
+            raise errors.InvalidInput(f"a batch settles 1 to {MAX_SETTLE_BATCH} claims")
+        op = Operation("settle_effects", {"items": list(items)}, new_id(), True)
+        for claim, item in zip(claims, items, strict=True):
+            claim.outcome = item["outcome"]
+        result = self._store.submit(op, must_land=True)
+        if result is None:
+            return None
+        states = result.get("states")
+        if not isinstance(states, str) or len(states) != len(items):
+            # A duplicate whose result was too long to keep: it was applied, each
+            # settlement as its token allowed, and what became of each is not known.
+            return ["applied"] * len(items)
+        refused = result.get("refused") or {}
+        outcome: builtins.list[str | errors.FleetstoreError] = []
+        for code, item, claim in zip(states, items, claims, strict=True):
+            if code == "x":
+                outcome.append(errors.from_wire(refused.get(item["id"])))
+                continue
+            state, dead_reason = STATE_OF_CODE.get(code, ("applied", None))
+            claim._answer = {"state": state, "dead_reason": dead_reason}  # (``settled``)
+            outcome.append(state)
+        return outcome
 
     def sweep(self) -> builtins.list[Swept]:
         """Take effects whose lease expired from their lost owners: back to
@@ -859,6 +544,18 @@ class Effects:
         return {kind: bool(safe) for kind, safe, _at in rows}
 
 
+def _failure_args(traceback: object, max_attempts: object) -> dict[str, Any]:
+    """A failed attempt's optional ``settle_effect`` arguments, checked (and left out
+    when not given: the operation stays as small as before)."""
+    args: dict[str, Any] = {}
+    if traceback is not None:
+        args["traceback"] = traceback_text(traceback)
+    if max_attempts is not None:
+        check_int(max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+        args["max_attempts"] = max_attempts
+    return args
+
+
 class Claim:
     """A claimed effect: settle it once with ``succeed``, ``retry``, ``fail``,
     ``cancel`` or ``release``.  Each applies only while this claim's token is
@@ -874,6 +571,8 @@ class Claim:
         self.lease_expires_at = effect.lease_expires_at
         #: The outcome once settled (``None`` before).
         self.outcome: str | None = None
+        #: The store's answer to the settlement (``settled``, ``dead_reason``).
+        self._answer: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -882,6 +581,19 @@ class Claim:
     @property
     def fence(self) -> int:
         return self.effect.fence
+
+    @property
+    def settled(self) -> EffectState | None:
+        """The state the settlement left the effect in, as the store answered (``None``
+        before, and while the settlement waits in the spool): a retry on the last
+        attempt is ``dead``, not ``pending``."""
+        state = None if self._answer is None else self._answer.get("state")
+        return EffectState(state) if state in _STATES else None
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why, when ``settled`` is ``dead`` (``attempts_exhausted``, ``failed``...)."""
+        return None if self._answer is None else self._answer.get("dead_reason")
 
     def heartbeat(self, lease: float | None = None) -> float:
         """Extend the lease by *lease* (default: the claim's) seconds from now;
@@ -904,70 +616,133 @@ class Claim:
     def succeed(self, result: Any = None) -> bool:
         """Done: keep *result* (JSON, at most 1 MiB).  True once applied, False if
         spooled (applied in order once the store is writable again)."""
-        text = (
-            None if result is None else redact_json(self._store, dump_json(result, "effect result"))
-        )
-        if text is not None and len(text.encode("utf-8")) > MAX_RESULT:
-            raise errors.InvalidInput("an effect result is kept inline: at most 1 MiB of JSON")
-        return self._settle("succeeded", result=text)
+        return self._settle(self._success(result))
 
-    def retry(self, delay: float = 0.0, error: str = "") -> bool:
+    def retry(
+        self,
+        delay: float = 0.0,
+        error: str = "",
+        *,
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
         """Failed this time: run again after *delay* seconds (``dead`` with
-        ``attempts_exhausted`` if this was the last attempt)."""
-        check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
-        if error is not None and not isinstance(error, str):
-            raise errors.InvalidInput(f"error must be a string, not {type(error).__name__}")
-        return self._settle("retry", error=_error_text(error or "retry requested"), delay=delay)
+        ``attempts_exhausted`` if this was the last attempt: the effect's
+        ``max_attempts``, or *max_attempts* if lower).  *traceback* is kept with
+        the error (its last 8 KiB)."""
+        return self._settle(self._retry(delay, error, traceback, max_attempts))
 
-    def fail(self, error: str, *, interrupted: bool = False) -> bool:
+    def fail(self, error: str, *, interrupted: bool = False, traceback: str | None = None) -> bool:
         """Failed for good: ``dead`` (``dead_reason`` ``failed``, or ``interrupted``
-        for a run that was cut short, e.g. by a worker's hard stop); the thread moves on."""
-        check_bool(interrupted, "interrupted")
-        return self._settle(
-            "dead", error=_error_text(error), dead_reason="interrupted" if interrupted else "failed"
-        )
+        for a run that was cut short, e.g. by a worker's hard stop); the thread moves
+        on.  *traceback* is kept with the error (its last 8 KiB)."""
+        return self._settle(self._failure(error, interrupted, traceback))
 
     def cancel(self) -> bool:
         """Not needed any more: ``cancelled``; the thread moves on."""
-        return self._settle("cancelled")
+        return self._settle(self._item("cancelled"))
 
     def release(self) -> bool:
         """Never started: back to ``pending`` without spending the attempt."""
-        return self._settle("release")
+        return self._settle(self._item("release"))
 
-    def timed_out(self, error: str, delay: float = 0.0) -> bool:
+    def timed_out(self, error: str, delay: float = 0.0, *, max_attempts: int | None = None) -> bool:
         """The handler ran past its time and may still be running (a thread cannot
         be stopped): a failed attempt.  A replay-safe effect runs again after
         *delay* seconds (``dead``, ``attempts_exhausted``, if this was its last
-        attempt); one that may not run twice is ``dead`` (``timed_out``).  The token
-        is raised either way: anything settled with this claim's token later, by
-        anyone, raises ``LeaseLost`` and changes nothing."""
-        check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
-        return self._settle("timed_out", error=_error_text(error), delay=delay)
+        attempt, as ``retry`` counts them); one that may not run twice is ``dead``
+        (``timed_out``).  The token is raised either way: anything settled with this
+        claim's token later, by anyone, raises ``LeaseLost`` and changes nothing."""
+        return self._settle(self._timed_out(error, delay, max_attempts))
 
     def _late_success(self, result: Any) -> bool:
         """For a worker: the result of a handler it gave up on, offered with this
         claim's token (which the store refuses once it was raised: ``LeaseLost``).
         Never spooled: past the write budget ``StoreBusy``."""
+        return self._settle(self._success(result), must_land=False)
+
+    # Each settlement as the item ``settle_one`` reads, every argument checked here
+    # (the operation is trusted): ``_settle`` submits one, a worker batches them
+    # (``Effects._settle_batch``).
+
+    def _success(self, result: Any) -> dict[str, Any]:
+        # Redacted here, the one entry of every settlement, one or batched (settle_effects).
         text = (
             None if result is None else redact_json(self._store, dump_json(result, "effect result"))
         )
-        return self._settle("succeeded", must_land=False, result=text)
+        if text is not None and len(text) * 4 > MAX_RESULT and len(text.encode()) > MAX_RESULT:
+            raise errors.InvalidInput("an effect result is kept inline: at most 1 MiB of JSON")
+        return self._item("succeeded", result=text)
 
-    def _settle(self, outcome: str, *, must_land: bool = True, **args: Any) -> bool:
+    def _retry(
+        self,
+        delay: float,
+        error: str,
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> dict[str, Any]:
+        if delay.__class__ is not float or not 0.0 <= delay <= MAX_DELAY:
+            check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
+        if error is not None and not isinstance(error, str):
+            raise errors.InvalidInput(f"error must be a string, not {type(error).__name__}")
+        return self._item(
+            "retry",
+            error=error_text(error or "retry requested"),
+            delay=delay,
+            **_failure_args(traceback, max_attempts),
+        )
+
+    def _failure(
+        self, error: str, interrupted: bool = False, traceback: str | None = None
+    ) -> dict[str, Any]:
+        check_bool(interrupted, "interrupted")
+        reason = "interrupted" if interrupted else "failed"
+        return self._item(
+            "dead", error=error_text(error), dead_reason=reason, **_failure_args(traceback, None)
+        )
+
+    def _timed_out(
+        self, error: str, delay: float, max_attempts: int | None = None
+    ) -> dict[str, Any]:
+        check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
+        return self._item(
+            "timed_out", error=error_text(error), delay=delay, **_failure_args(None, max_attempts)
+        )
+
+    def _item(
+        self,
+        outcome: str,
+        *,
+        result: str | None = None,
+        error: str | None = None,
+        delay: float = 0.0,
+        dead_reason: str = "failed",
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> dict[str, Any]:
         if self.outcome is not None:
             raise errors.InvalidInput(f"effect {self.id}: this claim was settled ({self.outcome})")
-        op = Operation(
-            "settle_effect",
-            {"id": self.id, "fence": self.fence, "outcome": outcome, **args},
-            new_id(),
-            True,
-        )
+        effect = self.effect
+        return {
+            "id": effect.id,
+            "fence": effect.fence,
+            "outcome": outcome,
+            "result": result,
+            "error": error,
+            "delay": float(delay),
+            "dead_reason": dead_reason,
+            "traceback": traceback,
+            "max_attempts": max_attempts,
+        }
+
+    def _settle(self, item: dict[str, Any], *, must_land: bool = True) -> bool:
+        op = Operation("settle_effect", item, new_id(), True)
         if must_land:
             applied = self._store.submit(op, must_land=True)
         else:
             applied = self._store.submit(op, spool=False)
-        self.outcome = outcome
+        self.outcome = item["outcome"]
+        self._answer = applied  # read by ``settled`` when asked: nothing on the hot path
         return applied is not None
 
     def __repr__(self) -> str:
@@ -979,13 +754,18 @@ class Claim:
 
 __all__ = [
     "DEFAULT_LEASE",
+    "DEFAULT_MAX_ATTEMPTS",
+    "MAX_ATTEMPTS_LIMIT",
+    "MAX_TRACEBACK",
+    "MAX_CLAIM",
+    "MAX_KIND",
+    "MAX_LEASE",
     "Claim",
     "Effects",
     "PreparedEffects",
     "Swept",
+    "claimed_effect",
+    "effect_from_row",
     "effects_args",
-    "check_effect",
-    "check_effect_list",
-    "insert_effect",
     "prepare_effects",
 ]

@@ -67,8 +67,8 @@ class StorePort(Protocol):
 
     @property
     def notifies(self) -> bool:
-        """Whether ``notify_wait`` really waits for a notification (PostgreSQL's
-        LISTEN/NOTIFY) rather than sleeping (SQLite)."""
+        """Whether ``notify_wait`` really waits for another process's ring (a committed
+        ``tx.notify``) rather than sleeping its timeout (no futex on this machine)."""
         ...
 
     @property
@@ -114,8 +114,16 @@ class StorePort(Protocol):
         """Bring a sharded store's index up to date with this process's writes."""
         ...
 
-    def notify_wait(self, channel: str, timeout: float) -> bool:
-        """Wait up to *timeout* seconds for a notification on *channel*."""
+    def notify_token(self, channel: str) -> int:
+        """Taken before looking: ``notify_wait`` with it misses no ring after it."""
+        ...
+
+    def notify_wait(self, channel: str, timeout: float, token: int | None = None) -> bool:
+        """Wait up to *timeout* seconds for a ring of *channel* after *token*."""
+        ...
+
+    def listen(self, channel: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call *fn* after each ring of *channel* heard; returns what stops it."""
         ...
 
     def finish_jobs(self) -> None:

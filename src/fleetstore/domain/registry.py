@@ -15,7 +15,7 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.validate import check_time
-from fleetstore.domain import history_ops, imports, maintenance, outbox, state, streams
+from fleetstore.domain import history_ops, imports, maintenance, outbox_ops, state, streams
 from fleetstore.domain.frameworks import adk, langgraph, openai_agents
 from fleetstore.domain.operations import (
     Declarations,
@@ -46,7 +46,7 @@ REGISTRY: Mapping[str, OpSpec] = _collect(
         history_ops.OPERATIONS,
         state.OPERATIONS,
         streams.OPERATIONS,
-        outbox.OPERATIONS,
+        outbox_ops.OPERATIONS,
         imports.OPERATIONS,
         maintenance.OPERATIONS,
         langgraph.OPERATIONS,
@@ -98,7 +98,7 @@ def checked(op: Operation) -> Operation:
     if "effects" in op.args:
         if not spec.logged:
             raise errors.InvalidInput(f"{spec.name}: effects only go with a logged operation")
-        args["effects"] = outbox.check_effect_list(op.args["effects"])
+        args["effects"] = outbox_ops.check_effect_list(op.args["effects"])
     return Operation(op.name, args, op.op_id, trusted=True)
 
 
@@ -126,7 +126,7 @@ def apply(tx: Tx, q: Queries, op: Operation, now: float) -> Result:
     if effects and not result.get("duplicate"):
         when = args["now"]
         for effect in effects:
-            outbox.insert_effect(tx, q, effect, when)
+            outbox_ops.insert_effect(tx, q, effect, when)
     if spec.logged:
         sid = args.get("session_id", args.get("id"))
         if sid.__class__ is not str:
@@ -151,7 +151,7 @@ def _unchecked_args(spec: OpSpec, given: Mapping[str, Any], now: float) -> dict[
     if "effects" in args:
         if not spec.logged:
             raise errors.InvalidInput(f"{spec.name}: effects only go with a logged operation")
-        args["effects"] = outbox.check_effect_list(args["effects"])
+        args["effects"] = outbox_ops.check_effect_list(args["effects"])
     return args
 
 

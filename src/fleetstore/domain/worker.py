@@ -7,6 +7,15 @@ length, and settles the outcome: the return value -> ``succeeded``;
 ``RetryEffect`` or any other exception -> ``pending`` again after a backoff
 (``dead`` once attempts are spent); ``FailEffect`` -> ``dead``.
 
+Failures are seen: each failed attempt is logged once, after its settlement, through
+the ``fleetstore.worker`` logger, with what the store made of it (``next``: retry at
+a time, or dead) and the effect's fields in ``extra`` (``effect_id``, ``kind``,
+``thread_key``, ``attempt``...); an unexpected exception's record carries its
+traceback.  The traceback is also kept with the attempt in the effect's ``errors``
+(``EffectError.traceback``, its last 8 KiB), and ``stats["dead"]`` counts the effects
+this worker's settlements left dead (``fleetstore worker --until-idle`` exits 5 on it).
+tests/domain/test_outbox_fleet.py::test_a_failing_handler_*
+
 Handler timeouts: an attempt may run ``handler_timeout`` seconds (per kind:
 ``Handler(timeout=...)``; 10 minutes by default).  Past it the worker stops
 waiting for it, settles the attempt as timed out (``Claim.timed_out``: retried by
@@ -18,6 +27,12 @@ refused (``LeaseLost``).  So at most ``concurrency`` handler threads exist, hung
 not; a worker whose every slot is held by a hung handler stops and ``run`` returns
 ``EXIT_HUNG``: only a new process frees them.
 tests/domain/test_outbox_fleet.py::test_a_hung_handler_*
+
+Claims and settlements: an idle worker sleeps until a ring of ``fleetstore_effects``
+(an effect became claimable in any process: engine/notify.py), the next effect's
+``available_at``, or ``poll_interval`` (the fallback); it claims up to ``batch`` ready
+heads in one transaction, and settles finished effects in batches
+(domain/completer.py).
 
 Shutdown: the first SIGINT/SIGTERM (or ``stop()``) stops claiming, gives
 claimed-but-not-started effects back without spending an attempt and lets the
@@ -33,19 +48,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
-import math
 import os
 import random
 import signal
 import socket
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from fleetstore import errors
@@ -56,9 +71,31 @@ from fleetstore.core.validate import (
     check_number,
     check_str,
 )
-from fleetstore.domain.outbox import DEFAULT_LEASE, MAX_CLAIM, MAX_KIND, MAX_LEASE, Claim, Effects
+from fleetstore.domain import completer as completer_module
+from fleetstore.domain.completer import Completer, HandlerThreads, Landed, Wake, done_within
+from fleetstore.domain.handlers import (
+    DEFAULT_HANDLER_TIMEOUT,
+    FailEffect,
+    Handler,
+    Policy,
+    RetryEffect,
+    handler_of,
+    lower,
+    setting,
+    timeout_setting,
+)
+from fleetstore.domain.outbox import (
+    DEFAULT_LEASE,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_CLAIM,
+    MAX_KIND,
+    MAX_LEASE,
+    Claim,
+    Effects,
+)
+from fleetstore.domain.outbox_ops import CHANNEL, kinds_json, timeouts_json
 from fleetstore.domain.ports import StorePort
-from fleetstore.models import Effect
+from fleetstore.models import Effect, EffectState
 
 log = logging.getLogger("fleetstore.worker")
 
@@ -70,62 +107,34 @@ EXIT_HARD = 3
 #: timeout and had not returned (a thread cannot be stopped): restart the process.
 EXIT_HUNG = 4
 
-#: Seconds a handler may run per attempt unless told otherwise (``handler_timeout``).
-DEFAULT_HANDLER_TIMEOUT = 600.0
+#: The worker's own files: a handler's frames start after theirs (the thread that ran it).
+_OWN_FILES = frozenset({__file__, completer_module.__file__})
 
 
-class RetryEffect(Exception):
-    """Raise in a handler to run the effect again after *delay* seconds
-    (default: the worker's backoff)."""
-
-    def __init__(self, message: str = "retry requested", delay: float | None = None) -> None:
-        super().__init__(message)
-        self.delay = delay
-
-
-class FailEffect(Exception):
-    """Raise in a handler to fail the effect for good (``dead``, reason ``failed``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Handler:
-    """A handler with what the store must know about its kind: whether the
-    effect may run again after the worker running it was lost (killed, cut
-    off past its lease) or gave up on it (*timeout*).  Not replay-safe effects
-    go to ``dead`` instead.  *timeout*: seconds an attempt may run (None: the
-    worker's ``handler_timeout``; ``math.inf``: no limit)."""
-
-    fn: Callable[[Effect], Any]
-    replay_safe: bool = True
-    timeout: float | None = None
-
-
-def _timeout_setting(value: object, what: str) -> float | None:
-    """A handler timeout: None or ``math.inf`` (no limit), else 0.001 to MAX_WAIT s."""
-    if value is None or (isinstance(value, float) and value == math.inf):
+def _traceback(exc: BaseException | None) -> str | None:
+    """*exc*'s traceback as text, from the handler's frame: the worker's own frames
+    (the thread or the task that called it) say nothing about the failure."""
+    if exc is None:
         return None
-    return float(_setting(check_number, value, what, minimum=0.001, maximum=MAX_WAIT))
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def _handler(value: object, kind: str) -> Handler:
-    if isinstance(value, Handler):
-        if not callable(value.fn) or not isinstance(value.replay_safe, bool):
-            raise errors.ConfigError(
-                f"handler for {kind!r}: fn must be callable, replay_safe a bool"
-            )
-        _timeout_setting(value.timeout, f"the timeout of handler {kind!r}")
-        return value
-    if callable(value):
-        return Handler(value)
-    raise errors.ConfigError(f"handler for {kind!r} is not callable: {value!r}")
-
-
-def _setting(check: Callable[..., Any], value: object, what: str, **limits: Any) -> Any:
-    """*check* (a ``core.validate`` function) of a worker argument: ``ConfigError``."""
-    try:
-        return check(value, what, **limits)
-    except errors.InvalidInput as exc:
-        raise errors.ConfigError(str(exc)) from None
+def _where(exc: BaseException | None) -> str | None:
+    """Where *exc* was raised: ``file:line in function`` of its innermost frame."""
+    tb = None if exc is None else exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    path = code.co_filename
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(path)
+        path = relative if not relative.startswith("..") else path
+    return f"{path}:{tb.tb_lineno} in {code.co_name}"
 
 
 def default_owner() -> str:
@@ -133,11 +142,16 @@ def default_owner() -> str:
 
 
 class _Job:
-    __slots__ = ("buried", "claim", "interrupted", "started", "task")
+    __slots__ = ("buried", "claim", "interrupted", "ran", "since", "started", "task")
 
     def __init__(self, claim: Claim) -> None:
         self.claim = claim
         self.started = False
+        #: When its handler started (monotonic).
+        self.since = 0.0
+        #: Its handler returned (or was given up on): its slot is free, its settlement
+        #: on its way (the job stays until it has landed, its lease kept alive).
+        self.ran = False
         self.interrupted = False
         #: A sweep buried the effect while it ran (its lease ran out): no more
         #: heartbeats, but its outcome may still land (``settle_effect``).
@@ -156,36 +170,18 @@ class _Abandoned:
         self.since = time.monotonic()
 
 
-def _in_daemon_thread(
-    loop: asyncio.AbstractEventLoop, fn: Callable[[Effect], Any], effect: Effect
-) -> asyncio.Future[Any]:
-    """``fn(effect)`` in a thread of its own.  A daemon thread, not a pool's: after
-    a hard stop a handler that does not return must not keep the process from
-    exiting (a pool's threads are joined at exit), nor hold a slot a later
-    effect waits for.
-    tests/domain/test_outbox_fleet.py::test_sigterm_twice_interrupts_running_effects_and_exits_3"""
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def settle(value: Any, exc: BaseException | None) -> None:
-        if future.done():
-            return
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(value)
-
-    def target() -> None:
-        value: Any = None
-        exc: BaseException | None = None
-        try:
-            value = fn(effect)
-        except BaseException as error:
-            exc = error
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-            loop.call_soon_threadsafe(settle, value, exc)
-
-    threading.Thread(target=target, name="fleetstore-handler", daemon=True).start()
-    return future
+#: The idle worker's fallback look, on a store that rings (``store.notifies``) and one
+#: that cannot (no futex): a ring wakes it at once, so the look only covers writers
+#: that do not ring (SQL of your own, an older fleetstore).
+POLL_RINGING = 1.0
+POLL_SILENT = 0.1
+#: Most effects claimed in one transaction, and most settlements in one.
+DEFAULT_BATCH = 64
+#: How long a finished effect waits for others to settle with it (while handlers run).
+DEFAULT_SETTLE_DELAY = 0.002
+#: Effects are claimed ahead of a free slot as long as the slots would start them within
+#: about this long (``Worker._ahead``).
+AHEAD = 0.005
 
 
 class Worker:
@@ -201,11 +197,14 @@ class Worker:
         concurrency: int = 4,
         lease: float = DEFAULT_LEASE,
         grace: float = 30.0,
-        poll_interval: float = 0.1,
+        poll_interval: float | None = None,
         sweep_interval: float | None = None,
         prefetch: int = 0,
+        batch: int = DEFAULT_BATCH,
+        settle_delay: float = DEFAULT_SETTLE_DELAY,
         backoff: float = 1.0,
         max_backoff: float = 300.0,
+        max_attempts: int | None = None,
         owner: str | None = None,
         until_idle: bool = False,
         handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT,
@@ -219,29 +218,33 @@ class Worker:
         if not handlers:
             raise errors.ConfigError("a worker needs at least one handler")
         for kind in handlers:
-            _setting(check_str, kind, "a handler's kind", limit=MAX_KIND, empty=False)
-        _setting(check_int, concurrency, "concurrency", minimum=1, maximum=MAX_CLAIM)
-        _setting(check_int, prefetch, "prefetch", minimum=0, maximum=MAX_CLAIM - concurrency)
-        _setting(check_number, lease, "lease", minimum=0.001, maximum=MAX_LEASE)
+            setting(check_str, kind, "a handler's kind", limit=MAX_KIND, empty=False)
+        setting(check_int, concurrency, "concurrency", minimum=1, maximum=MAX_CLAIM)
+        setting(check_int, prefetch, "prefetch", minimum=0, maximum=MAX_CLAIM - concurrency)
+        setting(check_number, lease, "lease", minimum=0.001, maximum=MAX_LEASE)
+        setting(check_int, batch, "batch", minimum=1, maximum=MAX_CLAIM)
+        setting(check_number, settle_delay, "settle_delay", minimum=0.0, maximum=1.0)
         for name, value in (
             ("grace", grace),
-            ("poll_interval", poll_interval),
+            ("poll_interval", POLL_SILENT if poll_interval is None else poll_interval),
             ("backoff", backoff),
             ("max_backoff", max_backoff),
             ("sweep_interval", 0.0 if sweep_interval is None else sweep_interval),
         ):
-            _setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
+            setting(check_number, value, name, minimum=0.0, maximum=MAX_WAIT)
+        if max_attempts is not None:
+            setting(check_int, max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
         if owner is not None:
-            _setting(check_str, owner, "owner", limit=256, empty=False)
-        _setting(check_bool, until_idle, "until_idle")
+            setting(check_str, owner, "owner", limit=256, empty=False)
+        setting(check_bool, until_idle, "until_idle")
         self.store = store
         self._effects = Effects(store)
-        self.handlers = {kind: _handler(fn, kind) for kind, fn in handlers.items()}
-        self.handler_timeout = _timeout_setting(handler_timeout, "handler_timeout")
+        self.handlers = {kind: handler_of(fn, kind) for kind, fn in handlers.items()}
+        self.handler_timeout = timeout_setting(handler_timeout, "handler_timeout")
         #: Each kind's timeout, for the kinds that have one.
         self.timeouts: dict[str, float] = {}
         for kind, h in self.handlers.items():
-            seconds = self.handler_timeout if h.timeout is None else _timeout_setting(h.timeout, "")
+            seconds = self.handler_timeout if h.timeout is None else timeout_setting(h.timeout, "")
             if seconds is not None:
                 self.timeouts[kind] = seconds
         # Only kinds given as Handler say anything about replay safety.
@@ -249,33 +252,61 @@ class Worker:
         self.concurrency = concurrency
         self.lease = float(lease)
         self.grace = float(grace)
+        #: Whether rings wake the idle worker (else it polls, jittered).
+        self.rings = bool(store.notifies)
+        if poll_interval is None:
+            poll_interval = POLL_RINGING if self.rings else POLL_SILENT
         self.poll_interval = max(float(poll_interval), 0.001)
+        self.batch = batch
+        self.settle_delay = float(settle_delay)
         self.sweep_interval = self.lease / 2 if sweep_interval is None else float(sweep_interval)
         self.prefetch = prefetch
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
+        #: At most this many attempts of any effect (None: each effect's own).
+        self.max_attempts = max_attempts
+        #: Each kind's retry policy: its Handler's settings, else the worker's.
+        self.policies = {
+            kind: Policy(
+                float(self.backoff if h.backoff is None else h.backoff),
+                float(self.max_backoff if h.max_backoff is None else h.max_backoff),
+                lower(h.max_attempts, max_attempts),
+            )
+            for kind, h in self.handlers.items()
+        }
         self.owner = owner or default_owner()
         self.until_idle = until_idle
-        #: Counts: claimed, succeeded, retried, failed, cancelled, released,
-        #: lost, interrupted, spooled (settlements that went to the spool),
-        #: timed_out (attempts given up on), late (abandoned handlers that returned).
+        #: Counts: claimed, succeeded, retried (failed attempts to run again), failed
+        #: (attempts failed for good: FailEffect, a result that cannot be stored),
+        #: dead (effects this worker's settlements left dead, whatever the reason),
+        #: cancelled, released, lost, interrupted, spooled (settlements that went to
+        #: the spool), timed_out (attempts given up on), late (abandoned handlers that
+        #: returned).
         self.stats: Counter[str] = Counter()
         self._stop_requested = 0  # 0 running, 1 graceful, 2 hard
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        self._wake: Wake | None = None
         self._jobs: dict[str, _Job] = {}
         self._queued: deque[_Job] = deque()
         self._settling: dict[str, Claim] = {}
         self._abandoned: set[_Abandoned] = set()
         self._late: set[asyncio.Future[None]] = set()
         self._hung = False
+        #: Handlers running now (a slot each; an abandoned one's is in ``_abandoned``).
+        self._busy = 0
+        #: Rings of ``fleetstore_effects`` heard (the idle wait's token).
+        self._rings = 0
+        #: The handlers' recent run time, seconds (a moving average; 0: none ran yet).
+        self._run_time = 0.0
+        self._threads = HandlerThreads()
+        self._completer: Completer | None = None
 
     # -- control ----------------------------------------------------------------------------
 
     def stop(self, hard: bool = False) -> None:
         """Stop claiming; *hard*: interrupt what runs.  Thread-safe; a second
         call without *hard* is taken as hard, like a second signal."""
-        _setting(check_bool, hard, "hard")
+        setting(check_bool, hard, "hard")
         level = 2 if hard or self._stop_requested else 1
         self._stop_requested = max(self._stop_requested, level)
         loop, wake = self._loop, self._wake
@@ -314,7 +345,7 @@ class Worker:
 
     async def run_async(self) -> int:
         loop = asyncio.get_running_loop()
-        self._loop, self._wake = loop, asyncio.Event()
+        self._loop, self._wake = loop, Wake(loop)
         # Threads for store calls, apart from the handlers': a settlement or
         # heartbeat waiting out a lock must never wait for a handler's thread.
         self._store_pool = ThreadPoolExecutor(
@@ -322,7 +353,16 @@ class Worker:
         )
         previous = {int(sig): signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         installed = self._install_signals(loop)
+        self._threads = HandlerThreads()
+        completer = self._completer = Completer(
+            self._effects, self._call, self.batch, self.settle_delay, lambda: self._busy > 0
+        )
+        completing = asyncio.create_task(completer.run())
+        unlisten: Callable[[], None] = lambda: None  # noqa: E731
         try:
+            if self.rings:
+                # Before the first look: a ring from here on is heard (engine/notify.py).
+                unlisten = await self._call(self.store.listen, CHANNEL, self._ring_heard)
             if self._declared:
                 await self._call(self._effects.declare, self._declared)
             beat = asyncio.create_task(self._heartbeats())
@@ -333,11 +373,19 @@ class Worker:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
+            await completer.close()
+            await completing
             await self._finish_settling()
             if self._late:
                 await asyncio.gather(*self._late, return_exceptions=True)
             return EXIT_HUNG if self._hung and code == EXIT_OK else code
         finally:
+            unlisten()
+            if not completing.done():
+                completing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await completing
+            self._threads.close()
             for sig in installed:
                 # remove_signal_handler sets Python's default (SIGINT: KeyboardInterrupt);
                 # put back what was there (run()'s handler, or the caller's).
@@ -346,6 +394,19 @@ class Worker:
                     signal.signal(sig, previous[sig])
             self._store_pool.shutdown(wait=True)
             self._loop = self._wake = None
+            self._completer = None
+
+    def _ring_heard(self) -> None:
+        """A ring of ``fleetstore_effects`` (in the store's listener thread)."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(self._rung)
+
+    def _rung(self) -> None:
+        self._rings += 1
+        if self._wake is not None:
+            self._wake.set()
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
         if threading.current_thread() is not threading.main_thread():
@@ -381,15 +442,17 @@ class Worker:
 
     async def _sleep(self, seconds: float) -> None:
         assert self._wake is not None
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), max(seconds, 0.0))
+        await self._wake.wait(seconds)
         self._wake.clear()
 
     # -- claiming ----------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
         kinds = sorted(self.handlers)
+        self._kinds_json = kinds_json(kinds)
+        self._timeouts_json = timeouts_json(self.timeouts)
         next_sweep = 0.0
+        more = False  # the last claim took all it asked for: more may be ready
         while not self._stop_requested:
             if len(self._abandoned) >= self.concurrency:
                 self._hung = True
@@ -405,31 +468,17 @@ class Worker:
                 next_sweep = now + self.sweep_interval
                 await self._maybe_sweep()
             self._start_queued()
-            free = self.concurrency + self.prefetch - len(self._jobs) - len(self._abandoned)
-            if free <= 0:
-                await self._sleep(self.poll_interval)
+            capacity = self.concurrency + self._ahead()
+            free = capacity - len(self._queued) - self._busy - len(self._abandoned)
+            if free <= 0 or (self._queued and free * 2 < min(capacity, self.batch)):
+                # Full, or claimed effects still wait to start: claim once half of it is
+                # free (claims of a few effects each cost a transaction a few effects).
+                await self._sleep(self.poll_interval)  # a handler's end wakes it
                 continue
+            token = self._rings  # before the look: a ring after it ends the wait below
+            limit = min(free, self.batch)
             try:
-                ready = await self._call(self._effects.next_ready, kinds)
-            except errors.FleetstoreError as exc:
-                log.error("looking for ready effects failed: %s", exc)
-                await self._sleep(self.poll_interval)
-                continue
-            if ready is None:
-                # Idle only when nothing of its kinds is left anywhere: a thread
-                # whose head runs in another worker still has work to come.
-                if self.until_idle and not self._jobs:
-                    active = await self._call(self._effects.active, kinds)
-                    if not active:
-                        return
-                await self._idle()
-                continue
-            wait = ready - time.time()
-            if wait > 0:
-                await self._sleep(min(wait, self.poll_interval))
-                continue
-            try:
-                claims = await self._call(self._claim, free, kinds)
+                claims, ready = await self._call(self._look, limit, more)
             except errors.TransientError as exc:
                 log.info("claim deferred: %s", exc)
                 await self._sleep(self.poll_interval)
@@ -444,52 +493,60 @@ class Worker:
                 self._queued.append(job)
             self.stats["claimed"] += len(claims)
             self._start_queued()
-            if not claims:
-                # Another worker took it first: look again soon, not in a tight loop.
-                await self._sleep(random.uniform(0.002, 0.01))
+            more = len(claims) == limit
+            if more:
+                continue
+            if ready is None:
+                # Idle only when nothing of its kinds is left anywhere: a thread
+                # whose head runs in another worker still has work to come.
+                if self.until_idle and not self._jobs:
+                    active = await self._call(self._effects.active, kinds)
+                    if not active:
+                        return
+                wait = self._idle_wait()
+            else:
+                wait = ready - time.time()
+                if wait <= 0:
+                    if claims:
+                        continue  # more came while it claimed
+                    # Another worker took it first: look again soon, not in a tight loop.
+                    wait = random.uniform(0.002, 0.01)
+            await self._idle(token, min(wait, self.poll_interval, next_sweep - time.monotonic()))
 
-    async def _idle(self) -> None:
-        """Wait for work: on a store that notifies (PostgreSQL LISTEN/NOTIFY) until
-        an effect is enqueued or freed, else a jittered poll interval; a stop
-        request wakes it either way."""
-        if not self.store.notifies:
-            await self._sleep(self._idle_wait())
-            return
-        assert self._wake is not None
-        loop = asyncio.get_running_loop()
-        until = time.monotonic() + self._idle_wait()
-        woken: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
-        try:
-            while not woken.done():
-                left = until - time.monotonic()
-                if left <= 0:
-                    break
-                # At most a second per wait: the thread blocked in it must come back
-                # soon after a stop, or the worker's exit waits out a long poll
-                # interval (tests/engine/test_pg_engine.py::test_an_idle_worker_starts_*).
-                notified: asyncio.Future[Any] = loop.run_in_executor(
-                    self._store_pool, self._effects.wait_for_work, min(left, 1.0)
-                )
-                await asyncio.wait([notified, woken], return_when=asyncio.FIRST_COMPLETED)
-                if notified.done() and (notified.exception() is not None or notified.result()):
-                    break  # woken, or the wait failed: look for work (and errors) now
-        finally:
-            woken.cancel()
-            self._wake.clear()
+    def _look(self, limit: int, more: bool) -> tuple[list[Claim], float | None]:
+        """In a store thread: claim up to *limit* ready effects if there are any (a read
+        first, which takes no lock, unless the last claim was full: *more*); then when
+        the next one is due (None: none pending; past: claim again now)."""
+        effects = self._effects
+        if not more:
+            ready = effects._next_ready(self._kinds_json)
+            if ready is None or ready > time.time():
+                return [], ready
+        claims = effects._claim(
+            self.owner, limit, self.lease, self._kinds_json, self._timeouts_json
+        )
+        if len(claims) == limit:
+            return claims, time.time()
+        return claims, effects._next_ready(self._kinds_json)
+
+    async def _idle(self, token: int, seconds: float) -> None:
+        """Wait for work, at most *seconds*: a ring since *token* (an effect became
+        claimable in some process: engine/notify.py), a handler's end, a stop."""
+        if self._rings != token:
+            return  # rung while it looked: look again
+        await self._sleep(seconds)
 
     def _idle_wait(self) -> float:
-        """A poll interval with jitter.  Without it, idle workers fall into step with
+        """The fallback look when nothing is pending: ``poll_interval`` where rings wake
+        the worker; else with jitter.  Without it, idle workers fall into step with
         the effects they ran (each looks again right after its last one), so with
         steady arrivals every worker looks just after an arrival and the next effect
         waits most of an interval: bench_outbox measured p50 38 ms at 8 workers and
         20 effects/s with a fixed 100 ms interval, 8-10 ms with jitter.  Between half
         and all of it, so that ``poll_interval`` stays the longest an idle worker waits."""
+        if self.rings:
+            return self.poll_interval
         return self.poll_interval * random.uniform(0.5, 1.0)
-
-    def _claim(self, limit: int, kinds: list[str]) -> list[Claim]:
-        return self._effects.claim(
-            self.owner, limit=limit, lease=self.lease, kinds=kinds, timeouts=self.timeouts
-        )
 
     async def _maybe_sweep(self) -> None:
         try:
@@ -508,14 +565,39 @@ class Worker:
     def _start_queued(self) -> None:
         # A handler given up on and still running holds its slot: at most
         # `concurrency` handler threads, hung or not.
-        while (
-            self._queued
-            and sum(j.started for j in self._jobs.values()) + len(self._abandoned)
-            < self.concurrency
-        ):
+        while self._queued and self._busy + len(self._abandoned) < self.concurrency:
             job = self._queued.popleft()
             job.started = True
-            job.task = asyncio.create_task(self._run_job(job))
+            job.since = time.monotonic()
+            self._busy += 1
+            task = job.task = asyncio.create_task(self._run_job(job))
+            # (Also when the task is cancelled before it began: a hard stop.)
+            task.add_done_callback(functools.partial(self._task_ended, job))
+
+    def _task_ended(self, job: _Job, _task: asyncio.Task[None]) -> None:
+        self._ran(job)
+
+    def _ran(self, job: _Job) -> None:
+        """*job*'s handler returned, or was given up on (then its thread holds a slot of
+        ``_abandoned``): its slot is free while its settlement lands."""
+        if not job.ran:
+            job.ran = True
+            self._busy -= 1
+            if job.started:
+                took = time.monotonic() - job.since
+                self._run_time += (took - self._run_time) * 0.2
+            if self._wake is not None:
+                self._wake.set()
+
+    def _ahead(self) -> int:
+        """How many effects to claim ahead of a free slot: what the slots would start
+        within ``AHEAD`` seconds at the handlers' recent run time (at least
+        ``prefetch``, at most ``batch``).  A backlog of quick effects is then claimed
+        and settled in batches; a worker of slow handlers keeps none waiting that
+        another worker could start now."""
+        run_time = self._run_time
+        ahead = int(self.concurrency * AHEAD / run_time) if run_time > 0 else 0
+        return max(self.prefetch, min(ahead, self.batch))
 
     # -- running a handler --------------------------------------------------------------------
 
@@ -528,28 +610,24 @@ class Worker:
         if inspect.iscoroutinefunction(handler.fn):
             inner = asyncio.ensure_future(handler.fn(claim.effect))
         else:
-            inner = _in_daemon_thread(loop, handler.fn, claim.effect)
+            inner = self._threads.run(loop, handler.fn, claim.effect)
         outcome: tuple[str, Any]
         try:
-            done, _ = await asyncio.wait({inner}, timeout=timeout)
+            done = await done_within(inner, timeout)
             if not done:
-                self._abandon(claim, inner)
+                self._abandon(claim, inner)  # (before its slot is counted free)
+            self._ran(job)
+            if not done:
                 self.stats["timed_out"] += 1
-                log.error(
-                    "%s %s: the handler ran past its timeout of %gs (attempt %d): the attempt "
-                    "is settled as timed out, the handler %s",
-                    claim.effect.kind,
-                    claim.id,
-                    timeout,
-                    claim.effect.attempt,
-                    "cancelled"
-                    if isinstance(inner, asyncio.Task)
-                    else "abandoned (its thread runs on)",
-                )
+                how = "cancelled" if isinstance(inner, asyncio.Task) else "abandoned"
                 outcome = (
                     "timed_out",
                     f"the handler ran past its timeout of {timeout:g}s (worker {self.owner}); "
-                    "it was abandoned and may still be running",
+                    + (
+                        "it was cancelled"
+                        if how == "cancelled"
+                        else "it was abandoned and may still be running"
+                    ),
                 )
             else:
                 result = inner.result()
@@ -563,11 +641,11 @@ class Worker:
                 raise
             return  # a hard stop settles it
         except RetryEffect as exc:
-            outcome = ("retry", (exc.delay, str(exc)))
+            outcome = ("retry", (exc.delay, str(exc), exc))
         except FailEffect as exc:
-            outcome = ("fail", str(exc) or "failed")
+            outcome = ("fail", (str(exc) or "failed", exc))
         except Exception as exc:
-            outcome = ("retry", (None, f"{type(exc).__name__}: {exc}"))
+            outcome = ("retry", (None, f"{type(exc).__name__}: {exc}", exc))
         if job.interrupted:
             return
         await self._settle(job, *outcome)
@@ -623,51 +701,80 @@ class Worker:
         if applied:  # never: the token was raised when the worker gave up on it
             log.error("%s %s: a late outcome was applied", claim.effect.kind, claim.id)
 
-    def _backoff(self, attempt: int) -> float:
-        delay = min(self.max_backoff, self.backoff * 2.0 ** max(attempt - 1, 0))
-        return delay * random.uniform(0.9, 1.1)
+    async def _land(self, claim: Claim, item: dict[str, Any]) -> Landed:
+        """*claim*'s settlement *item*, settled with others (domain/completer.py): the
+        effect's new state once applied, None if spooled; raises what refused it.
+        Queued, it lands whatever becomes of the caller."""
+        assert self._completer is not None
+        # (Not shielded: cancelling the wait cancels the future, not the flush it is in.)
+        return await self._completer.add(claim, item)
 
     async def _settle(self, job: _Job, how: str, value: Any) -> None:
         claim = job.claim
+        policy = self.policies[claim.effect.kind]
+        #: A failed attempt: (its error, the exception, the retry's delay).
+        failed: tuple[str, BaseException | None, float] | None = None
         try:
             try:
                 if how == "succeed":
                     try:
-                        applied = await self._call(claim.succeed, value)
+                        applied = await self._land(claim, claim._success(value))
                         if applied:
                             self.stats["succeeded"] += 1
                     except errors.InvalidInput as exc:
-                        applied = await self._call(claim.fail, f"result not storable: {exc}")
+                        failed = (f"result not storable: {exc}", None, 0.0)
+                        applied = await self._land(claim, claim._failure(failed[0]))
                         self.stats["failed"] += 1
                 elif how == "retry":
-                    delay, error = value
-                    delay = self._backoff(claim.effect.attempt) if delay is None else delay
-                    applied = await self._call(claim.retry, delay, error)
-                    self.stats["retried"] += 1
+                    delay, error, raised = value
+                    delay = policy.delay(claim.effect.attempt) if delay is None else delay
+                    failed = (error, raised, delay)
+                    applied = await self._land(
+                        claim,
+                        claim._retry(delay, error, _traceback(raised), policy.max_attempts),
+                    )
                 elif how == "fail":
-                    applied = await self._call(claim.fail, value)
+                    error, raised = value
+                    failed = (error, raised, 0.0)
+                    applied = await self._land(
+                        claim, claim._failure(error, traceback=_traceback(raised))
+                    )
                     self.stats["failed"] += 1
                 elif how == "release":
-                    applied = await self._call(claim.release)
+                    applied = await self._land(claim, claim._item("release"))
                     self.stats["released"] += 1
                 elif how == "timed_out":
-                    delay = self._backoff(claim.effect.attempt)
-                    applied = await self._call(claim.timed_out, value, delay)
+                    delay = policy.delay(claim.effect.attempt)
+                    failed = (value, None, delay)
+                    applied = await self._land(
+                        claim, claim._timed_out(value, delay, policy.max_attempts)
+                    )
                 elif value:  # interrupted, replay-safe
-                    applied = await self._call(claim.retry, 0.0, how)
+                    applied = await self._land(claim, claim._retry(0.0, how))
                     self.stats["interrupted"] += 1
                 else:
-                    applied = await self._call(lambda: claim.fail(how, interrupted=True))
+                    applied = await self._land(claim, claim._failure(how, interrupted=True))
                     self.stats["interrupted"] += 1
             except errors.LeaseLost as exc:
                 self.stats["lost"] += 1
-                log.warning("%s: %s", claim.effect.kind, exc)
+                if failed is not None:
+                    self._failed(claim, failed, f"not recorded: {exc}")
+                else:
+                    log.warning("%s: %s", claim.effect.kind, exc)
                 return
             except errors.FleetstoreError as exc:
                 # The settlement could neither be written nor spooled (disk full):
                 # the lease runs out and a sweep hands the effect on.
                 log.error("settling %s %s failed: %s", claim.effect.kind, claim.id, exc)
+                if failed is not None:
+                    self._failed(claim, failed, "not recorded: the lease runs out")
                 return
+            if claim.settled is EffectState.dead:
+                self.stats["dead"] += 1
+            elif how == "retry":
+                self.stats["retried"] += 1
+            if failed is not None:
+                self._failed(claim, failed)
             if not applied:
                 self.stats["spooled"] += 1
                 self._settling[claim.id] = claim
@@ -679,6 +786,61 @@ class Worker:
                 )
         finally:
             self._jobs.pop(claim.id, None)
+
+    def _failed(
+        self,
+        claim: Claim,
+        failed: tuple[str, BaseException | None, float],
+        unrecorded: str | None = None,
+    ) -> None:
+        """Log a failed attempt once, with what the store made of it: a WARNING for
+        one to run again, an ERROR for a dead effect (or an outcome not recorded);
+        an unexpected exception's record carries its traceback."""
+        error, exc, delay = failed
+        effect = claim.effect
+        state = claim.settled
+        retry_at: float | None = None
+        if unrecorded is not None:
+            step, then = "unknown", unrecorded
+        elif state is None:
+            step, then = "spooled", "its outcome waits in the spool"
+        elif state is EffectState.dead:
+            step, then = "dead", f"dead ({claim.dead_reason})"
+        else:
+            step, retry_at = "retry", time.time() + delay
+            then = f"retry in {delay:.3g}s"
+        limit = lower(effect.max_attempts, self.policies[effect.kind].max_attempts)
+        where = _where(exc)
+        fields = {
+            "effect_id": effect.id,
+            "kind": effect.kind,
+            "thread_key": effect.thread_key,
+            "attempt": effect.attempt,
+            "max_attempts": limit,
+            "error": error,
+            "where": where,
+            "next": step,
+            "retry_at": retry_at,
+            "dead_reason": claim.dead_reason if step == "dead" else None,
+        }
+        log.log(
+            logging.WARNING if step in ("retry", "spooled") else logging.ERROR,
+            "%s %s (thread %s) attempt %d of %d failed: %s%s; %s",
+            effect.kind,
+            effect.id,
+            effect.thread_key,
+            effect.attempt,
+            limit,
+            error,
+            f" (at {where})" if where else "",
+            then,
+            exc_info=exc
+            if exc is not None and not isinstance(exc, RetryEffect | FailEffect)
+            else None,
+            # Each field for a formatter, and all of them as one for a consumer
+            # (fleetstore worker's lines and JSON).
+            extra={**fields, "failure": fields},
+        )
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -727,9 +889,8 @@ class Worker:
 
     async def _drain(self) -> int:
         """Give queued claims back, wait for running ones (``grace``), then stop hard."""
-        while self._queued:
-            job = self._queued.popleft()
-            await self._settle(job, "release", None)
+        queued, self._queued = list(self._queued), deque()
+        await asyncio.gather(*(self._settle(job, "release", None) for job in queued))
         deadline = time.monotonic() + self.grace
         while self._jobs and self._stop_requested < 2:
             remaining = deadline - time.monotonic()
@@ -739,7 +900,9 @@ class Worker:
             await self._sleep(min(remaining, 0.1))
         if not self._jobs:
             return EXIT_OK
-        jobs = list(self._jobs.values())
+        # (Those whose outcome is known already are landing: the completer's last
+        # flush waits for them.)
+        jobs = [j for j in self._jobs.values() if j.claim.outcome is None]
         for job in jobs:
             job.interrupted = True
             if job.task is not None:

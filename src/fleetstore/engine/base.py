@@ -43,6 +43,11 @@ class Tx(Protocol):
         """Run one statement per parameter set."""
         ...
 
+    def notify(self, channel: str) -> None:
+        """Ring *channel* once this transaction commits, never before nor if it does
+        not: waiters on it in every process wake (engine/notify.py).  A write's only."""
+        ...
+
 
 class Item(Protocol):
     """A write handed to ``Database.submit`` (group commit, engine/combine.py): applied
@@ -90,8 +95,21 @@ class Engine(Protocol):
         """``fn(tx)`` in a read transaction; never waits on writers."""
         ...
 
-    def notify_wait(self, channel: str, timeout: float) -> bool:
-        """Wait up to *timeout* s for a notification on *channel* (False: none came)."""
+    @property
+    def notifies(self) -> bool:
+        """Whether a committed ``tx.notify`` of another process wakes ``notify_wait``."""
+        ...
+
+    def notify_token(self, channel: str) -> int:
+        """Taken before looking: ``notify_wait`` with it misses no ring after it."""
+        ...
+
+    def notify_wait(self, channel: str, timeout: float, token: int | None = None) -> bool:
+        """Wait up to *timeout* s for a ring of *channel* after *token* (False: none)."""
+        ...
+
+    def listen(self, channel: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call *fn* after each ring of *channel* heard; returns what stops it."""
         ...
 
     def checkpoint(self, *, truncate: bool = False) -> tuple[int, int]: ...

@@ -62,7 +62,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleetstore.engine.gate import BOARD_OFFSET, BOARD_SLOTS, GATE_FILE_BYTES, SLOT_BYTES
+from fleetstore.engine.gate import (
+    BOARD_OFFSET,
+    BOARD_SLOTS,
+    GATE_FILE_BYTES,
+    QUARANTINED_AT,
+    SLOT_BYTES,
+    STATES_AT,
+)
 
 #: Raised in the board's tag: a process with another layout never reads our slots.
 LAYOUT = 2
@@ -86,8 +93,6 @@ OWNERS = frozenset({FREE, DONE, RETRY, BAD})
 #: States of a slot a holder is working on (seen by a later holder: its holder died).
 IN_FLIGHT = frozenset({TAKEN, DECIDING, COMMITTING})
 
-STATES_AT = 64
-QUARANTINED_AT = 16
 _HEAD = struct.Struct("<QQIIIIIIQQII")
 HEAD_BYTES = _HEAD.size  # 64
 DECISIONS_AT = HEAD_BYTES

@@ -48,6 +48,8 @@ from fleetstore.engine import cipher
 from fleetstore.engine.base import Applier, Item, Tx
 from fleetstore.engine.board import Board, Taken
 from fleetstore.engine.gate import (
+    BARRIER_AT,
+    BELL_AT,
     GATE_FILE_BYTES,
     WriterGate,
     _Timespec,
@@ -70,7 +72,6 @@ _MAX_BATCH = 256
 #: A write that met a full disk tries again after this long, doubling up to the cap.
 _FULL_PAUSE, _FULL_PAUSE_MAX = 0.005, 0.25
 _WEAK_ORDER = platform.machine() not in ("x86_64", "AMD64", "i686")
-_BARRIER_AT, _BELL_AT = 8, 12
 #: Test hook: makes the process SIGKILL itself at that point of serving others' items.
 CRASH_ENV = "FLEETSTORE_TEST_CRASH_COMBINE"
 
@@ -249,12 +250,12 @@ class Combiner:
             with _instances_lock:
                 _instances += 1
                 owner = (os.getpid() << 32) | (_instances & 0xFFFFFFFF)
-            self._barrier_word = ctypes.c_uint32.from_buffer(mm, _BARRIER_AT)
+            self._barrier_word = ctypes.c_uint32.from_buffer(mm, BARRIER_AT)
             self._barrier_addr = ctypes.c_void_p(ctypes.addressof(self._barrier_word))
             #: Every waiter sleeps on this one word, with its slot's bit (slot mod 32),
             #: so a holder wakes all it served with one FUTEX_WAKE_BITSET: a wake per
             #: waiter cost ~0.4 ms of the waker's time at 16 agents.
-            self.bell = ctypes.c_uint32.from_buffer(mm, _BELL_AT)
+            self.bell = ctypes.c_uint32.from_buffer(mm, BELL_AT)
             self.bell_addr = ctypes.c_void_p(ctypes.addressof(self.bell))
             self._rung = int.from_bytes(os.urandom(4), "little")
             board = self.board_class(mm, owner, gate.allocate, self._full_barrier)

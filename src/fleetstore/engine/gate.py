@@ -29,14 +29,36 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-#: The gate file: the doorbell and the shared WAL size in its first 64 bytes, then
-#: (engine/combine.py) the group-commit board: slot states from byte 64, slots from
-#: BOARD_OFFSET.  Sparse: only the pages writers touch take space.
-_GATE_FILE_BYTES = 64
+#: The gate file, every byte of it placed here (docs/design.md, "The gate file"); sparse:
+#: only the pages processes touch take space.  The header page, [0, BOARD_OFFSET):
+#:
+#:   0      u32  the doorbell: rung by every release of the gate (this module)
+#:   4      u32  the WAL's size in frames, as its last committer saw it (sqlite.py)
+#:   8      u32  the combiner's barrier word, only ever FUTEX_WAKEd (combine.py)
+#:   12     u32  the combiner's bell: waiters of the board sleep on it (combine.py)
+#:   16     u32  the count of board slots ever quarantined (board.py)
+#:   20     u32  the moved word: raised when a tool of ours moves the file (MOVED_AT)
+#:   24     ...  free
+#:   64     u32 x BOARD_SLOTS  the board's slot states (board.py)
+#:   576    ...  free
+#:   1024   u32 x NOTIFY_WORDS  the notification words of channels (notify.py)
+#:   1056   ...  free
+#:   2048   u8 x (BOARD_SLOTS + 1)  who sleeps on the doorbell (SLEEPERS_AT)
+#:   2177   ...  free, to 4096
+#:
+#: then the group-commit board's slots (board.py), SLOT_BYTES each from BOARD_OFFSET.
+BARRIER_AT = 8
+BELL_AT = 12
+QUARANTINED_AT = 16
+STATES_AT = 64
 BOARD_OFFSET = 4096
 BOARD_SLOTS = 128
 SLOT_BYTES = 64 * 1024
 GATE_FILE_BYTES = BOARD_OFFSET + BOARD_SLOTS * SLOT_BYTES
+#: Channels' notification words (engine/notify.py): a channel rings the word its name
+#: hashes to; channels that share a word wake each other's waiters (who find nothing).
+NOTIFY_AT = 1024
+NOTIFY_WORDS = 8
 #: A waiter re-checks the lock at least this often, so a holder killed before
 #: it could ring the doorbell delays the next writer by this much at most.
 _MAX_NAP = 0.05
@@ -402,8 +424,15 @@ class WriterGate:
 
 
 __all__ = [
+    "BARRIER_AT",
+    "BELL_AT",
     "BOARD_OFFSET",
     "MOVED_AT",
+    "NOTIFY_AT",
+    "NOTIFY_WORDS",
+    "QUARANTINED_AT",
+    "SLEEPERS_AT",
+    "STATES_AT",
     "announce_moved",
     "BOARD_SLOTS",
     "GATE_FILE_BYTES",

@@ -53,6 +53,8 @@ from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import redact
 from fleetstore.engine.base import apply_steps, check_not_newer, ordered_migrations
+from fleetstore.engine.notify import Hearing, check_channel
+from fleetstore.engine.pg_notify import ListenSource
 
 with requires("postgres", "a PostgreSQL store"):
     import psycopg
@@ -239,7 +241,7 @@ class _Retry(Exception):
 
 
 class _Tx:
-    __slots__ = ("_conn", "_open", "_where", "now", "uncertain")
+    __slots__ = ("_conn", "_notes", "_open", "_where", "now", "uncertain")
 
     def __init__(self, conn: psycopg.Connection[Any], where: str, now: float) -> None:
         self._conn = conn
@@ -250,6 +252,28 @@ class _Tx:
         #: Set when an earlier run of this body may have committed (its COMMIT lost
         #: the connection): the body must find its own earlier work.
         self.uncertain = False
+        #: The channels to NOTIFY with the COMMIT (engine/notify.py).
+        self._notes: set[str] | None = None
+
+    def notify(self, channel: str) -> None:
+        """NOTIFY *channel* with this transaction's COMMIT (delivered when it commits;
+        identical notifications of one transaction are folded into one)."""
+        if not self._open:
+            raise errors.StoreClosed(
+                "this transaction has ended; use a new db.write() or db.read()"
+            )
+        notes = self._notes
+        if notes is None:
+            self._notes = {check_channel(channel)}
+        elif channel not in notes:
+            notes.add(check_channel(channel))
+
+    def commit_sql(self, commit: str) -> str:
+        """*commit*, after the NOTIFY of every channel rung (one round trip)."""
+        notes = self._notes
+        if not notes:
+            return commit
+        return "".join(f"NOTIFY {channel}; " for channel in sorted(notes)) + commit
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
         """Run *sql*; every row it produces, read whole."""
@@ -286,6 +310,9 @@ class WriteTx(_Tx):
 class ReadTx(_Tx):
     __slots__ = ()
 
+    def notify(self, channel: str) -> None:
+        raise errors.ReadOnlyError(f"{self._where}: a read transaction cannot notify")
+
 
 _live: weakref.WeakSet[PgDatabase] = weakref.WeakSet()
 #: Pools inherited through fork: never used nor closed by the child (closing would
@@ -316,12 +343,9 @@ class PgDatabase:
         self._closed = False
         self._lock = threading.Lock()
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
-        self._listener: psycopg.Connection[Any] | None = None
         self._listen_lock = threading.Lock()
-        #: The channels the listener LISTENs to; notifications that came on a channel
-        #: while another was waited for (the next wait on it returns at once).
-        self._listening: set[str] = set()
-        self._heard: set[str] = set()
+        #: Each channel heard: a connection of its own that LISTENs (engine/notify.py).
+        self._hearings: dict[str, Hearing] = {}
         self._metrics = WriteMetrics()
         self._pid = os.getpid()
         self._write_owner: set[int] = set()
@@ -417,13 +441,12 @@ class PgDatabase:
     def _after_fork(self) -> None:
         if self._pool is not None:
             _inherited.append(self._pool)
-        if self._listener is not None:
-            _inherited.append(self._listener)
+        for hearing in self._hearings.values():
+            hearing.forget()  # (its connection is the parent's: kept, never used)
         self._pool = None
-        self._listener = None
+        self._hearings = {}
         self._lock = threading.Lock()
         self._listen_lock = threading.Lock()
-        self._listening, self._heard = set(), set()
         self._metrics = WriteMetrics()
         self._pid = os.getpid()
         self._write_owner = set()
@@ -548,7 +571,7 @@ class PgDatabase:
             try:
                 result = fn(tx)
                 stage = "commit"
-                conn.execute(self._commit_sql)
+                conn.execute(tx.commit_sql(self._commit_sql))
             finally:
                 tx._open = False
             committed = time.monotonic()
@@ -622,7 +645,7 @@ class PgDatabase:
             tx = WriteTx(conn, self.path, now)
             try:
                 yield tx
-                conn.execute(self._commit_sql)
+                conn.execute(tx.commit_sql(self._commit_sql))
             finally:
                 tx._open = False
             self._metrics.record_write(acquired - started, time.monotonic() - acquired)
@@ -729,43 +752,44 @@ class PgDatabase:
 
     # -- notifications -----------------------------------------------------------------------
 
-    def notify_wait(self, channel: str, timeout: float) -> bool:
-        """Wait up to *timeout* seconds for a NOTIFY on *channel* (True if one came).
-        One listening connection per process, outside the pool, that LISTENs to each
-        channel from the first wait on it; another channel's notification does not end
-        the wait, it ends the next wait on that channel at once."""
-        if not re.fullmatch(r"[a-z_][a-z0-9_]*", channel):
-            raise errors.ConfigError(f"not a channel name: {channel!r}")
-        with self._listen_lock:
-            if channel in self._heard:  # came while another channel was waited for
-                self._heard.discard(channel)
-                return True
-            try:
-                conn = self._listener
-                if conn is None or conn.closed or conn.broken:
-                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
-                    self._listener, self._listening = conn, set()
-                if channel not in self._listening:
-                    conn.execute(f"LISTEN {channel}")
-                    self._listening.add(channel)
-                deadline = time.monotonic() + max(timeout, 0.0)
-                while True:
-                    left = max(deadline - time.monotonic(), 0.0)
-                    heard = {n.channel for n in conn.notifies(timeout=left, stop_after=1)}
-                    if channel in heard:
-                        self._heard.update(heard - {channel})
-                        return True
-                    # Another channel's: kept for its own waiter, this one waits on.
-                    self._heard.update(heard)
-                    if not heard or time.monotonic() >= deadline:
-                        return False
-            except psycopg.Error:
-                if self._listener is not None:
-                    with contextlib.suppress(Exception):
-                        self._listener.close()
-                self._listener = None
-                time.sleep(min(timeout, _RECONNECT_PAUSE))
-                return False
+    #: A ring of another process wakes ``notify_wait`` (LISTEN/NOTIFY).
+    notifies = True
+
+    def _hearing(self, channel: str) -> Hearing:
+        check_channel(channel)
+        if self._closed:
+            raise errors.StoreClosed(f"{self.path}: the database was closed")
+        hearing = self._hearings.get(channel)
+        if hearing is None:
+            with self._listen_lock:
+                hearing = self._hearings.get(channel)
+                if hearing is None:
+                    source = ListenSource(self.url, channel)
+                    hearing = self._hearings[channel] = Hearing(channel, source)
+        return hearing
+
+    def notify_token(self, channel: str) -> int:
+        """The token of ``notify_wait``: take it before looking for what a NOTIFY of
+        *channel* announces, so that one between the look and the wait is not lost."""
+        return self._hearing(channel).token()
+
+    def notify_wait(self, channel: str, timeout: float, token: int | None = None) -> bool:
+        """Wait up to *timeout* seconds for a NOTIFY on *channel* after *token* (from
+        ``notify_token``; None: after this call); True if one came.  One listening
+        connection per channel and process, outside the pool, shared by every thread
+        (engine/notify.py)."""
+        if not isinstance(timeout, int | float) or not 0 <= timeout <= 366 * 86400:
+            raise errors.InvalidInput(f"timeout must be 0 to 366 days in seconds, not {timeout!r}")
+        if token is not None and (not isinstance(token, int) or token < 0):
+            raise errors.InvalidInput(f"token must be a count from notify_token, not {token!r}")
+        return self._hearing(channel).wait(token, float(timeout))
+
+    def listen(self, channel: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call *fn* (in the listener thread: it must return quickly) after each NOTIFY
+        on *channel* heard from now on; returns the function that stops it."""
+        if not callable(fn):
+            raise errors.InvalidInput(f"fn must be callable, not {type(fn).__name__}")
+        return self._hearing(channel).subscribe(fn)
 
     # -- migrations --------------------------------------------------------------------------
 
@@ -865,10 +889,9 @@ class PgDatabase:
         if pool is not None:
             with contextlib.suppress(Exception):
                 pool.close(timeout=5)
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            with contextlib.suppress(Exception):
-                listener.close()
+        hearings, self._hearings = list(self._hearings.values()), {}
+        for hearing in hearings:
+            hearing.close()
 
     def __enter__(self) -> PgDatabase:
         return self

@@ -28,7 +28,7 @@ from fleetstore.core.files import check_private_file, private_dirs
 from fleetstore.core.keys import keyring_of
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
-from fleetstore.core.validate import check_bool, check_path, check_str, check_timeout
+from fleetstore.core.validate import check_bool, check_path, check_str
 from fleetstore.engine import cipher
 from fleetstore.engine.base import (
     Applier,
@@ -44,6 +44,7 @@ from fleetstore.engine.combine import Combiner
 from fleetstore.engine.forkguard import GUARD
 from fleetstore.engine.gate import GateTimeout, WriterGate
 from fleetstore.engine.inspect import HEADER_BYTES, SQLITE_MAGIC
+from fleetstore.engine.notify import Notifications, Notifier
 from fleetstore.engine.proclocks import lock_holders
 from fleetstore.engine.translate import translate
 from fleetstore.engine.tx import ReadTx, WriteTx, _Tx
@@ -148,7 +149,7 @@ os.register_at_fork(
 )
 
 
-class Database(Checkpoints):
+class Database(Checkpoints, Notifications):
     """A SQLite file that many processes can write at once without "database is locked".
 
     >>> import tempfile, os
@@ -200,6 +201,8 @@ class Database(Checkpoints):
         self._idle_readers: list[apsw.Connection] = []
         self._busy_readers: set[apsw.Connection] = set()
         self._gate = WriterGate(self.gate_path, cross_process=self.settings.gate)
+        #: Channels rung after COMMIT, heard by listener threads (engine/notify.py).
+        self._notifier = Notifier(self._gate)
         self._moved_seen = 0 if self._gate.moved_word is None else self._gate.moved_word.value
         self._identity_due = 0.0
         self._metrics = self.shared_metrics if self.shared_metrics is not None else WriteMetrics()
@@ -441,6 +444,7 @@ class Database(Checkpoints):
             if conn is not None:
                 with contextlib.suppress(apsw.Error):
                     conn.close(True)
+        self._notifier.forget()
         self._gate.close_inherited()
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -643,6 +647,15 @@ class Database(Checkpoints):
                     failed = translate(exc, self.path, conn, commit=True)
                     self._rollback(conn)
                     raise failed from exc
+                notes = tx._notes  # type: ignore[attr-defined]
+                if notes:
+                    # After COMMIT, never before: a waiter woken looks at once, and must
+                    # find what was rung about (tests/engine/test_notify.py).  Never
+                    # raises: the commit stands.
+                    try:
+                        self._notifier.ring(notes)
+                    except Exception as exc:
+                        self._background_error("notification", exc)
                 if self._catch_up.wanted:
                     self._catch_up_if_asked()
             else:
@@ -684,12 +697,6 @@ class Database(Checkpoints):
         check_bool(single_statement, "single_statement")
         with self.write() as tx:
             return fn(tx)
-
-    def notify_wait(self, channel: str, timeout: float) -> bool:
-        """SQLite has no notifications: waits *timeout* seconds, returns False."""
-        check_str(channel, "channel", limit=63, empty=False)
-        time.sleep(check_timeout(timeout))
-        return False
 
     def _acquire_gate(self, started: float, deadline: float) -> None:
         try:
@@ -970,6 +977,7 @@ class Database(Checkpoints):
         self._closed = True
         _live.discard(self)
         self._combiner.close()
+        self._notifier.close()
         with _guard.inside():
             with self._lock:
                 conns = [*self._idle_readers, self._checkpointer, self._writer]

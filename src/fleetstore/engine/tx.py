@@ -9,6 +9,7 @@ from typing import Any
 import apsw
 
 from fleetstore import errors
+from fleetstore.engine.notify import check_channel
 from fleetstore.engine.translate import bad_params, translate
 
 Row = tuple[Any, ...]
@@ -16,7 +17,7 @@ Params = Sequence[Any] | dict[str, Any]
 
 
 class _Tx:
-    __slots__ = ("_conn", "_cursor_", "_open", "_path", "now", "uncertain")
+    __slots__ = ("_conn", "_cursor_", "_notes", "_open", "_path", "now", "uncertain")
 
     def __init__(self, conn: apsw.Connection, path: str, now: float) -> None:
         self._conn = conn
@@ -31,6 +32,21 @@ class _Tx:
         #: Never set here: a SQLite COMMIT whose outcome is unknown (its WAL sync
         #: failed) raises CommitUncertain instead (see Database.submit).
         self.uncertain = False
+        #: The channels this transaction rings once it has committed (engine/notify.py).
+        self._notes: set[str] | None = None
+
+    def notify(self, channel: str) -> None:
+        """Ring *channel* once this transaction has committed (never if it does not):
+        whoever waits on it, in any process, wakes (engine/notify.py)."""
+        if not self._open:
+            raise errors.StoreClosed(
+                "this transaction has ended; use a new db.write() or db.read()"
+            )
+        notes = self._notes
+        if notes is None:
+            self._notes = {check_channel(channel)}
+        elif channel not in notes:
+            notes.add(check_channel(channel))
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
         """Run *sql* and return every row it produces, read to the end.
@@ -99,6 +115,10 @@ class ReadTx(_Tx):
     """A read transaction: one consistent snapshot; writes raise ``ReadOnlyError``."""
 
     __slots__ = ()
+
+    def notify(self, channel: str) -> None:
+        """A read commits nothing, so it rings nothing: ``ReadOnlyError``."""
+        raise errors.ReadOnlyError(f"{self._path}: a read transaction cannot notify")
 
 
 __all__ = ["Params", "ReadTx", "Row", "WriteTx"]

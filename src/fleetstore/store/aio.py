@@ -711,9 +711,13 @@ class AsyncEffects:
         """``Effects.counts``."""
         return await self._owner._run(self.sync.counts)
 
-    async def wait_for_work(self, timeout: float) -> bool:
+    async def wake_token(self) -> int:
+        """``Effects.wake_token``."""
+        return await self._owner._run(self.sync.wake_token)
+
+    async def wait_for_work(self, timeout: float, *, token: int | None = None) -> bool:
         """``Effects.wait_for_work``."""
-        return await self._owner._run(lambda: self.sync.wait_for_work(timeout))
+        return await self._owner._run(lambda: self.sync.wait_for_work(timeout, token=token))
 
     async def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
         """``Effects.next_ready``."""
@@ -779,6 +783,14 @@ class AsyncClaim:
     def fence(self) -> int:
         return self.sync.fence
 
+    @property
+    def settled(self) -> EffectState | None:
+        return self.sync.settled
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self.sync.dead_reason
+
     async def heartbeat(self, lease: float | None = None) -> float:
         """``Claim.heartbeat``."""
         return await self._owner._run(lambda: self.sync.heartbeat(lease))
@@ -787,13 +799,26 @@ class AsyncClaim:
         """``Claim.succeed``."""
         return await self._owner._run(lambda: self.sync.succeed(result))
 
-    async def retry(self, delay: float = 0.0, error: str = "") -> bool:
+    async def retry(
+        self,
+        delay: float = 0.0,
+        error: str = "",
+        *,
+        traceback: str | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
         """``Claim.retry``."""
-        return await self._owner._run(lambda: self.sync.retry(delay, error))
+        return await self._owner._run(
+            lambda: self.sync.retry(delay, error, traceback=traceback, max_attempts=max_attempts)
+        )
 
-    async def fail(self, error: str, *, interrupted: bool = False) -> bool:
+    async def fail(
+        self, error: str, *, interrupted: bool = False, traceback: str | None = None
+    ) -> bool:
         """``Claim.fail``."""
-        return await self._owner._run(lambda: self.sync.fail(error, interrupted=interrupted))
+        return await self._owner._run(
+            lambda: self.sync.fail(error, interrupted=interrupted, traceback=traceback)
+        )
 
     async def cancel(self) -> bool:
         """``Claim.cancel``."""
@@ -803,9 +828,13 @@ class AsyncClaim:
         """``Claim.release``."""
         return await self._owner._run(self.sync.release)
 
-    async def timed_out(self, error: str, delay: float = 0.0) -> bool:
+    async def timed_out(
+        self, error: str, delay: float = 0.0, *, max_attempts: int | None = None
+    ) -> bool:
         """``Claim.timed_out``."""
-        return await self._owner._run(lambda: self.sync.timed_out(error, delay))
+        return await self._owner._run(
+            lambda: self.sync.timed_out(error, delay, max_attempts=max_attempts)
+        )
 
     def __repr__(self) -> str:
         return f"<AsyncClaim {self.sync!r}>"

@@ -34,6 +34,7 @@ from fleetstore.core.targets import (
 )
 from fleetstore.core.validate import (
     check_bool,
+    check_int,
     check_opt_id,
     check_opt_timeout,
     check_str,
@@ -312,20 +313,38 @@ class Store:
 
     @property
     def notifies(self) -> bool:
-        """Whether ``notify_wait`` waits for notifications (PostgreSQL) or sleeps."""
-        return self.dialect == "postgresql"
+        """Whether ``notify_wait`` wakes on another process's ring (PostgreSQL's
+        LISTEN/NOTIFY, the gate file's futex words on SQLite) rather than sleeping its
+        timeout (no futex here)."""
+        return self.db.notifies
 
     @property
     def spans_files(self) -> bool:
         """Whether the catalog's index and the sessions live in different files."""
         return self.layout == "sharded"
 
-    def notify_wait(self, channel: str, timeout: float) -> bool:
-        """Wait up to *timeout* seconds for a notification on *channel* (a sleep on
-        SQLite, which has none)."""
+    def notify_token(self, channel: str) -> int:
+        """The token of ``notify_wait``: take it before looking for what a ring of
+        *channel* announces (engine/notify.py)."""
+        self._check_open()
+        return self.db.notify_token(channel)
+
+    def notify_wait(self, channel: str, timeout: float, token: int | None = None) -> bool:
+        """Wait up to *timeout* seconds for a ring of *channel* after *token* (from
+        ``notify_token``; None: after this call); True if one came."""
         check_str(channel, "channel", limit=63, empty=False)
         check_timeout(timeout)
-        return self.db.notify_wait(channel, timeout)
+        if token is not None:
+            check_int(token, "token", minimum=0)
+        self._check_open()
+        return self.db.notify_wait(channel, timeout, token)
+
+    def listen(self, channel: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call *fn* (in a listener thread: it must return quickly) after each ring of
+        *channel* heard from now on; returns the function that stops it."""
+        check_callable(fn)
+        self._check_open()
+        return self.db.listen(channel, fn)
 
     def spool_pending(self, session_id: str | None = None) -> int:
         """This process's writes waiting in its spool (only those that touch

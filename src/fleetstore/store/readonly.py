@@ -125,6 +125,9 @@ class _ReadTx:
     ) -> None:
         raise errors.ReadOnlyError(f"{self._db.path}: opened read-only")
 
+    def notify(self, channel: str) -> None:
+        raise errors.ReadOnlyError(f"{self._db.path}: opened read-only")
+
 
 class ReadOnlyFile:
     """One SQLite file read strictly read-only, as the engine's ``Engine`` (reads only:
@@ -162,9 +165,17 @@ class ReadOnlyFile:
     def run_write(self, fn: Callable[[Tx], T], *, single_statement: bool = False) -> T:
         raise self._refuse()
 
-    def notify_wait(self, channel: str, timeout: float) -> bool:
+    notifies = False
+
+    def notify_token(self, channel: str) -> int:
+        return 0
+
+    def notify_wait(self, channel: str, timeout: float, token: int | None = None) -> bool:
         time.sleep(timeout)
         return False
+
+    def listen(self, channel: str, fn: Callable[[], None]) -> Callable[[], None]:
+        return lambda: None
 
     def checkpoint(self, *, truncate: bool = False) -> tuple[int, int]:
         raise self._refuse()

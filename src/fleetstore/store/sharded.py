@@ -51,7 +51,7 @@ from fleetstore.core.targets import CATALOG, sharded_url
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Scope, earlier_result
-from fleetstore.domain.outbox import check_effect_list, insert_effect
+from fleetstore.domain.outbox_ops import check_effect_list, insert_effect
 from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.sharded import ShardSet, is_key, shard_key
 from fleetstore.engine.sqlite import Database

@@ -1,12 +1,13 @@
 """The entry point of every child process of ``fleetstore stress``:
-``python -m fleetstore.admin.stress.child --agent|--worker|--verify|--bytes CONFIG_JSON``
-(one agent, one outbox worker, the set-up or read-back of one target, or the bytes
-it keeps)."""
+``python -m fleetstore.admin.stress.child --agent|--worker|--verify|--bytes|--drain CONFIG_JSON``
+(one agent, one outbox worker, the set-up or read-back of one target, the bytes it
+keeps, or the wait for its outbox workers to settle the backlog)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 from fleetstore.admin.stress.agent import _Fleetstore, _Target, agent_main, worker_main
@@ -40,11 +41,29 @@ def prepare(cfg: dict[str, Any]) -> None:
         prepare_peer(cfg)
 
 
+def drain(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Wait up to ``cfg["drain_wait"]`` seconds for fleetstore's outbox to have nothing
+    pending or running (the workers still run); say how long it took and what is left."""
+    import fleetstore
+
+    began = time.monotonic()
+    deadline = began + float(cfg["drain_wait"])
+    with fleetstore.open(cfg["url"], **cfg["settings"]) as store:
+        while True:
+            counts = store.effects.counts()
+            left = counts["pending"] + counts["running"]
+            if left == 0 or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    return {"waited_s": round(time.monotonic() - began, 3), "left": left}
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("--agent", "--worker", "--verify", "--bytes"):
+    modes = ("--agent", "--worker", "--verify", "--bytes", "--drain")
+    if len(argv) != 2 or argv[0] not in modes:
         print(
             "usage: python -m fleetstore.admin.stress.child "
-            "--agent|--worker|--verify|--bytes CONFIG_JSON",
+            "--agent|--worker|--verify|--bytes|--drain CONFIG_JSON",
             file=sys.stderr,
         )
         return 2
@@ -53,6 +72,9 @@ def main(argv: list[str]) -> int:
         return agent_main(cfg, make_target)
     if argv[0] == "--worker":
         return worker_main(cfg)
+    if argv[0] == "--drain":
+        print(json.dumps(drain(cfg)))
+        return 0
     if argv[0] == "--bytes":
         from fleetstore.admin.stress.sizes import measure
 

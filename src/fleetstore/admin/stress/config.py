@@ -91,6 +91,9 @@ class StressConfig:
     targets: tuple[str, ...] | None = None
     long_replies: bool = False
     hang_worker: bool = False
+    #: Seconds the run waits, once the agents stopped, for the outbox workers to settle
+    #: what is still pending (the fleetstore target's workers are processes of their own).
+    drain_wait: float = 30.0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first option that cannot be used."""
@@ -108,6 +111,8 @@ class StressConfig:
             raise ValueError("--kill-rate must be a number >= 0")
         if self.workers < 0 or self.drop_every < 0:
             raise ValueError("--workers and --drop-every must be >= 0")
+        if not (math.isfinite(self.drain_wait) and self.drain_wait >= 0):
+            raise ValueError("--drain-wait must be a number of seconds >= 0")
         if self.targets is not None:
             unknown = [t for t in self.targets if t not in TARGET_NAMES]
             if unknown or not self.targets:

@@ -153,6 +153,7 @@ def run(config: StressConfig, progress_stream: TextIO | None = None) -> dict[str
         "drop_every": config.drop_every,
         "long_replies": config.long_replies,
         "hang_worker": config.hang_worker,
+        "drain_wait": config.drain_wait,
         "external_locks": [str(lock) for lock in config.external_locks],
         "targets": results,
         "not_run": not_run,
@@ -211,6 +212,11 @@ def _run_target(
         if killed:
             _sleep_until(fleet.start + max(killed) + WORKER_LEASE * 1.5 + 1.0)
         workers = [c.proc for c in fleet.children if c.role == "worker"]
+        drained = None
+        if target == "fleetstore" and workers and config.drain_wait > 0:
+            progress.note(f"fleetstore stress: {target}: waiting for the outbox to drain")
+            drain_cfg = {**cfg, "drain_wait": config.drain_wait}
+            drained = _run_child(["--drain", json.dumps(drain_cfg)], env, f"{target}: drain")
         stop_processes(workers, grace=15.0)
         stop_processes([r.proc for r in fleet.locks if r.proc is not None], grace=5.0)
         for r in fleet.locks:
@@ -240,6 +246,7 @@ def _run_target(
         summary["hung"] = [{"role": c.role, "index": c.index} for c in hung]
         if summary.get("outbox"):
             summary["outbox"]["workers"] = read_stats(tdir)
+            summary["outbox"]["drain"] = drained
         return summary
 
 

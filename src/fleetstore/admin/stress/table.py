@@ -99,9 +99,20 @@ def _outbox_rows(targets: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
         ("settlements delayed", [_delayed(t) for t in targets]),
         ("lanes blocked at end", [cell(t, "{:,}", "lanes_blocked_at_end") for t in targets]),
         ("lane blocked max", [cell(t, "{:.1f} s", "lane_blocked_max_s") for t in targets]),
+        ("outbox drain after run", [_drain(t) for t in targets]),
         ("enqueue-settled p50", [cell(t, "{:.1f} ms", "settle_p50_ms") for t in targets]),
         ("enqueue-settled p99", [cell(t, "{:.1f} ms", "settle_p99_ms") for t in targets]),
     ]
+
+
+def _drain(t: dict[str, Any]) -> str:
+    """How long the run waited, once the agents stopped, for the workers to settle the
+    backlog (fleetstore's; the peers' workers are stopped with the agents)."""
+    d = (t.get("outbox") or {}).get("drain")
+    if not d:
+        return "-"
+    left = f", {d['left']:,} left" if d["left"] else ""
+    return f"{d['waited_s']:.1f} s{left}"
 
 
 def _delayed(t: dict[str, Any]) -> str:

@@ -62,7 +62,7 @@ SELECT count(*) FROM effects
 WHERE state IN ('pending', 'running')
   AND (:kinds IS NULL OR kind IN (SELECT json_array_elements_text(:kinds::json)))
 
--- effect_claim: take up to :limit ready heads, oldest first, in one statement; SKIP LOCKED passes over the heads another claim is taking, and the outer SELECT only orders what the UPDATE returns; :timeouts (JSON object, kind -> seconds, or NULL) sets each one's deadline
+-- effect_claim: take up to :limit ready heads, oldest first, in one statement; SKIP LOCKED passes over the heads another claim is taking, and the outer SELECT only orders what the UPDATE returns; :timeouts (JSON object, kind -> seconds, or NULL) sets each one's deadline; returns what a worker needs of each (outbox.claimed_effect)
 WITH claimed AS (
     UPDATE effects
     SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
@@ -77,21 +77,20 @@ WITH claimed AS (
         LIMIT nullif(greatest(:limit, -1), -1)
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt,
+    RETURNING id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt,
               max_attempts, replay_safe, available_at, fence, lease_owner, lease_expires_at,
-              idempotency_key, result, last_error, dead_reason, errors, created_at, updated_at,
-              started_at, finished_at
+              idempotency_key, last_error, created_at, started_at
 )
-SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
-       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key, result,
-       last_error, dead_reason, errors, created_at, updated_at, started_at, finished_at
+SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_attempts,
+       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
+       last_error, created_at, started_at
 FROM claimed
 ORDER BY available_at, thread_key
 
--- effect_claimed_by: what a claim operation took and still holds (effect_claim's columns), for a claim whose COMMIT went unanswered
-SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
-       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key, result,
-       last_error, dead_reason, errors, created_at, updated_at, started_at, finished_at
+-- effect_claimed_by: what one claim took (a claim run again after a lost COMMIT), as effect_claim returns it
+SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_attempts,
+       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
+       last_error, created_at, started_at
 FROM effects WHERE state = 'running' AND claim_op = ?
 ORDER BY available_at, thread_key
 
@@ -134,13 +133,14 @@ WHERE id = ?
 -- effect_clear_head: the thread's head flag off (before another effect takes it)
 UPDATE effects SET is_head = 0 WHERE thread_key = ? AND is_head = 1
 
--- effect_advance_head: the thread's lowest active effect becomes its head
+-- effect_advance_head: the thread's lowest active effect becomes its head; its state (a pending one is claimable: the caller rings)
 UPDATE effects SET is_head = 1
 WHERE id = (
     SELECT id FROM effects
     WHERE thread_key = ? AND state IN ('pending', 'running')
     ORDER BY seq LIMIT 1
 )
+RETURNING state
 
 -- effect_sweep: expired leases back to pending (replay-safe, attempts left) or to dead, in one guarded statement
 UPDATE effects

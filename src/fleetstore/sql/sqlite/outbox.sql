@@ -48,7 +48,7 @@ SELECT count(*) FROM effects
 WHERE state IN ('pending', 'running')
   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
 
--- effect_claim: take up to :limit ready heads, oldest first, in one statement; :timeouts (JSON object, kind -> seconds, or NULL) sets each one's deadline
+-- effect_claim: take up to :limit ready heads, oldest first, in one statement; :timeouts (JSON object, kind -> seconds, or NULL) sets each one's deadline; returns what a worker needs of each (outbox.claimed_effect)
 UPDATE effects
 SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
     lease_expires_at = :now + :lease, started_at = :now, updated_at = :now, claim_op = :claim_op,
@@ -60,16 +60,14 @@ WHERE id IN (
     ORDER BY available_at, thread_key
     LIMIT :limit
 )
-RETURNING id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
+RETURNING id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_attempts,
           replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
-          result, last_error, dead_reason, errors, created_at, updated_at, started_at,
-          finished_at
+          last_error, created_at, started_at
 
--- effect_claimed_by: what one claim took (a claim run again after a lost COMMIT)
-SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
+-- effect_claimed_by: what one claim took (a claim run again after a lost COMMIT), as effect_claim returns it
+SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_attempts,
        replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
-       result, last_error, dead_reason, errors, created_at, updated_at, started_at,
-       finished_at
+       last_error, created_at, started_at
 FROM effects WHERE state = 'running' AND claim_op = ?
 ORDER BY available_at, thread_key
 
@@ -112,13 +110,14 @@ WHERE id = ?
 -- effect_clear_head: the thread's head flag off (before another effect takes it)
 UPDATE effects SET is_head = 0 WHERE thread_key = ? AND is_head = 1
 
--- effect_advance_head: the thread's lowest active effect becomes its head
+-- effect_advance_head: the thread's lowest active effect becomes its head; its state (a pending one is claimable: the caller rings)
 UPDATE effects SET is_head = 1
 WHERE id = (
     SELECT id FROM effects
     WHERE thread_key = ? AND state IN ('pending', 'running')
     ORDER BY seq LIMIT 1
 )
+RETURNING state
 
 -- effect_sweep: expired leases back to pending (replay-safe, attempts left) or to dead, in one guarded statement
 UPDATE effects
