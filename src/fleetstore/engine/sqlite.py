@@ -119,12 +119,8 @@ def _own_file(path: str, foreign: bool) -> tuple[os.stat_result, bytes]:
             head = os.pread(fd, cipher.page_size(head), 0)
     finally:
         os.close(fd)
-    if (
-        st.st_size
-        and not head.startswith(SQLITE_MAGIC)
-        and not cipher.looks_encrypted(head)
-        and not os.path.lexists(path + "-journal")
-    ):
+    known = head.startswith(SQLITE_MAGIC) or cipher.looks_encrypted(head)
+    if st.st_size and not known and not os.path.lexists(path + "-journal"):
         # (A -journal beside it: a first write was cut short, page 1 perhaps torn;
         # SQLite rolls it back, or says what the file is.)
         raise errors.CorruptStore(
