@@ -382,3 +382,34 @@ def test_rekey_killed_at_random_moments_never_leaves_a_file_neither_key_opens(
     assert "k1" in seen  # (some kills came before the rename)
     assert cli("--key-file", str(keys), "rekey", "--store", str(path)).returncode == 0
     assert _key_of(path, ring) == "k2"
+
+
+# -- every tool, given the key, and said clearly without it ------------------------------------
+
+TOOLS: dict[str, list[str]] = {
+    "doctor": ["doctor", "--store", "{db}", "--json"],
+    "maintain": ["maintain", "--store", "{db}", "--json"],
+    "export": ["export", "--store", "{db}", "-o", "{tmp}/e.fsx"],
+    "migrate": ["migrate", "{db}", "{tmp}/m.db", "--json"],
+    "reshard": ["reshard", "{db}", "{tmp}/sh", "--json"],
+    "stats": ["stats", "--store", "{db}", "--json"],
+}
+
+
+@pytest.mark.parametrize("tool", list(TOOLS))
+def test_every_tool_works_on_an_encrypted_store_with_its_key_and_says_so_without(
+    tmp_path: Path, tool: str
+) -> None:
+    keys, ring = keyring_file(tmp_path / "keys", "k1")
+    db = tmp_path / "s.db"
+    with fleetstore.open(db, encryption_key_file=str(keys)) as store:
+        fill(store, 5)
+    args = [a.format(db=db, tmp=tmp_path) for a in TOOLS[tool]]
+    without = cli(*args)
+    assert without.returncode != 0 or "key" in (without.stdout + without.stderr).lower(), without
+    assert "Traceback" not in without.stderr
+    done = cli("--key-file", str(keys), *args)
+    assert done.returncode == 0, done.stderr
+    made = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".db", ".fsx")]
+    for p in made:  # what a tool wrote is under the key too
+        assert MARKER.encode() not in p.read_bytes(), p
