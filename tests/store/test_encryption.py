@@ -400,7 +400,7 @@ TOOLS: dict[str, list[str]] = {
 def test_every_tool_works_on_an_encrypted_store_with_its_key_and_says_so_without(
     tmp_path: Path, tool: str
 ) -> None:
-    keys, ring = keyring_file(tmp_path / "keys", "k1")
+    keys, _ = keyring_file(tmp_path / "keys", "k1")
     db = tmp_path / "s.db"
     with fleetstore.open(db, encryption_key_file=str(keys)) as store:
         fill(store, 5)
