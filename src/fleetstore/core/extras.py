@@ -22,6 +22,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "openai-agents": ("agents",),
     "adk": ("google", "pydantic"),
     "encryption": ("cryptography",),
+    # Not imported: the fleetstore command loads `fleetstore stress` from this
+    # distribution's entry point (cli/util.LazyGroup).
+    "stress": ("fleetstore_stress",),
 }
 
 
