@@ -111,3 +111,13 @@ def test_the_library_wheel_carries_neither_the_stress_harness_nor_the_peer_patte
     assert any(n.startswith("fleetstore/sql/sqlite/") and n.endswith(".sql") for n in code)
     assert len(code) > 100  # the listing sees the package
     assert [n for n in names if "stress" in n or "peers" in n] == []
+
+
+def test_the_library_and_the_harness_pin_each_other_to_one_release() -> None:
+    """The harness uses fleetstore's internals: its version, its pin of fleetstore and
+    the library's ``stress`` extra name one release (three numbers, kept equal here)."""
+    harness = tomllib.loads((ROOT / "stress" / "pyproject.toml").read_text())["project"]
+    lib = project()["project"]
+    assert f"fleetstore=={lib['version']}" in harness["dependencies"]
+    assert lib["optional-dependencies"]["stress"] == [f"fleetstore-stress=={harness['version']}"]
+    assert harness["version"] == lib["version"]
