@@ -47,7 +47,7 @@ from fleetstore.core.keys import Key, Keyring, write_keyring
 from fleetstore.core.targets import CATALOG, parse_target
 from fleetstore.domain.blobs import COLLECTING, fsync_dir
 from fleetstore.engine import cipher, inspect
-from fleetstore.engine.gate import GateTimeout, WriterGate, announce_moved
+from fleetstore.engine.gate import GateTimeout, WriterGate, announce_moved, wipe_board
 from fleetstore.engine.sharded import shard_files
 from fleetstore.store.spool import REJECTED, journals, seal_text, unseal_text
 
@@ -174,6 +174,7 @@ def _rekey_file(path: Path, keyring: Keyring, goal: Key | None, wait: float) -> 
             cipher.copy_under_key(name, str(tmp), old, new)
             _crash_point("copied")
             _alone(name)
+            wipe_board(f"{name}.gate")
             cipher.put_in_place(str(tmp), name)
             _crash_point("renamed")
             announce_moved(f"{name}.gate")
