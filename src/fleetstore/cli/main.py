@@ -13,12 +13,13 @@ the work lives in ``fleetstore.admin``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from fleetstore.cli.util import STORE_ENV, LazyGroup
+from fleetstore.cli.util import KEY_FILE_ENV, STORE_ENV, LazyGroup
 from fleetstore.core.version import __version__
 from fleetstore.errors import MissingDependency
 
@@ -38,8 +39,11 @@ COMMANDS = {
     "merge": "fleetstore.cli.transfer:merge_command",
     "migrate": "fleetstore.cli.migrate:migrate_command",
     "recover": "fleetstore.cli.recover:recover",
+    "redact": "fleetstore.cli.redact:redact_command",
+    "rekey": "fleetstore.cli.rekey:rekey_command",
     "reshard": "fleetstore.cli.reshard:reshard_command",
     "restore": "fleetstore.cli.backup:restore_command",
+    "scan": "fleetstore.cli.scan:scan_command",
     "search": "fleetstore.cli.search:search_command",
     "sessions": "fleetstore.cli.sessions:sessions",
     "stats": "fleetstore.cli.stats:stats_command",
@@ -120,8 +124,25 @@ Run `fleetstore COMMAND --help` for a command's options and exit codes.""",
     help="The log on stderr as text, or as one JSON object a line with each record's "
     "fields (event, store, operation, ...).",
 )
+@click.option(
+    "--key-file",
+    metavar="FILE",
+    default=None,
+    envvar=KEY_FILE_ENV,
+    show_envvar=True,
+    help="The keyring of an encrypted store (docs/secrets.md): every command opens its "
+    "stores with it, and what a command writes of an encrypted store (exports, backups, "
+    "archives) is encrypted with its current key.",
+)
 @click.pass_context
-def main(ctx: click.Context, store: str | None, verbose: int, quiet: int, log_format: str) -> None:
+def main(
+    ctx: click.Context,
+    store: str | None,
+    verbose: int,
+    quiet: int,
+    log_format: str,
+    key_file: str | None,
+) -> None:
     """fleetstore: session storage a fleet of agent processes can write at once.
 
     Commands for a fleetstore store: one SQLite file, a sharded directory
@@ -135,6 +156,9 @@ def main(ctx: click.Context, store: str | None, verbose: int, quiet: int, log_fo
     from fleetstore.cli import logs
 
     logs.configure(verbose, quiet, log_format)
+    if key_file:
+        # Every store the command opens reads its settings from the environment.
+        os.environ[KEY_FILE_ENV] = key_file
     # The group's --store before a command that takes none (merge, migrate, reshard
     # name their stores as arguments; stress has --url) would be silently ignored.
     name = ctx.invoked_subcommand

@@ -35,6 +35,7 @@ from fleetstore.domain.codec import (
     Prepared,
     decode_value,
     prepare_payload,
+    redact_json,
     value_payload,
     write_payload,
 )
@@ -679,7 +680,10 @@ class Claim:
     # (``Effects._settle_batch``).
 
     def _success(self, result: Any) -> dict[str, Any]:
-        text = None if result is None else dump_json(result, "effect result")
+        # Redacted here, the one entry of every settlement, one or batched (settle_effects).
+        text = (
+            None if result is None else redact_json(self._store, dump_json(result, "effect result"))
+        )
         if text is not None and len(text) * 4 > MAX_RESULT and len(text.encode()) > MAX_RESULT:
             raise errors.InvalidInput("an effect result is kept inline: at most 1 MiB of JSON")
         return self._item("succeeded", result=text)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from fleetstore.core.metrics import OutboxMetrics
+from fleetstore.core.redact import WriteRedaction
 from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobRef
 from fleetstore.domain.operations import Operation
@@ -67,6 +68,11 @@ class StorePort(Protocol):
 
     @property
     def blobs(self) -> Blobs: ...
+
+    @property
+    def redaction(self) -> WriteRedaction | None:
+        """What content passes through before it is stored (None: redaction off)."""
+        ...
 
     @property
     def notifies(self) -> bool:

@@ -101,6 +101,8 @@ REQUEST_AT = DECISIONS_AT + MAX_ITEMS
 RESULTS_AT = 48 * 1024
 REQUEST_CAP = RESULTS_AT - REQUEST_AT
 RESULTS_CAP = SLOT_BYTES - RESULTS_AT
+#: What sealing adds to a request or results (an encrypted store's: nonce and tag).
+SEAL_BYTES = 12 + 16
 _COUNT = struct.Struct("<I")
 _ITEM = struct.Struct("<dI")  # deadline, length
 _RESULT = struct.Struct("<BI")  # kind, length
@@ -224,6 +226,9 @@ class Board:
         self.ticket = 0
         self._allocate = allocate
         self.full_barrier = barrier
+        #: An encrypted store's AEAD (``cipher.board_cipher``): requests and results
+        #: are sealed in the gate file, which is on disk like the database.
+        self.aead: Any = None
 
     def detach(self) -> None:
         """Drop the views of the mapping (before it is unmapped)."""
@@ -240,6 +245,20 @@ class Board:
 
     def _store_head(self, i: int, fmt: str, rel: int, *values: int) -> None:
         self._store(self._at(i) + rel, struct.pack(fmt, *values))
+
+    def _seal(self, data: bytes) -> bytes:
+        if self.aead is None:
+            return data
+        nonce = os.urandom(12)
+        return nonce + bytes(self.aead.encrypt(nonce, data, None))
+
+    def _unseal(self, data: bytes) -> bytes | None:
+        if self.aead is None:
+            return data
+        try:
+            return bytes(self.aead.decrypt(data[:12], data[12:], None))
+        except Exception:  # InvalidTag, or too short: not ours to apply
+            return None
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -340,6 +359,7 @@ class Board:
         """Post *request* (``encode_request``) in our slot; returns its ticket."""
         self.ticket += 1
         at = self._at(self.slot)
+        request = self._seal(request)
         self._store(at + REQUEST_AT, request)
         self._store(
             at + 8,
@@ -365,9 +385,8 @@ class Board:
         if res_ticket != ticket or length > RESULTS_CAP:
             return None
         data = bytes(self._mm[at + RESULTS_AT : at + RESULTS_AT + length])
-        if zlib.crc32(data) != crc:
-            return None
-        return decode_results(data, count)
+        opened = self._unseal(data) if zlib.crc32(data) == crc else None
+        return None if opened is None else decode_results(opened, count)
 
     def decisions(self, i: int, ticket: int, count: int) -> list[bool] | None:
         """Which items of slot *i*'s post *ticket* its holder put in its COMMIT (None:
@@ -388,7 +407,10 @@ class Board:
         data = bytes(self._mm[at : at + length])
         if zlib.crc32(data) != crc:
             raise BadSlot("its request does not match its checksum")
-        return ticket, decode_request(data, count)
+        opened = self._unseal(data)
+        if opened is None:
+            raise BadSlot("its request does not open with the store's key")
+        return ticket, decode_request(opened, count)
 
     def max_level(self, tag: int) -> int:
         """The highest durability asked for by a slot of *tag* now posted or orphaned
@@ -451,7 +473,7 @@ class Board:
 
     def put_results(self, t: Taken, results: Sequence[tuple[int, bytes]]) -> bool:
         """Write *t*'s results in their own area (False: they do not fit)."""
-        data = encode_results(results)
+        data = self._seal(encode_results(results))
         if len(data) > RESULTS_CAP:
             return False
         at = self._at(t.slot)

@@ -44,6 +44,7 @@ from typing import Protocol
 
 from fleetstore import errors
 from fleetstore.engine import board as bd
+from fleetstore.engine import cipher
 from fleetstore.engine.base import Applier, Item, Tx
 from fleetstore.engine.board import Board, Taken
 from fleetstore.engine.gate import (
@@ -259,6 +260,8 @@ class Combiner:
             self._rung = int.from_bytes(os.urandom(4), "little")
             board = self.board_class(mm, owner, gate.allocate, self._full_barrier)
             board.weak_order = _WEAK_ORDER
+            key = getattr(self._db, "_key", None)
+            board.aead = None if key is None else cipher.board_cipher(key)
             self._board = board
             gate.board = self
         return self._board
@@ -544,7 +547,7 @@ class Combiner:
         request = bd.encode_request(
             [(r.deadline, p) for r, p in zip(reqs, payloads, strict=True) if p is not None]
         )
-        if len(request) > bd.REQUEST_CAP:
+        if len(request) + bd.SEAL_BYTES > bd.REQUEST_CAP:
             return None
         ticket = board.post(request, len(reqs), self._tag, self._level)
         return _Waiting(list(reqs), ticket, started)

@@ -56,7 +56,7 @@ from fleetstore.core.extras import requires
 from fleetstore.core.ids import new_id
 from fleetstore.core.logs import logger
 from fleetstore.core.validate import check_text, dump_json
-from fleetstore.domain.codec import decode_value, encode_payload
+from fleetstore.domain.codec import decode_value, encode_payload, redacted_copy
 from fleetstore.domain.frameworks.adk import adk_fs_id, adk_message_id
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.ports import Tx
@@ -578,7 +578,7 @@ class FleetstoreSessionService(BaseSessionService):
                     "author": event.author,
                     "timestamp": event.timestamp,
                     "event": encode_payload(self.store, raw, "bytes"),
-                    "text": _text_of(event),
+                    "text": redacted_copy(self.store, _text_of(event)),
                     "state": self._encode_state(deltas),
                 }
                 pending = _Pending(

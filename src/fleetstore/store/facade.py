@@ -21,8 +21,10 @@ from typing import Any, TypeVar
 
 from fleetstore import errors, sql
 from fleetstore.core import telemetry
+from fleetstore.core.keys import Keyring, keyring_of
 from fleetstore.core.logs import logger
 from fleetstore.core.metrics import OutboxMetrics
+from fleetstore.core.redact import WriteRedaction, write_redaction
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import (
     CATALOG,
@@ -49,6 +51,7 @@ from fleetstore.domain.ports import Flushable
 from fleetstore.domain.search import Search
 from fleetstore.domain.state import State
 from fleetstore.engine.base import Engine, Tx
+from fleetstore.engine.cipher import key_of_file
 from fleetstore.engine.foreign import read_foreign
 from fleetstore.engine.inspect import InspectFailed, read_header
 from fleetstore.store import observe
@@ -138,7 +141,14 @@ class Store:
         self.router: Router | None = backend if isinstance(backend, Router) else None
         self.blobs: BlobStore | DbBlobStore = backend.blobs
         self.spool_dir = Path(str(self.path) + ".spool")
-        self.spool = Spool(self.spool_dir)
+        #: The keys of a store encrypted at rest (None: not encrypted): its spool
+        #: journals, blob files, archives and exports are sealed with the current one.
+        self.keyring = keyring_of(settings.encryption_key_file)
+        #: What content passes through before it is stored (domain/codec.py; None: off).
+        self.redaction: WriteRedaction | None = (
+            write_redaction(settings.redaction_rules_file) if settings.redaction else None
+        )
+        self.spool = Spool(self.spool_dir, self.keyring)
         self.sessions = Sessions(self)
         self.messages = Messages(self)
         self.state = State(self)
@@ -655,7 +665,7 @@ class Store:
             # tests/store/test_spool.py::test_spooled_write_that_cannot_apply_is_rejected_not_dropped
             path = self.spool.path
             try:
-                reject(self.spool_dir, op, exc, path.name if path else None)
+                reject(self.spool_dir, op, exc, path.name if path else None, self.keyring)
             except OSError as err:
                 log.error("%s: cannot record rejected %s: %s", self.path, op.name, err)
                 return _MAX_PAUSE
@@ -721,7 +731,9 @@ class Store:
                 continue
             # Stops between two operations once close() begins: the rest waits for the
             # next open or `fleetstore recover` (issue 23, cause 7).
-            result = recover_journal(path, self._noting_jobs, self._check_blobs, lambda: self._stop)
+            result = recover_journal(
+                path, self._noting_jobs, self._check_blobs, lambda: self._stop, self.keyring
+            )
             if result.status == "unfinished":
                 stopped = f"the replay of {path.name} stopped"
             with self._counts_lock:
@@ -769,6 +781,8 @@ class Store:
             "rejected": rejected,
             "open_streams": len(self._streams),
             "outbox": self.outbox_metrics.snapshot(),
+            # Secrets replaced by their markers before they were stored, by kind.
+            "redacted": dict(self.redaction.counts) if self.redaction is not None else {},
             **self._indexer.figures(),
         }
 
@@ -933,7 +947,7 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     return store
 
 
-def check_store_file(path: Path) -> None:
+def check_store_file(path: Path, keyring: Keyring | None = None) -> None:
     """``CorruptStore`` unless *path* is a fleetstore store's file, read without
     changing it (recover must not make a store of whatever file it is pointed at)."""
     try:
@@ -952,6 +966,7 @@ def check_store_file(path: Path) -> None:
             lambda db: {
                 r[0] for r in db.query("SELECT name FROM sqlite_schema WHERE type='table'")
             },
+            key=key_of_file(str(path), keyring),
         )
     except errors.FleetstoreError:
         return  # cannot tell now (busy, a WAL without its index...): the open decides
@@ -978,7 +993,7 @@ def recover_journals(
         if not path.is_file():
             raise errors.NotFound(f"no store at {target}")
     if not isinstance(target, str):
-        check_store_file(path)
+        check_store_file(path, keyring_of(config.encryption_key_file))
     spool_dir = Path(str(path) + ".spool")
     if not journals(spool_dir) and kind != "sharded":
         remove_stale_new_files(spool_dir)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from fleetstore import errors
+from fleetstore.core.keys import keyring_of
 from fleetstore.core.logs import logger
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, sharded_url
@@ -109,6 +110,7 @@ class Router:
             settings.max_payload_bytes,
             durable=blobs_durable(settings),
             wait_for_space=settings.write_budget,
+            keyring=keyring_of(settings.encryption_key_file),
         )
         self.q = queries
         self._homes: collections.OrderedDict[str, str | None] = collections.OrderedDict()

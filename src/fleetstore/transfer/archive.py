@@ -358,7 +358,11 @@ def _archive_file(store: Store, key: str, path: Path, archive: Path, manifest: P
             blobs = db.read(lambda tx: tx.execute("SELECT sha256, size FROM blobs ORDER BY 1"))
             digests = _digests(store, ids)
             assert isinstance(store.blobs, BlobStore)
-            copies = BlobStore(archive.with_name(f"{key}.blobs"), store.settings.max_payload_bytes)
+            copies = BlobStore(
+                archive.with_name(f"{key}.blobs"),
+                store.settings.max_payload_bytes,
+                keyring=store.keyring,
+            )
             n, stored = _copy_blobs(blobs, store.blobs, copies)
             _write_json(
                 manifest,
@@ -467,7 +471,8 @@ def restore_tree(store: Store, archive: str | os.PathLike[str]) -> TreeArchive:
 
 def _restore_file(store: Store, key: str, archive: Path, path: Path, blobs_dir: Path) -> None:
     q = store.queries
-    db = Database.open(archive)  # no migrations: the shard gets them on its next use
+    # No migrations: the shard gets them on its next use.
+    db = Database.open(archive, encryption_key_file=store.settings.encryption_key_file)
     try:
         rows = db.read(lambda tx: tx.execute(q["shard_session_rows"]))
         if not rows:
@@ -493,7 +498,11 @@ def _restore_file(store: Store, key: str, archive: Path, path: Path, blobs_dir: 
             _vacate(store, key, path)
         blobs = db.read(lambda tx: tx.execute("SELECT sha256, size FROM blobs ORDER BY 1"))
         assert isinstance(store.blobs, BlobStore)
-        _copy_blobs(blobs, BlobStore(blobs_dir, store.settings.max_payload_bytes), store.blobs)
+        _copy_blobs(
+            blobs,
+            BlobStore(blobs_dir, store.settings.max_payload_bytes, keyring=store.keyring),
+            store.blobs,
+        )
         _unblock(db)
         _checkpoint_all(db, archive, store.settings.write_budget)
         private_dirs(path.parent)
@@ -508,7 +517,7 @@ def _vacate(store: Store, key: str, path: Path) -> None:
     """Remove a shard file that a process made again at the tree's path after it was
     archived (a write to the tree by a process that still knew its shard): it must
     hold no session.  Blocked first, so a write to it meanwhile fails loudly."""
-    db = Database.open(path)
+    db = Database.open(path, encryption_key_file=store.settings.encryption_key_file)
     try:
         if db.read(lambda tx: tx.execute("SELECT 1 FROM sessions LIMIT 1")):
             raise errors.AlreadyExists(

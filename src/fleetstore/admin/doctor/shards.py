@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore.admin.doctor.probe import Probe, probe_file, read_contents
+from fleetstore.core.keys import Keyring
 from fleetstore.engine import inspect, sharded
 from fleetstore.store.sharded import owner_alive
 from fleetstore.store.spool import decode_line
@@ -57,11 +58,18 @@ def watch(
                 paths[f"shard:{shard.key}:{role}"] = shard.probe.sides[role]
 
 
-def read_shards(shards: list[Shard], quick_check: bool, now: float, blob_dir: str) -> None:
+def read_shards(
+    shards: list[Shard], quick_check: bool, now: float, blob_dir: str, keyring: Keyring | None
+) -> None:
     for shard in shards:
         if shard.probe is not None:
             shard.probe.contents = read_contents(
-                shard.probe.db, shard.probe.header, quick_check, now, blob_dir=blob_dir
+                shard.probe.db,
+                shard.probe.header,
+                quick_check,
+                now,
+                blob_dir=blob_dir,
+                keyring=keyring,
             )
 
 

@@ -15,6 +15,7 @@ from fleetstore.admin.maintain.config import MIN_OPS_AGE
 from fleetstore.admin.maintain.journals import read_journals
 from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch
+from fleetstore.core.keys import keyring_of
 from fleetstore.core.logs import logger
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG
@@ -84,7 +85,7 @@ def empty_shards(
 
     files = [_ShardFile(key, path) for key, path in shard_files(directory)]
     step.detail.update(files=len(files))
-    found = read_journals(directory / f"{CATALOG}.spool")
+    found = read_journals(directory / f"{CATALOG}.spool", keyring_of(settings.encryption_key_file))
     if found.doubt:
         step.status = "skipped"
         step.summary = f"empty shard files left: {found.doubt}"
