@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetstore import errors, sql
+from fleetstore.core import liveness
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import (
     CATALOG,
@@ -90,18 +91,6 @@ _LINGER = 2.0
 #: Seconds between looks at forks that other live processes are copying (their
 #: process may die, and its fork must then be given up).
 _JOBS_POLL = 2.0
-
-
-def _process_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _due(stream: Flushable, now: float) -> bool:
@@ -650,7 +639,7 @@ class Store:
             for r in results
             if r.status == "unfinished"
             # "busy" with its owner dead: another process is replaying it right now
-            or (r.status == "busy" and not _process_alive(journal_pid(Path(r.journal))))
+            or (r.status == "busy" and not liveness.alive(journal_pid(Path(r.journal))))
         ]
         if waiting:
             return _RETRY_PAUSE
