@@ -41,7 +41,7 @@ from fleetstore.errors import (
 if TYPE_CHECKING:
     from fleetstore.core.settings import Settings, default_data_dir
     from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
-    from fleetstore.domain.operations import Operation
+    from fleetstore.domain.operations import Delivery, Operation
     from fleetstore.domain.outbox import Claim, Effects, Swept
     from fleetstore.domain.state import State
     from fleetstore.domain.worker import FailEffect, Handler, RetryEffect, Worker
@@ -86,6 +86,7 @@ _LAZY: dict[str, str] = {
     "Sessions": "fleetstore.domain.history",
     "Stream": "fleetstore.domain.history",
     "ToolCallHandle": "fleetstore.domain.history",
+    "Delivery": "fleetstore.domain.operations",
     "Operation": "fleetstore.domain.operations",
     "Claim": "fleetstore.domain.outbox",
     "Effects": "fleetstore.domain.outbox",
@@ -156,6 +157,7 @@ __all__ = [
     "Claim",
     "ConfigError",
     "Database",
+    "Delivery",
     "Effect",
     "EffectError",
     "EffectState",

@@ -35,7 +35,7 @@ from fleetstore import errors
 from fleetstore.core import liveness
 from fleetstore.core.ids import new_id
 from fleetstore.domain.history_ops import FORK_MESSAGES, PURGE_ROWS
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.ports import StorePort
 
 log = logging.getLogger("fleetstore")
@@ -83,7 +83,7 @@ def _copying_now(fork_id: str) -> Iterator[None]:
 def _submit(store: StorePort, name: str, args: dict[str, object]) -> dict[str, object]:
     # Independent: a batch checks in its own transaction that its job is still there,
     # so it neither waits behind this process's spooled writes nor is ever spooled.
-    result = store.submit(Operation(name, args, new_id()), independent=True)
+    result = store.submit(Operation(name, args, new_id()), Delivery.INDEPENDENT)
     assert result is not None
     return result
 

@@ -32,7 +32,6 @@ from fleetstore.core.targets import (
     resolve_target,
 )
 from fleetstore.core.validate import (
-    check_bool,
     check_int,
     check_opt_id,
     check_opt_timeout,
@@ -42,7 +41,7 @@ from fleetstore.core.validate import (
 from fleetstore.domain import registry, session_jobs
 from fleetstore.domain.blobs import BlobStore, DbBlobStore, referenced_shas
 from fleetstore.domain.history import Messages, Sessions
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.outbox import Effects
 from fleetstore.domain.ports import Flushable
 from fleetstore.domain.state import State
@@ -69,6 +68,7 @@ from fleetstore.store.spool import (
 
 T = TypeVar("T")
 log = logging.getLogger("fleetstore")
+_SPOOLABLE, _MUST_LAND, _INDEPENDENT = Delivery.SPOOLABLE, Delivery.MUST_LAND, Delivery.INDEPENDENT
 
 
 _live: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -176,67 +176,53 @@ class Store:
     # -- writing ---------------------------------------------------------------------------
 
     def submit(
-        self,
-        op: Operation,
-        *,
-        spool: bool = True,
-        must_land: bool = False,
-        independent: bool = False,
+        self, op: Operation, delivery: Delivery = Delivery.SPOOLABLE
     ) -> dict[str, Any] | None:
         """Apply *op*; returns its result, or None if it went to the spool.
 
-        Past the write budget the operation is spooled (``on_busy="spool"`` and
-        *spool*) or ``StoreBusy`` is raised.  Once anything is spooled, later
-        operations queue behind it; one that must not be spooled (*spool* False:
-        a conditional write, whose outcome the caller needs) raises
-        ``SpoolPending`` instead of overtaking them.  *must_land* (an effect's
-        settlement): spooled past the budget even with ``on_busy="raise"``.
-        *independent* (claims, heartbeats, sweeps): neither depends on this
-        process's spooled writes nor they on it: applied now even while the
-        spool holds writes, never spooled.  If the journal cannot be written
-        either, ``StorageFull`` (disk full) or ``StorageError``: nothing was written.
-        An operation the API made (``trusted``) is not checked again."""
+        Past the write budget the operation is spooled or ``StoreBusy`` is raised, as
+        *delivery* says (``Delivery``: ``SPOOLABLE``, the default, follows
+        ``on_busy``).  Once anything is spooled, later operations queue behind it.  If
+        the journal cannot be written either, ``StorageFull`` (disk full) or
+        ``StorageError``: nothing was written.  An operation the API made
+        (``trusted``) is not checked again."""
         if op.__class__ is not Operation or not op.trusted:
             op = check_operation(op)
-            for name, flag in (
-                ("spool", spool),
-                ("must_land", must_land),
-                ("independent", independent),
-            ):
-                check_bool(flag, name)
+        if delivery.__class__ is not Delivery:
+            raise errors.InvalidInput(
+                f"delivery must be a fleetstore.Delivery, not {delivery!r:.80}"
+            )
         blobs = self.blobs
         if blobs.__class__ is BlobStore and blobs._kept:
-            return self._settling(op, spool, must_land, independent)
-        return self._submit(op, spool, must_land, independent)
+            return self._settling(op, delivery)
+        return self._submit(op, delivery)
 
-    def _settling(
-        self, op: Operation, spool: bool, must_land: bool, independent: bool
-    ) -> dict[str, Any] | None:
+    def _settling(self, op: Operation, delivery: Delivery) -> dict[str, Any] | None:
         # The blob files this write stored before it waited: see BlobStore.settle.
         blobs = self.blobs
         assert isinstance(blobs, BlobStore)
         shas = referenced_shas(op.args)
         try:
-            result = self._submit(op, spool, must_land, independent)
+            result = self._submit(op, delivery)
         except BaseException:
             blobs.settle(shas, written=False)
             raise
         blobs.settle(shas, written=True)
         return result
 
-    def _submit(
-        self, op: Operation, spool: bool, must_land: bool, independent: bool
-    ) -> dict[str, Any] | None:
+    def _submit(self, op: Operation, delivery: Delivery) -> dict[str, Any] | None:
         if self._closed:
             raise errors.StoreClosed(f"{self.path}: the store was closed")
         if self._publisher is None:
             self._start_publisher()
         with self._counts_lock:
             self._op_counts[op.name] += 1
-        if independent:
+        if delivery is _INDEPENDENT:
             return self.backend.apply(op)
+        may_spool = delivery is _MUST_LAND or (
+            delivery is _SPOOLABLE and self.settings.on_busy == "spool"
+        )
         if self.spool._pending or self._behind:
-            may_spool = must_land or (spool and self.settings.on_busy == "spool")
             if not may_spool:
                 raise errors.SpoolPending(
                     f"{len(self.spool)} earlier write(s) of this process wait in its spool"
@@ -250,14 +236,13 @@ class Store:
         try:
             return self.backend.apply(op)  # checked above
         except errors.StoreBusy as busy:
-            if not (must_land or (spool and self.settings.on_busy == "spool")):
+            if not may_spool:
                 raise
             self._spool(op, busy)
             return None
         except errors.CommitUncertain as unknown:
             # Not known within the budget whether it is in the file (its holder stopped
             # while committing): replayed from the spool it is found there, or written.
-            may_spool = must_land or (spool and self.settings.on_busy == "spool")
             if not may_spool or not registry.spec_of(op.name).retry_safe:
                 raise
             self._spool(op, unknown)
