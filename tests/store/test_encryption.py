@@ -321,7 +321,7 @@ def test_rekey_killed_at_a_step_leaves_a_store_that_opens_with_every_write(
     url = url_of(tmp_path, layout)
     with fleetstore.open(url, encryption_key_file=str(keys)) as store:
         sid = fill(store, 40)
-    env = clean_env(FLEETSTORE_TEST_CRASH_REKEY=point)
+    env = clean_env(FLEETSTORE_TEST_CRASH=f"rekey-{point}")
     done = cli("--key-file", str(keys), "rekey", "--new-key", "k2", "--store", url, env=env)
     assert done.returncode == -signal.SIGKILL, done.stderr
     ring = Keyring.load(keys)

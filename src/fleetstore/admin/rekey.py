@@ -43,6 +43,7 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.core import sealed
+from fleetstore.core.crash import crash_point
 from fleetstore.core.keys import Key, Keyring, write_keyring
 from fleetstore.core.targets import CATALOG, parse_target
 from fleetstore.domain.blobs import COLLECTING, fsync_dir
@@ -51,14 +52,7 @@ from fleetstore.engine.gate import GateTimeout, WriterGate, announce_moved, wipe
 from fleetstore.engine.sharded import shard_files
 from fleetstore.store.spool import REJECTED, journals, seal_text, unseal_text
 
-#: Test hook: the process kills itself (SIGKILL) at this named point of a run.
-CRASH_ENV = "FLEETSTORE_TEST_CRASH_REKEY"
 _SUFFIX = ".rekey.tmp"
-
-
-def _crash_point(name: str) -> None:
-    if os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), 9)
 
 
 class StoreInUse(errors.TransientError):
@@ -172,11 +166,11 @@ def _rekey_file(path: Path, keyring: Keyring, goal: Key | None, wait: float) -> 
         try:
             _alone(name)
             cipher.copy_under_key(name, str(tmp), old, new)
-            _crash_point("copied")
+            crash_point("rekey-copied")
             _alone(name)
             wipe_board(f"{name}.gate")
             cipher.put_in_place(str(tmp), name)
-            _crash_point("renamed")
+            crash_point("rekey-renamed")
             announce_moved(f"{name}.gate")
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -327,4 +321,4 @@ def _replace(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["CRASH_ENV", "RekeyReport", "StoreInUse", "rekey"]
+__all__ = ["RekeyReport", "StoreInUse", "rekey"]

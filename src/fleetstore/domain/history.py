@@ -44,7 +44,7 @@ from fleetstore.domain.codec import (
     prepare_parts,
     write_parts,
 )
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.outbox import effects_args, prepare_effects
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import (
@@ -363,7 +363,7 @@ class Sessions:
         # session's next batches each in a transaction of their own, and the fork is
         # seen once the last one is in (never half copied).
         op = Operation("fork_session", args, new_id(), True)
-        result = self._store.submit(op, spool=False)
+        result = self._store.submit(op, Delivery.NOW)
         if result is not None and not result.get("done"):
             session_jobs.copy_fork(self._store, new, session_id)
         return self.get(new)
@@ -404,7 +404,7 @@ class Sessions:
         they made, so they are not spooled: past the budget ``StoreBusy``, behind
         spooled writes ``SpoolPending``, both with nothing written.  Spooling them and
         raising afterwards made a caller's retry apply them twice (a second fork)."""
-        self._store.submit(op, spool=False)
+        self._store.submit(op, Delivery.NOW)
         return self.get(session_id)
 
 

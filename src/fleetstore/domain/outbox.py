@@ -40,7 +40,7 @@ from fleetstore.domain.codec import (
     write_payload,
 )
 from fleetstore.domain.effect_trace import carry_trace
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.outbox_ops import (
     CHANNEL,
     DEFAULT_LEASE,
@@ -472,7 +472,7 @@ class Effects:
             op_id,
             True,
         )
-        result = store.submit(op, independent=True)
+        result = store.submit(op, Delivery.INDEPENDENT)
         assert result is not None  # independent operations are never spooled
         claims = [Claim(store, claimed_effect(store, row), owner, lease) for row in result["rows"]]
         if claims:
@@ -493,7 +493,7 @@ class Effects:
         op = Operation("settle_effects", {"items": list(items)}, new_id(), True)
         for claim, item in zip(claims, items, strict=True):
             claim.outcome = item["outcome"]
-        result = self._store.submit(op, must_land=True)
+        result = self._store.submit(op, Delivery.MUST_LAND)
         settled = self._store.outbox_metrics.settled
         for item in items:
             settled[item["outcome"]] += 1
@@ -519,7 +519,7 @@ class Effects:
         """Take effects whose lease expired from their lost owners: back to
         ``pending`` (replay-safe, attempts left) or to ``dead`` with the reason."""
         op = Operation("sweep_effects", {}, new_id(), True)
-        result = self._store.submit(op, independent=True)
+        result = self._store.submit(op, Delivery.INDEPENDENT)
         assert result is not None
         return [Swept(eid, EffectState(state)) for eid, state in result["swept"]]
 
@@ -528,7 +528,7 @@ class Effects:
         fresh attempts), or a pending one now."""
         check_id(effect_id, "effect_id")
         self._store.submit(
-            Operation("retry_effect", {"id": effect_id}, new_id(), True), spool=False
+            Operation("retry_effect", {"id": effect_id}, new_id(), True), Delivery.NOW
         )
         return self.get(effect_id)
 
@@ -536,7 +536,7 @@ class Effects:
         """Cancel a pending or running effect; its thread moves on."""
         check_id(effect_id, "effect_id")
         self._store.submit(
-            Operation("cancel_effect", {"id": effect_id}, new_id(), True), spool=False
+            Operation("cancel_effect", {"id": effect_id}, new_id(), True), Delivery.NOW
         )
         return self.get(effect_id)
 
@@ -549,7 +549,7 @@ class Effects:
             check_str(kind, "kind", limit=MAX_KIND, empty=False)
             check_bool(safe, f"replay_safe of kind {kind!r}")
         op = Operation("declare_effect_kinds", {"kinds": dict(kinds)}, new_id(), True)
-        self._store.submit(op, independent=True)
+        self._store.submit(op, Delivery.INDEPENDENT)
 
     def kinds(self) -> dict[str, bool]:
         """The declared kinds and whether each is replay-safe."""
@@ -621,7 +621,7 @@ class Claim:
             "lease": self.lease if lease is None else lease,
         }
         result = self._store.submit(
-            Operation("heartbeat_effect", args, new_id(), True), independent=True
+            Operation("heartbeat_effect", args, new_id(), True), Delivery.INDEPENDENT
         )
         assert result is not None
         self.lease_expires_at = float(result["lease_expires_at"])
@@ -673,7 +673,7 @@ class Claim:
         """For a worker: the result of a handler it gave up on, offered with this
         claim's token (which the store refuses once it was raised: ``LeaseLost``).
         Never spooled: past the write budget ``StoreBusy``."""
-        return self._settle(self._success(result), must_land=False)
+        return self._settle(self._success(result), Delivery.NOW)
 
     # Each settlement as the item ``settle_one`` reads, every argument checked here
     # (the operation is trusted): ``_settle`` submits one, a worker batches them
@@ -749,12 +749,8 @@ class Claim:
             "max_attempts": max_attempts,
         }
 
-    def _settle(self, item: dict[str, Any], *, must_land: bool = True) -> bool:
-        op = Operation("settle_effect", item, new_id(), True)
-        if must_land:
-            applied = self._store.submit(op, must_land=True)
-        else:
-            applied = self._store.submit(op, spool=False)
+    def _settle(self, item: dict[str, Any], delivery: Delivery = Delivery.MUST_LAND) -> bool:
+        applied = self._store.submit(Operation("settle_effect", item, new_id(), True), delivery)
         self.outcome = item["outcome"]
         self._answer = applied  # read by ``settled`` when asked: nothing on the hot path
         self._store.outbox_metrics.settled[item["outcome"]] += 1

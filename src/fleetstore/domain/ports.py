@@ -16,7 +16,7 @@ from fleetstore.core.metrics import OutboxMetrics
 from fleetstore.core.redact import WriteRedaction
 from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobRef
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.engine.base import (  # the read functions' transaction, for the layers above
     Engine,
     Tx,
@@ -87,14 +87,10 @@ class StorePort(Protocol):
         ...
 
     def submit(
-        self,
-        op: Operation,
-        *,
-        spool: bool = True,
-        must_land: bool = False,
-        independent: bool = False,
+        self, op: Operation, delivery: Delivery = Delivery.SPOOLABLE
     ) -> dict[str, Any] | None:
-        """Apply *op* now; past the write budget spool it (None) or raise ``StoreBusy``."""
+        """Apply *op* now; past the write budget spool it (None) or raise ``StoreBusy``,
+        as *delivery* says."""
         ...
 
     def read(self, fn: Callable[[Tx], T], *, session_id: str | None = None) -> T:

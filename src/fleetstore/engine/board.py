@@ -62,6 +62,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleetstore.core import liveness
 from fleetstore.engine.gate import (
     BOARD_OFFSET,
     BOARD_SLOTS,
@@ -187,23 +188,35 @@ class Taken:
     items: list[tuple[float, bytes]]
 
 
+#: A slot's owner word: the PID in the high 32 bits (as in every version), and in the
+#: low 32, with bit 31 set, the low ``START_BITS`` bits of the process's start time
+#: (core/liveness.py: a reused PID is not taken for the owner) above a 12-bit instance
+#: number.  Bit 31 clear: the word of an older version (an instance number only), whose
+#: owner is alive while its PID runs.
+STARTED = 1 << 31
+START_BITS = 19
+_INSTANCE_BITS = 12
+
+
+def owner_word(pid: int, start: int | None, instance: int) -> int:
+    """The owner word of instance number *instance* of process *pid* started at *start*
+    (None: not known, recorded as an older version's word)."""
+    if start is None:
+        return (pid << 32) | (instance & 0x7FFFFFFF)
+    low = (start & ((1 << START_BITS) - 1)) << _INSTANCE_BITS
+    return (pid << 32) | STARTED | low | (instance & ((1 << _INSTANCE_BITS) - 1))
+
+
 def owner_alive(owner: int) -> bool:
     """Whether the process of a slot's *owner* word still runs (same process: yes, an
     instance frees its slot when it closes)."""
     pid = owner >> 32
-    if pid <= 0:
-        return False
     if pid == os.getpid():
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, ValueError):
-        return False  # not a pid at all: a damaged owner word
-    return True
+    if not owner & STARTED:
+        return liveness.alive(pid)
+    start = (owner >> _INSTANCE_BITS) & ((1 << START_BITS) - 1)
+    return liveness.alive(pid, start, bits=START_BITS)
 
 
 class Board:
@@ -567,6 +580,7 @@ __all__ = [
     "encode_request",
     "encode_results",
     "owner_alive",
+    "owner_word",
     "read_board",
     "tag_of",
 ]

@@ -614,10 +614,6 @@ def command_line(pid: int) -> str:
     return _command(pid)
 
 
-def process_alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
-
-
 @dataclass(frozen=True, slots=True)
 class SqliteLibrary:
     """A SQLite library mapped into a process, and the version found in its file."""
@@ -699,7 +695,6 @@ __all__ = [
     "open_by_processes",
     "open_readonly",
     "parse_version",
-    "process_alive",
     "read_header",
     "read_shm_index",
     "read_wal_header",

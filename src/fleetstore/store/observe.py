@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from fleetstore.core import telemetry
 from fleetstore.core.logs import logger
 from fleetstore.domain import registry
-from fleetstore.domain.operations import Operation, Scope
+from fleetstore.domain.operations import Delivery, Operation, Scope
 
 #: A ``fleetstore.store.facade.Store`` (whose module imports this one: naming the class
 #: here would make an import cycle, which tests/test_layers.py forbids).
@@ -31,14 +31,12 @@ def namespace(store: Store) -> str:
     return str(store.url).removeprefix("sqlite+sharded://").removeprefix("sqlite://")
 
 
-def traced(
-    store: Store, op: Operation, spool: bool, must_land: bool, independent: bool
-) -> dict[str, Any] | None:
+def traced(store: Store, op: Operation, delivery: Delivery) -> dict[str, Any] | None:
     """``store.submit(op, ...)`` as a CLIENT span and a ``db.client.operation.duration``
     measurement; the session the operation writes (if it names one) on the span."""
     otel = telemetry.ACTIVE
     if otel is None:
-        untraced: dict[str, Any] | None = store._dispatch(op, spool, must_land, independent)
+        untraced: dict[str, Any] | None = store._dispatch(op, delivery)
         return untraced
     spec = registry.spec_of(op.name)
     session_id = None
@@ -58,9 +56,7 @@ def traced(
         session_id,
         store._dispatch,
         op,
-        spool,
-        must_land,
-        independent,
+        delivery,
         batch=len(items) if items is not None else 0,
     )
     return result

@@ -5,7 +5,7 @@ latency histograms) to ``<db>.procs/<pid>.json`` about once a second, from a
 daemon thread: one small file written and renamed into place, so a reader sees
 the whole previous snapshot or the whole new one, never half.  The file is
 removed when the store closes; one left by a process that died is recognised by
-its PID and the process start time (``same_process``: a PID reused by another
+its PID and the process start time (core/liveness.py: a PID reused by another
 process does not make it live again), shown as history, never judged as current,
 and removed by ``fleetstore maintain`` (``remove_gone``).
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetstore.core import telemetry
+from fleetstore.core import liveness, telemetry
 from fleetstore.core.files import private_dirs
 from fleetstore.core.metrics import Histogram
 
@@ -38,29 +38,6 @@ STALE_AFTER = 5.0
 
 def procs_dir(db_path: str | os.PathLike[str]) -> Path:
     return Path(os.fspath(db_path) + ".procs")
-
-
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22):
-    with the PID, it names one process even after the PID is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may contain spaces.
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def same_process(pid: int, start_time: object) -> bool:
-    """Is the process that recorded (*pid*, *start_time*) still running?  The PID
-    alone is not enough: a PID is reused, and a dead process's leftover file would
-    pass for a live one (doctor, maintain, the sharded layout's intents)."""
-    return start_time is not None and process_start_time(pid) == start_time
 
 
 def _command_line(pid: int) -> str:
@@ -98,7 +75,7 @@ class Publisher:
     def _run(self) -> None:
         base = {
             "pid": self._pid,
-            "start_time": process_start_time(self._pid),
+            "start_time": liveness.start_time(self._pid),
             "command": _command_line(self._pid),
             "started_at": time.time(),
         }
@@ -110,7 +87,7 @@ class Publisher:
             self._stop.wait(self.interval)
 
     def publish_once(self, base: dict[str, Any] | None = None) -> None:
-        record = dict(base or {"pid": self._pid, "start_time": process_start_time(self._pid)})
+        record = dict(base or {"pid": self._pid, "start_time": liveness.start_time(self._pid)})
         record["published_at"] = time.time()
         record["interval"] = self.interval
         record.update(self._figures())
@@ -134,7 +111,7 @@ class Publisher:
             # counter that fell when a process exits reads as a reset to Prometheus,
             # whose rate() then counts every other process's total again.
             try:
-                fold(self.dir, self._pid, process_start_time(self._pid), self._figures())
+                fold(self.dir, self._pid, liveness.start_time(self._pid), self._figures())
             except Exception:
                 pass
         with contextlib.suppress(OSError):
@@ -172,7 +149,9 @@ def read_published(db_path: str | os.PathLike[str], now: float | None = None) ->
             pid = int(record["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        alive = same_process(pid, record.get("start_time"))
+        start = record.get("start_time")
+        # A file without its start time (none readable when it was written): the PID's answer.
+        alive = liveness.alive(pid, start if isinstance(start, int) else None)
         age = now - float(record.get("published_at", 0.0))
         found.append(Published(pid, str(record.get("command", "")), alive, age, record))
     found.sort(key=lambda p: (not p.alive, p.pid))
@@ -302,9 +281,7 @@ __all__ = [
     "fold",
     "is_folded",
     "procs_dir",
-    "process_start_time",
     "read_published",
     "read_retired",
     "remove_gone",
-    "same_process",
 ]

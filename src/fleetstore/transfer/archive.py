@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.crash import crash_point
 from fleetstore.core.files import private_dirs
 from fleetstore.domain.blobs import BlobStore, fsync_dir
 from fleetstore.engine.gate import announce_moved
@@ -56,16 +57,6 @@ ARCHIVE_VERSION = 1
 _TRIGGER = "fleetstore_archived_"
 _SUFFIXES = ("", "-wal", "-shm")
 _SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-#: Test hook: "after-move" (archive) or "after-restore-move" (restore) makes the process
-#: SIGKILL itself once the file is moved, before the catalog learns of it.
-CRASH_ENV = "FLEETSTORE_TEST_CRASH_ARCHIVE"
-
-
-def _crash_point(name: str) -> None:
-    if os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), 9)
 
 
 class TreeBusy(errors.TransientError):
@@ -386,7 +377,7 @@ def _archive_file(store: Store, key: str, path: Path, archive: Path, manifest: P
                     raise errors.StoreBusy(str(path), 0.0, 1, stage="an empty WAL")
                 _move(path, archive)
                 moved = True
-            _crash_point("after-move")
+            crash_point("after-move")
         except BaseException:
             if not moved:
                 with contextlib.suppress(errors.FleetstoreError, OSError):
@@ -508,7 +499,7 @@ def _restore_file(store: Store, key: str, archive: Path, path: Path, blobs_dir: 
         private_dirs(path.parent)
         with db.write():
             _move(archive, path)
-        _crash_point("after-restore-move")
+        crash_point("after-restore-move")
     finally:
         db.close()
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore.admin.doctor.probe import Probe, probe_file, read_contents
+from fleetstore.core import liveness
 from fleetstore.core.keys import Keyring
 from fleetstore.engine import inspect, sharded
-from fleetstore.store.sharded import owner_alive
 from fleetstore.store.spool import decode_line
 
 #: Largest shards listed.
@@ -179,7 +179,7 @@ def _intents(
                 "operation": name,
                 "owner": str(owner),
                 "pid": int(pid_text) if pid_text.isdigit() else None,
-                "alive": owner_alive(str(owner)),
+                "alive": liveness.token_alive(owner),
                 "age": round(now - float(created), 3),
                 "shard_file": str(key) in on_disk,
             }
