@@ -39,7 +39,7 @@ from fleetstore.integrations.adk import (
     SessionNotFound,
     StaleSession,
 )
-from fleetstore.integrations.adk_import import import_adk_sqlite
+from fleetstore.integrations.adk.importer import import_adk_sqlite
 from fleetstore.store.spool import journals
 from tests.agents import script
 from tests.fix_procs import Barrier, Proc, Spawn, start_lock
@@ -381,7 +381,7 @@ def test_events_are_fleetstore_messages_and_large_ones_blobs(tmp_path: Path) -> 
 
     sid = run(go())
     with fleetstore.open(path) as store:
-        from fleetstore.domain.frameworks.adk import adk_fs_id
+        from fleetstore.domain.adk import adk_fs_id
 
         messages = store.messages.list(adk_fs_id("app", "u", sid))
         assert [m.role for m in messages] == ["user"]

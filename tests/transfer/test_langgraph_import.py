@@ -105,7 +105,7 @@ def make_source(path: Path, *extra: str) -> dict[str, Any]:
 def test_import_gives_what_sqlitesaver_gives_verified_and_idempotent(tmp_path: Path) -> None:
     import fleetstore
     from fleetstore.integrations.langgraph import FleetstoreSaver
-    from fleetstore.integrations.langgraph_import import import_langgraph_sqlite
+    from fleetstore.integrations.langgraph.importer import import_langgraph_sqlite
 
     source = tmp_path / "lg.db"
     expected = make_source(source)
@@ -133,7 +133,7 @@ def test_import_gives_what_sqlitesaver_gives_verified_and_idempotent(tmp_path: P
 def test_a_bad_file_is_refused_and_nothing_written(tmp_path: Path) -> None:
     import fleetstore
     from fleetstore import errors
-    from fleetstore.integrations.langgraph_import import import_langgraph_sqlite
+    from fleetstore.integrations.langgraph.importer import import_langgraph_sqlite
 
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"not sqlite" * 100)
@@ -159,7 +159,7 @@ def test_a_bad_file_is_refused_and_nothing_written(tmp_path: Path) -> None:
 
 
 def fleetstore_checkpoints(store: Any) -> list[Any]:
-    from fleetstore.domain.frameworks.langgraph import Checkpoints
+    from fleetstore.domain.langgraph import Checkpoints
 
     return list(Checkpoints(store).list())
 
@@ -168,7 +168,7 @@ def fleetstore_checkpoints(store: Any) -> list[Any]:
 def test_a_file_contradicting_the_store_writes_nothing(tmp_path: Path) -> None:
     import fleetstore
     from fleetstore import errors
-    from fleetstore.integrations.langgraph_import import import_langgraph_sqlite
+    from fleetstore.integrations.langgraph.importer import import_langgraph_sqlite
 
     # Checkpoint ids differ between runs; copy one file and change a value in place
     # (in a process of its own) so the ids stay and the contents differ.

@@ -1,4 +1,4 @@
--- The PostgreSQL dialect of sql/sqlite/checkpoints.sql (graph checkpoints): the same
+-- The PostgreSQL dialect of sql/sqlite/langgraph.sql (graph checkpoints): the same
 -- names, parameters and result columns.  Parameters are positional in the order the
 -- callers pass them: where SQLite numbers them (?1, ?2, ?3) the statements here are
 -- arranged so that each one appears once, in that order.  The metadata filter
