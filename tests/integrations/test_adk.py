@@ -559,13 +559,15 @@ def test_import_of_a_contradicting_file_writes_nothing(tmp_path: Path) -> None:
 
         async def drop_one() -> None:
             svc = FleetstoreSessionService(store)
-            await svc.delete_session(app_name="app2", user_id="ann", session_id="s3")
+            await svc.delete_session(app_name="app1", user_id="ann", session_id="s1")
             await svc.close()
 
         run(drop_one())
         with pytest.raises(errors.AlreadyExists, match="other contents"):
             import_adk_sqlite(store, edited)
-        # s3 (absent now, unchanged in the edited file) was not brought back: nothing written.
+        # s1 (absent now, first in the file, before the sessions that contradict the
+        # store) was not brought back: nothing written.  With s3, the last, this passed
+        # without the importer's check of the whole file first (issue 26's hand mutation).
         assert len(store.sessions.list()) == 2
 
 

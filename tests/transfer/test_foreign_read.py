@@ -80,7 +80,7 @@ def adk_file(path: Path) -> Callable[[fleetstore.Store, Path], object]:
 
 def langgraph_file(path: Path) -> Callable[[fleetstore.Store, Path], object]:
     from fleetstore.integrations.langgraph.importer import import_langgraph_sqlite
-    from tests.transfer.test_langgraph_import import make_source
+    from tests.integrations.test_langgraph_import import make_source
 
     make_source(path)  # SqliteSaver writes in WAL mode
     return import_langgraph_sqlite
