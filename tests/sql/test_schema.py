@@ -372,6 +372,7 @@ _NAMED_TYPES = {
             "max_attempts",
             "replay_safe",
             "after_seq",
+            "part_seq",
             "upto",
             "lo",
             "hi",

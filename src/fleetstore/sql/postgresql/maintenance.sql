@@ -186,7 +186,7 @@ SELECT count(*) FROM applied_ops WHERE op_id < ? AND applied_at < ?
 SELECT enc, body, blob_sha FROM parts WHERE message_id = :message_id AND seq = :seq
 
 -- red_part_set: a part's body replaced by its redacted one
-UPDATE parts SET enc = :enc, body = :body, blob_sha = :blob_sha, size = :size
+UPDATE parts SET enc = :enc, body = fleetstore_bytes(:body), blob_sha = :blob_sha, size = :size
 WHERE message_id = :message_id AND seq = :seq
 
 -- red_chunks: a streamed part's chunks, in order
@@ -203,25 +203,25 @@ SELECT enc, value, blob_sha FROM state
 WHERE session_id = :session_id AND namespace = :namespace AND key = :key
 
 -- red_state_set: a state value replaced by its redacted one (its version kept)
-UPDATE state SET enc = :enc, value = :body, blob_sha = :blob_sha, size = :size
+UPDATE state SET enc = :enc, value = fleetstore_bytes(:body), blob_sha = :blob_sha, size = :size
 WHERE session_id = :session_id AND namespace = :namespace AND key = :key
 
 -- red_effect: an effect's payload as stored, and its result
 SELECT enc, payload, blob_sha, result FROM effects WHERE id = :id
 
 -- red_effect_set: an effect's payload and result replaced by their redacted ones
-UPDATE effects SET enc = :enc, payload = :body, blob_sha = :blob_sha, size = :size,
+UPDATE effects SET enc = :enc, payload = fleetstore_bytes(:body), blob_sha = :blob_sha, size = :size,
                    result = :result
 WHERE id = :id
 
--- red_parts_page: the next :limit parts with a body of their own after (:m, :s), for redact
+-- red_parts_page: the next :limit parts with a body of their own after (:m, :after_seq), for redact
 SELECT message_id, seq, session_id, enc, body, blob_sha, size FROM parts
-WHERE enc <> 'chunks' AND (message_id, seq) > (:m, :s)
+WHERE enc <> 'chunks' AND (message_id, seq) > (:m, :after_seq)
 ORDER BY message_id, seq LIMIT :limit
 
 -- red_streamed_page: the next :limit streamed parts of messages no longer streaming
 SELECT p.message_id, p.seq, p.session_id FROM parts p JOIN messages m ON m.id = p.message_id
-WHERE p.enc = 'chunks' AND m.status <> 'streaming' AND (p.message_id, p.seq) > (:m, :s)
+WHERE p.enc = 'chunks' AND m.status <> 'streaming' AND (p.message_id, p.seq) > (:m, :after_seq)
 ORDER BY p.message_id, p.seq LIMIT :limit
 
 -- red_state_page: the next :limit state values after (:s, :n, :k)

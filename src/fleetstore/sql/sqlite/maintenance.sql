@@ -206,14 +206,14 @@ UPDATE effects SET enc = :enc, payload = :body, blob_sha = :blob_sha, size = :si
                    result = :result
 WHERE id = :id
 
--- red_parts_page: the next :limit parts with a body of their own after (:m, :s), for redact
+-- red_parts_page: the next :limit parts with a body of their own after (:m, :after_seq), for redact
 SELECT message_id, seq, session_id, enc, body, blob_sha, size FROM parts
-WHERE enc <> 'chunks' AND (message_id, seq) > (:m, :s)
+WHERE enc <> 'chunks' AND (message_id, seq) > (:m, :after_seq)
 ORDER BY message_id, seq LIMIT :limit
 
 -- red_streamed_page: the next :limit streamed parts of messages no longer streaming
 SELECT p.message_id, p.seq, p.session_id FROM parts p JOIN messages m ON m.id = p.message_id
-WHERE p.enc = 'chunks' AND m.status <> 'streaming' AND (p.message_id, p.seq) > (:m, :s)
+WHERE p.enc = 'chunks' AND m.status <> 'streaming' AND (p.message_id, p.seq) > (:m, :after_seq)
 ORDER BY p.message_id, p.seq LIMIT :limit
 
 -- red_state_page: the next :limit state values after (:s, :n, :k)
