@@ -570,9 +570,15 @@ def test_an_encrypted_fleet_with_secrets_leaves_no_marker_and_no_secret_in_any_f
     skip = {keys, script}
     needles = [MARKER.encode()] + [s.secret[4:24].encode() for s in samples()]
 
+    from tests.fix_faults import importable_env
+
     def worker(wid: str, mode: str) -> subprocess.Popen[bytes]:
+        # The script imports tests.secret_samples: the repository on its PYTHONPATH
+        # (a script's own directory is its first path, not the working directory).
         argv = [sys.executable, str(script), str(path), wid, mode]
-        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            argv, env=importable_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
     # The test's own store keeps the WAL from being checkpointed away while it is searched.
     with fleetstore.open(path, checkpoint_bytes=1 << 30) as store:
