@@ -25,7 +25,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fleetstore.domain.outbox import Claim, Effects
+from fleetstore.domain.outbox import Chain, Claim, Effects
 from fleetstore.models import Effect
 
 #: A settlement's outcome as the completer hands it back: the effect's new state
@@ -45,6 +45,8 @@ class Completer:
         batch: int,
         delay: float,
         busy: Callable[[], bool],
+        chain: Callable[[], Chain | None] = lambda: None,
+        chained: Callable[[Chain], None] = lambda chain: None,
     ) -> None:
         self._effects = effects
         self._call = call
@@ -52,6 +54,11 @@ class Completer:
         self._delay = delay
         #: Whether handlers still run (then more outcomes may come within ``delay``).
         self._busy = busy
+        #: Settle-and-claim: the worker's claim for a flush (None: no room), and where
+        #: the flush hands it back, its claims made (before the settlements' futures
+        #: resolve: a stopping worker waits for its jobs, and sees those too).
+        self._chain = chain
+        self._chained = chained
         self._queue: list[tuple[Claim, dict[str, Any], asyncio.Future[Landed]]] = []
         self._kick = asyncio.Event()
         self._closing = False
@@ -84,8 +91,11 @@ class Completer:
                 and self._delay > 0
                 and not self._closing
                 and self._busy()
+                and not any(claim.chained for claim, _i, _f in self._queue)
             ):
-                # Others still run: let those finishing about now join this flush.
+                # Others still run: let those finishing about now join this flush.  Not
+                # when a lane is busy (a claim its predecessor's settlement made): its
+                # next effect likely waits for this settlement to be claimed.
                 await asyncio.sleep(self._delay)
             taken, self._queue = self._queue[: self._batch], self._queue[self._batch :]
             await self._flush(taken)
@@ -97,15 +107,20 @@ class Completer:
     ) -> None:
         claims = [c for c, _i, _f in taken]
         items = [i for _c, i, _f in taken]
+        chain = self._chain()
         try:
-            outcomes = await self._call(self._effects._settle_batch, claims, items)
+            outcomes = await self._call(self._effects._settle_batch, claims, items, chain)
         except Exception as exc:
             # Neither written nor spooled (a full disk): each claim's lease runs out
             # and a sweep hands the effect on.
+            if chain is not None:
+                self._chained(chain)
             for _c, _i, future in taken:
                 if not future.done():
                     future.set_exception(exc)
             return
+        if chain is not None:
+            self._chained(chain)
         self.flushes += 1
         self.settled += len(taken)
         for k, (_c, _i, future) in enumerate(taken):
