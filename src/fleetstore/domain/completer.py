@@ -45,6 +45,7 @@ class Completer:
         batch: int,
         delay: float,
         busy: Callable[[], bool],
+        waiting: Callable[[], bool] = lambda: False,
         chain: Callable[[], Chain | None] = lambda: None,
         chained: Callable[[Chain], None] = lambda chain: None,
     ) -> None:
@@ -54,6 +55,8 @@ class Completer:
         self._delay = delay
         #: Whether handlers still run (then more outcomes may come within ``delay``).
         self._busy = busy
+        #: Whether claimed effects wait for a slot (then a flush's lingering delays none).
+        self._waiting = waiting
         #: Settle-and-claim: the worker's claim for a flush (None: no room), and where
         #: the flush hands it back, its claims made (before the settlements' futures
         #: resolve: a stopping worker waits for its jobs, and sees those too).
@@ -91,11 +94,12 @@ class Completer:
                 and self._delay > 0
                 and not self._closing
                 and self._busy()
-                and not any(claim.chained for claim, _i, _f in self._queue)
+                and (self._waiting() or not any(c.chained for c, _i, _f in self._queue))
             ):
                 # Others still run: let those finishing about now join this flush.  Not
-                # when a lane is busy (a claim its predecessor's settlement made): its
-                # next effect likely waits for this settlement to be claimed.
+                # when a lane is busy (a claim its predecessor's settlement made) and the
+                # worker has nothing else to start: the lane's next effect likely waits
+                # for this settlement to claim it.
                 await asyncio.sleep(self._delay)
             taken, self._queue = self._queue[: self._batch], self._queue[self._batch :]
             await self._flush(taken)

@@ -370,6 +370,7 @@ class Worker:
             self.batch,
             self.settle_delay,
             lambda: self._busy > 0,
+            lambda: bool(self._queued),
             self._chain,
             self._chained,
         )
