@@ -32,7 +32,11 @@ Claims and settlements: an idle worker sleeps until a ring of ``fleetstore_effec
 (an effect became claimable in any process: engine/notify.py), the next effect's
 ``available_at``, or ``poll_interval`` (the fallback); it claims up to ``batch`` ready
 heads in one transaction, and settles finished effects in batches
-(domain/completer.py).
+(domain/completer.py).  A batch of settlements also claims, in its own transaction, the
+next effect of each thread it hands on, as far as the worker has room
+(settle-and-claim, ``_chain``): a busy lane's next effect starts when its
+predecessor's settlement commits, without a claim of its own waiting for the write
+lock (docs/outbox.md, "A busy lane").
 
 Shutdown: the first SIGINT/SIGTERM (or ``stop()``) stops claiming, gives
 claimed-but-not-started effects back without spending an attempt and lets the
@@ -277,7 +281,8 @@ class Worker:
         }
         self.owner = owner or default_owner()
         self.until_idle = until_idle
-        #: Counts: claimed, succeeded, retried (failed attempts to run again), failed
+        #: Counts: claimed (chained: of them, those a settlement claimed), succeeded,
+        #: retried (failed attempts to run again), failed
         #: (attempts failed for good: FailEffect, a result that cannot be stored),
         #: dead (effects this worker's settlements left dead, whatever the reason),
         #: cancelled, released, lost, interrupted, spooled (settlements that went to
