@@ -1020,10 +1020,14 @@ def test_fleet_of_8_workers_runs_threads_in_order_one_at_a_time_exactly_once(
     assert counts["pending"] == counts["running"] == counts["expired"] == 0, counts
     planned_dead = sum(expected(*p)[0] == "dead" for p in plans.values())
     assert counts["dead"] == planned_dead and counts["succeeded"] == len(plans) - planned_dead
+    chained = 0
     for w in workers:
         rep = report(w)
         assert rep["in_transaction"] == [] and rep["spool"] == 0, rep
         assert rep["stats"].get("lost", 0) == 0, rep
+        chained += rep["stats"].get("chained", 0)
+    # Settlements claimed threads' next effects (settle-and-claim), and the order held.
+    assert chained > 0
     # The planned failures happened, and the work was shared between the processes.
     assert {e.get("outcome") for e in events} == {None, "ok", "error", "retry", "fail"}
     assert len({e["pid"] for e in events}) >= 2
