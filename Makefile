@@ -1,5 +1,6 @@
 # `make demo` and `make test` do all the set-up on a fresh machine: they create
-# .venv and install fleetstore with its development tools into it.
+# .venv and install fleetstore and fleetstore-stress (stress/: `fleetstore stress`, a
+# distribution of its own) editable with the development tools into it.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -16,18 +17,18 @@ venv: $(STAMP)
 # The development tools are a dependency group (pyproject.toml [dependency-groups]
 # dev, PEP 735), not a published extra: `--group` needs pip 25.1 or newer, which the
 # upgrade before it brings.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml stress/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e . --group dev
+	$(BIN)/pip install --quiet -e . -e ./stress --group dev
 	touch $(STAMP)
 
 demo: venv
 	$(BIN)/fleetstore stress --compare --agents $(AGENTS) --duration $(DURATION) --think-ms $(THINK_MS) --external-lock 6.5@5 --report /tmp/fleetstore-stress-report.html
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks frameworks tools
-	$(BIN)/ruff format --check src tests benchmarks frameworks tools
+	$(BIN)/ruff check src stress tests benchmarks frameworks tools
+	$(BIN)/ruff format --check src stress tests benchmarks frameworks tools
 	$(BIN)/lint-imports
 	$(BIN)/python tools/pypi_readme.py --check
 
@@ -78,4 +79,4 @@ bench: venv
 	$(BIN)/python benchmarks/bench_engine.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build src/*.egg-info stress/build stress/src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,7 +2,7 @@
 same seed, against ``DIR/fleetstore.db`` and against ``sqlite+sharded:///DIR``, at N = 8,
 32 and 64 processes, without and with large tool outputs.
 
-Each cell is one ``fleetstore stress --json`` run (src/fleetstore/ops/stress.py) in a
+Each cell is one ``fleetstore stress --json`` run (``python -m fleetstore_stress``, stress/) in a
 fresh directory: N agent processes, each living its own session (a tree of its own:
 one shard file each on the sharded layout) in a closed loop by default (``--think-ms
 0``): a user message, a streamed reply with a tool call and its output, usage, a state
@@ -69,7 +69,7 @@ def run_cell(layout: str, outputs: str, n: int, cfg: dict[str, Any], root: Path)
     cell.mkdir(parents=True)
     url = str(cell / "fleetstore.db") if layout == "file" else f"sqlite+sharded://{cell / 'store'}"
     argv = [
-        *(sys.executable, "-m", "fleetstore", "stress", "--json", "--url", url),
+        *(sys.executable, "-m", "fleetstore_stress", "--json", "--url", url),
         *("--dir", str(cell / "run"), "--agents", str(n), "--duration", f"{cfg['seconds']:g}"),
         *("--think-ms", f"{cfg['think_ms']:g}", "--workers", str(cfg["workers"])),
         *("--seed", str(cfg["seed"]), "--large-rate", f"{LARGE_RATE[outputs]:g}"),

@@ -6,7 +6,7 @@ A cell is one configuration (agents x think time x ``synchronous``) and one targ
 on a fresh database file.  The agents are real OS processes (multiprocessing, spawn;
 the same pool of processes serves every cell, agent i is always process i), each
 living its own session turn after turn exactly as ``fleetstore stress`` does
-(``fleetstore.admin.stress.agent``): ``Turn(cfg, agent, n)`` gives the work of turn n
+(``fleetstore_stress.agent``): ``Turn(cfg, agent, n)`` gives the work of turn n
 (the same for every target: seed, texts, deltas, tool output, think times), the
 agent sleeps ``Turn.think``, then lives the turn through the target, whose calls
 are timed by ``Clock``; the tool time (``Turn.tool_think``) is slept inside the turn,
@@ -199,7 +199,7 @@ def record_turns(cfg: dict[str, Any], agent: int, turns: int) -> list[dict[str, 
     statements ran on other connections."""
     import apsw
 
-    from fleetstore.admin.stress import agent as stress
+    from fleetstore_stress import agent as stress
 
     log: list[tuple[Any, str, Any]] = []
 
@@ -302,7 +302,7 @@ class Template:
     """Fleetstore's SQL for one agent's turn, recorded, to be replayed for any turn n."""
 
     def __init__(self, cfg: dict[str, Any], agent: int, recs: list[dict[str, Any]]) -> None:
-        from fleetstore.admin.stress.agent import ids
+        from fleetstore_stress.agent import ids
 
         self.cfg = cfg
         self.agent = agent
@@ -448,7 +448,7 @@ class Template:
         return self.compiled[n % len(self.compiled)]
 
     def context(self, n: int) -> dict[int, str]:
-        from fleetstore.admin.stress.agent import ids
+        from fleetstore_stress.agent import ids
 
         _, uid, aid = ids(self.cfg, self.agent, n)
         ctx = {_TURN: str(n), _USER: uid, _REPLY: aid}
@@ -480,8 +480,8 @@ class _Stress:
     """A target of the stress module (``_Fleetstore``, ``_Opencode``, ``_Zcode``)."""
 
     def __init__(self, kind: str, cfg: dict[str, Any], agent: int) -> None:
-        from fleetstore.admin.stress import agent as stress
-        from fleetstore.admin.stress import peers
+        from fleetstore_stress import agent as stress
+        from fleetstore_stress import peers
 
         cls = {"fleetstore": stress._Fleetstore, "opencode": peers._Opencode}
         cls["zcode"] = peers._Zcode
@@ -515,7 +515,7 @@ class _Raw:
         import apsw
 
         import fleetstore
-        from fleetstore.admin.stress.agent import ids
+        from fleetstore_stress.agent import ids
 
         self.template = template
         self.batch = batch
@@ -614,7 +614,7 @@ class _Raw:
 
 
 def _error_name(exc: BaseException) -> str:
-    from fleetstore.admin.stress.agent import _error_name as name
+    from fleetstore_stress.agent import _error_name as name
 
     return name(exc)
 
@@ -622,7 +622,7 @@ def _error_name(exc: BaseException) -> str:
 def _harness_us(kind: str, cfg: dict[str, Any], agent: int) -> float:
     """CPU µs per turn of the workload's own making: ``Turn()`` (every target), and for
     the stress targets the tool output and its two sha256."""
-    from fleetstore.admin.stress.agent import Turn, sha
+    from fleetstore_stress.agent import Turn, sha
 
     rounds = 200
     c0 = time.process_time()
@@ -657,7 +657,7 @@ def _live_cell(
 ) -> tuple[str, Any]:
     """One agent's part of one cell: open the target, report ready, wait for the
     start, live turns until the window ends, report."""
-    from fleetstore.admin.stress.agent import Clock, Turn
+    from fleetstore_stress.agent import Clock, Turn
 
     kind = cell["target"]
     cfg = cell["cfg"]
@@ -852,7 +852,7 @@ def _cell_cfg(spec: dict[str, Any], url: str, run: dict[str, Any]) -> dict[str, 
 
 def _prepare(cfg: dict[str, Any], target: str) -> None:
     import fleetstore
-    from fleetstore.admin.stress.child import prepare
+    from fleetstore_stress.child import prepare
 
     if target in RAW_TARGETS:
         fleetstore.open(cfg["url"], **cfg["settings"]).close()  # fleetstore's schema
@@ -992,8 +992,8 @@ def _verify(
     """Every acknowledged turn in the file exactly once (see the module docstring)."""
     import json
 
-    from fleetstore.admin.stress.agent import ids
-    from fleetstore.admin.stress.verify import verify_main
+    from fleetstore_stress.agent import ids
+    from fleetstore_stress.verify import verify_main
 
     if target in STRESS_TARGETS:
         journals = []
@@ -1287,7 +1287,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Command: `{info['command']}`",
         "",
         f"{run['seconds']:g} s per cell, {run['rounds']} round(s) per configuration (targets "
-        f"back to back, ABBA); turns of `fleetstore.admin.stress.agent.Turn`: seed "
+        f"back to back, ABBA); turns of `fleetstore_stress.agent.Turn`: seed "
         f"{run['seed']}, tool outputs log-normal around {run['output_bytes']} B "
         f"(large_rate {run['large_rate']:g}); think and tool time exponential with the "
         "cell's mean (so N agents offer at most N / (2 x think) turns/s). Noise: "

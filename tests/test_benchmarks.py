@@ -44,6 +44,28 @@ def test_the_write_path_benchmark_runs_every_target_and_verifies_it(tmp_path: Pa
 
 
 @pytest.mark.fleet
+@pytest.mark.timeout(240)
+def test_the_search_benchmark_runs_and_its_queries_find_what_was_written(tmp_path: Path) -> None:
+    out = tmp_path / "search.json"
+    done = subprocess.run(
+        [
+            sys.executable, str(ROOT / "benchmarks" / "bench_search.py"),
+            "--messages", "1500", "--queries", "3", "--json", str(out),
+        ],
+        capture_output=True, text=True, timeout=220,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["build"]["messages"] == 1500 and doc["indexing"]["sections"] >= 1500
+    assert doc["sizes"]["index_bytes"] > 0 and doc["text_bytes"] > 0
+    kinds = doc["latency"]
+    assert all(k["p50_ms"] > 0 for k in kinds.values()) and len(kinds) == 27
+    # picked from what every store holds (the rest from the corpus: a small store may lack them)
+    for kind in ("word (common)", "substring (error code)", "substring (path)"):
+        assert kinds[kind]["none_found"] == 0, (kind, kinds[kind])
+
+
+@pytest.mark.fleet
 @pytest.mark.timeout(120)
 def test_the_flaky_kind_benchmark_drains_every_configuration(tmp_path: Path) -> None:
     """bench_outbox_failures.py (issue 25's figures in docs/outbox.md): every effect of

@@ -16,12 +16,16 @@ import sys
 from pathlib import Path
 
 import grimp
+import pytest
 
 import fleetstore
 
 DRIVERS = {"apsw", "sqlite3", "psycopg", "psycopg_pool"}
 PACKAGE = Path(fleetstore.__file__).parent
 ROOT = PACKAGE.parent.parent
+#: The stress harness, a distribution of its own (stress/, issue 26): held to the same
+#: rules (no cycle, no module over 1,000 lines, its tree in docs/design.md).
+HARNESS = ROOT / "stress" / "src" / "fleetstore_stress"
 MAX_LINES = 1000
 
 
@@ -100,6 +104,7 @@ def test_no_import_cycle_of_any_kind() -> None:
     # grimp reads every import statement: module level, under TYPE_CHECKING and
     # inside functions (the function-local imports that used to dodge cycles).
     assert _cycles("fleetstore") == []
+    assert _cycles("fleetstore_stress") == []
 
 
 def test_the_cycle_check_sees_function_local_and_type_checking_imports(tmp_path: Path) -> None:
@@ -119,17 +124,18 @@ def test_the_cycle_check_sees_function_local_and_type_checking_imports(tmp_path:
 
 def test_no_module_is_over_1000_lines() -> None:
     sizes = {
-        str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")
+        str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+        for package in (PACKAGE, HARNESS)
+        for p in package.rglob("*.py")
     }
     assert {k: v for k, v in sizes.items() if v > MAX_LINES} == {}
     assert max(sizes.values()) > 100  # the count sees the files
 
 
-def test_design_md_file_tree_is_the_code() -> None:
-    """Every module of the package appears in docs/design.md's tree, and every path
-    the tree names exists."""
+def tree_named(marker: str) -> set[str]:
+    """The paths docs/design.md's tree between two *marker* comments names."""
     text = (ROOT / "docs" / "design.md").read_text()
-    block = text.split("<!-- layer-tree -->", 2)[1]
+    block = text.split(marker, 2)[1]
     named: set[str] = set()
     folder: list[str] = []
     for line in block.splitlines():
@@ -145,7 +151,19 @@ def test_design_md_file_tree_is_the_code() -> None:
                 folder.append(name.rstrip("/"))
             else:
                 named.add("/".join([*folder, name]))
-    actual = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")}
+    return named
+
+
+@pytest.mark.parametrize(
+    ("marker", "package"),
+    [("<!-- layer-tree -->", PACKAGE), ("<!-- stress-tree -->", HARNESS)],
+    ids=["fleetstore", "fleetstore_stress"],
+)
+def test_design_md_file_tree_is_the_code(marker: str, package: Path) -> None:
+    """Every module of the package appears in docs/design.md's tree, and every path
+    the tree names exists."""
+    named = tree_named(marker)
+    actual = {str(p.relative_to(package)) for p in package.rglob("*.py")}
     assert sorted(actual - named) == [], "modules missing from docs/design.md's tree"
     assert sorted(named - actual) == [], "docs/design.md names modules that do not exist"
 
@@ -163,9 +181,16 @@ def test_only_engine_modules_import_a_driver() -> None:
 
 def test_stdlib_sqlite3_is_never_imported_by_the_package() -> None:
     # Two SQLite libraries in one process drop each other's POSIX locks
-    # (sqlite.org/howtocorrupt.html 2.2.1).
-    users = [p for p in PACKAGE.rglob("*.py") if "sqlite3" in imported_modules(p)]
+    # (sqlite.org/howtocorrupt.html 2.2.1).  The harness's peers use it only through
+    # the libraries they replay, in agent processes of their own.
+    users = [
+        p
+        for package in (PACKAGE, HARNESS)
+        for p in package.rglob("*.py")
+        if "sqlite3" in imported_modules(p)
+    ]
     assert users == []
+    assert "apsw" in imported_modules(HARNESS / "patterns" / "plain.py")  # the check reads it
 
 
 def test_psycopg_is_loaded_only_for_a_postgresql_store() -> None:

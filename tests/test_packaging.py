@@ -6,9 +6,11 @@ links work off GitHub, extras named as users expect, and no published ``dev`` ex
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ def test_urls_and_classifiers() -> None:
 def test_extras_are_named_for_what_they_add_and_dev_is_a_group() -> None:
     data = project()
     extras = data["project"]["optional-dependencies"]
-    assert set(extras) == {"postgres", "langgraph", "openai-agents", "agents", "adk"}
+    assert set(extras) == {"postgres", "langgraph", "openai-agents", "agents", "adk", "stress"}
     assert extras["agents"] == ["fleetstore[openai-agents]"]  # the old name, an alias
     assert "dev" in data["dependency-groups"]
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
@@ -68,3 +70,54 @@ def test_the_long_description_is_the_readme_with_absolute_links() -> None:
     assert relative == [], relative
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "](docs/quickstart.md)" in readme  # README itself keeps its relative links
+
+
+def build_wheel(project: Path, tmp_path: Path) -> zipfile.ZipFile:
+    """*project*'s wheel, built by its own build backend from a copy
+    of the files a build reads (offline, without isolation: setuptools is in the dev
+    group; a copy, so that no ``build/`` or ``*.egg-info`` left in the checkout by an
+    earlier build can add to it)."""
+    copy = tmp_path / project.name
+    copy.mkdir()
+    for name in ("pyproject.toml", "LICENSE", "README.md", "README.pypi.md"):
+        if (project / name).exists():
+            shutil.copyfile(project / name, copy / name)
+    shutil.copytree(
+        project / "src", copy / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__")
+    )
+    with (project / "pyproject.toml").open("rb") as fh:
+        backend = tomllib.load(fh)["build-system"]["build-backend"]
+    out = tmp_path / "dist"
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {backend} as b; print(b.build_wheel({str(out)!r}))"],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return zipfile.ZipFile(out / done.stdout.split()[-1])
+
+
+def test_the_library_wheel_carries_neither_the_stress_harness_nor_the_peer_patterns(
+    tmp_path: Path,
+) -> None:
+    """Issue 26: admin/stress, cli/stress.py and engine/peers*.py (4.3k lines, 12 % of
+    the wheel) are fleetstore-stress's (stress/): the library's wheel has none of them."""
+    with build_wheel(ROOT, tmp_path) as wheel:
+        names = wheel.namelist()
+    code = [n for n in names if n.startswith("fleetstore/")]
+    assert "fleetstore/__init__.py" in code and "fleetstore/py.typed" in code
+    assert any(n.startswith("fleetstore/sql/sqlite/") and n.endswith(".sql") for n in code)
+    assert len(code) > 100  # the listing sees the package
+    assert [n for n in names if "stress" in n or "peers" in n] == []
+
+
+def test_the_library_and_the_harness_pin_each_other_to_one_release() -> None:
+    """The harness uses fleetstore's internals: its version, its pin of fleetstore and
+    the library's ``stress`` extra name one release (three numbers, kept equal here)."""
+    harness = tomllib.loads((ROOT / "stress" / "pyproject.toml").read_text())["project"]
+    lib = project()["project"]
+    assert f"fleetstore=={lib['version']}" in harness["dependencies"]
+    assert lib["optional-dependencies"]["stress"] == [f"fleetstore-stress=={harness['version']}"]
+    assert harness["version"] == lib["version"]

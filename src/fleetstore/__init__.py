@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
     from fleetstore.domain.operations import Operation
     from fleetstore.domain.outbox import Claim, Effects, Swept
+    from fleetstore.domain.search import Search
     from fleetstore.domain.state import State
     from fleetstore.domain.worker import FailEffect, Handler, RetryEffect, Worker
     from fleetstore.engine.sqlite import Database, Migration, ReadTx, WriteTx
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
         Page,
         Part,
         Reasoning,
+        SearchHit,
+        SearchStatus,
         Session,
         SessionStatus,
         StateValue,
@@ -69,6 +72,7 @@ if TYPE_CHECKING:
         AsyncClaim,
         AsyncEffects,
         AsyncMessages,
+        AsyncSearch,
         AsyncSessions,
         AsyncState,
         AsyncStore,
@@ -90,6 +94,7 @@ _LAZY: dict[str, str] = {
     "Claim": "fleetstore.domain.outbox",
     "Effects": "fleetstore.domain.outbox",
     "Swept": "fleetstore.domain.outbox",
+    "Search": "fleetstore.domain.search",
     "State": "fleetstore.domain.state",
     "FailEffect": "fleetstore.domain.worker",
     "Handler": "fleetstore.domain.worker",
@@ -109,6 +114,8 @@ _LAZY: dict[str, str] = {
     "Page": "fleetstore.models",
     "Part": "fleetstore.models",
     "Reasoning": "fleetstore.models",
+    "SearchHit": "fleetstore.models",
+    "SearchStatus": "fleetstore.models",
     "Session": "fleetstore.models",
     "SessionStatus": "fleetstore.models",
     "StateValue": "fleetstore.models",
@@ -119,6 +126,7 @@ _LAZY: dict[str, str] = {
     "AsyncClaim": "fleetstore.store.aio",
     "AsyncEffects": "fleetstore.store.aio",
     "AsyncMessages": "fleetstore.store.aio",
+    "AsyncSearch": "fleetstore.store.aio",
     "AsyncSessions": "fleetstore.store.aio",
     "AsyncState": "fleetstore.store.aio",
     "AsyncStore": "fleetstore.store.aio",
@@ -148,6 +156,7 @@ __all__ = [
     "AsyncClaim",
     "AsyncEffects",
     "AsyncMessages",
+    "AsyncSearch",
     "AsyncSessions",
     "AsyncState",
     "AsyncStore",
@@ -181,6 +190,9 @@ __all__ = [
     "ReadTx",
     "Reasoning",
     "RetryEffect",
+    "Search",
+    "SearchHit",
+    "SearchStatus",
     "Session",
     "SessionStatus",
     "Sessions",

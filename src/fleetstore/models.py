@@ -249,6 +249,58 @@ class Effect:
     finished_at: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One hit of ``store.search``: a part of a message (or a message's error, or a
+    session's title or metadata) whose text matches, with a snippet of it.
+
+    ``snippet`` is a window of the text around the first match (control characters as
+    spaces, ``…`` where it was cut) and ``highlights`` the (start, end) offsets of the
+    matches in it.  ``rank``: higher is better; for words, the engine's relevance
+    (SQLite's bm25, PostgreSQL's ts_rank: comparable within one search, not across
+    engines), for a substring the number of times it occurs in the section."""
+
+    session_id: str
+    #: None for a session's title or metadata.
+    message_id: str | None
+    #: The message's seq in its session (None for a session's title or metadata).
+    seq: int | None
+    #: The part's index in its message (None for an error, a title, metadata).
+    part: int | None
+    #: text, reasoning, tool_call, tool_result, file, error, title or metadata.
+    kind: str
+    role: str | None
+    snippet: str
+    highlights: tuple[tuple[int, int], ...]
+    rank: float
+    #: The message's (or the session's) creation time.
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SearchStatus:
+    """How far a store's search index is behind (``store.search_status()``)."""
+
+    #: Messages and sessions queued, waiting for the indexer.
+    queued: int
+    #: Seconds since the oldest of them was queued (0.0: none).
+    lag: float
+    #: Sections indexed.
+    sections: int
+    #: The backfill of what the store held before it had an index: messages passed, of all.
+    backfill_done: int
+    backfill_total: int
+    #: Files (a sharded store's catalog and shards) whose backfill is not done.
+    backfilling: int
+    #: The processes indexing now (``host:pid``), one per file at most.
+    indexers: tuple[str, ...]
+
+    @property
+    def current(self) -> bool:
+        """Nothing waits: every message and session written is in the index."""
+        return self.queued == 0 and self.backfilling == 0
+
+
 T = TypeVar("T")
 C = TypeVar("C")
 
@@ -295,6 +347,8 @@ __all__ = [
     "Page",
     "Part",
     "Reasoning",
+    "SearchHit",
+    "SearchStatus",
     "Session",
     "SessionStatus",
     "StateValue",

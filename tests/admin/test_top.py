@@ -438,3 +438,32 @@ def test_frame_shows_operations_commits_and_batch_sizes_of_group_commit() -> Non
     doc = f.to_json()
     assert doc["commits_per_s"] == 5.0 and doc["operations_per_s"] == 20.0
     assert doc["processes"][1]["operations_per_s"] == 15.0
+
+
+def test_top_shows_the_search_indexers_figures(tmp_path: Path) -> None:
+    """Issue 30: the index's lag is visible in top (its JSON's ``search``, its text's
+    ``search`` line), from the figures the writers' indexer threads publish."""
+    db = str(tmp_path / "t.db")
+    writer = start_writer(db, 300)
+    try:
+        wait_for(
+            "the writer's indexer's figures",
+            lambda: any(
+                p.alive and p.record["metrics"].get("search_sections", 0) > 0
+                for p in read_published(db)
+            ),
+        )
+        args = [sys.executable, "-m", "fleetstore", "top", db, "--interval", "0.5"]
+        done = subprocess.run(
+            [*args, "--count", "2", "--json"], capture_output=True, text=True, timeout=60
+        )
+        text = subprocess.run([*args, "--count", "1"], capture_output=True, text=True, timeout=60)
+    finally:
+        writer.terminate()
+        writer.wait(30)
+    assert done.returncode == 0 and text.returncode == 0, done.stderr + text.stderr
+    last = [json.loads(line) for line in done.stdout.splitlines()][-1]
+    assert set(last["search"]) == {"queued", "lag_s", "sections_per_s"}
+    assert last["search"]["queued"] >= 0 and last["search"]["lag_s"] >= 0
+    line = next(x for x in text.stdout.splitlines() if x.startswith("search "))
+    assert "queued" in line and "lag" in line and "sections/s" in line

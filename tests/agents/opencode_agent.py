@@ -1,5 +1,5 @@
 """Another program's database, written as opencode writes its own (fleetstore stress's
-opencode pattern, admin/stress/peers.py): one shared WAL file, busy_timeout 5000, every
+opencode pattern, stress/src/fleetstore_stress/peers.py): one shared WAL file, busy_timeout 5000, every
 streamed delta rewriting the whole part plus an ``event`` row that carries the whole
 part.  For tests of ``fleetstore doctor`` and ``maintain`` on a file that is not ours.
 
@@ -10,7 +10,7 @@ part.  For tests of ``fleetstore doctor`` and ``maintain`` on a file that is not
     python tests/agents/opencode_agent.py hold PATH SECONDS  BEGIN IMMEDIATE, print
                                                    "holding", hold it SECONDS, roll back
 
-apsw (fleetstore's SQLite library), through fleetstore.engine.peers.PlainConnection; it
+apsw (fleetstore's SQLite library), through fleetstore_stress.patterns.plain.PlainConnection; it
 never opens the file through fleetstore.
 """
 
@@ -21,8 +21,8 @@ import os
 import sys
 import time
 
-from fleetstore.admin.stress.peers import OPENCODE_SCHEMA
-from fleetstore.engine.peers import PlainConnection
+from fleetstore_stress.patterns.plain import PlainConnection
+from fleetstore_stress.peers import OPENCODE_SCHEMA
 
 _PART = (
     "INSERT INTO part(id, message_id, session_id, time_created, time_updated, data) "

@@ -27,6 +27,7 @@ from fleetstore import (
     AsyncClaim,
     AsyncEffects,
     AsyncMessages,
+    AsyncSearch,
     AsyncSessions,
     AsyncState,
     AsyncStore,
@@ -40,6 +41,7 @@ from fleetstore import (
     NotFound,
     Part,
     Reasoning,
+    Search,
     Sessions,
     State,
     Store,
@@ -296,6 +298,8 @@ STORE_INTERNALS = {
     "listen",
     "spool_pending",
     "finish_jobs",
+    "search_files",
+    "with_file",
 }
 MIRRORS = [
     (Sessions, AsyncSessions),
@@ -306,6 +310,7 @@ MIRRORS = [
     (Store, AsyncStore),
     (Effects, AsyncEffects),
     (Claim, AsyncClaim),
+    (Search, AsyncSearch),
 ]
 
 

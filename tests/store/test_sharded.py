@@ -416,17 +416,13 @@ def test_processes_starting_together_on_a_new_directory_make_each_file_once(
 
 
 def test_checkers_see_a_catalog_index_that_disagrees_with_the_shards(tmp_path: Path) -> None:
-    """``check_consistent`` here and ``fleetstore stress``'s read-back both name an
-    index row gone, an index row for a session its shard lacks, and one naming a shard
-    file that does not exist."""
-    from fleetstore.admin.stress.verify import _index_problems
-
+    """``check_consistent`` here names an index row gone (``fleetstore stress``'s
+    read-back has the same test: stress/tests/test_stress.py)."""
     root = tmp_path / "store"
     with fleetstore.open(_url(root)) as store:
         store.sessions.create("a", id="tree-a")
         store.sessions.create("b", id="tree-b")
         store.sessions.create("b's subagent", id="sub-b", parent_id="tree-b")
-        assert _index_problems(store) == []
     check_consistent(root)
     conn = apsw.Connection(str(root / CATALOG), flags=apsw.SQLITE_OPEN_READWRITE)
     try:
@@ -438,9 +434,3 @@ def test_checkers_see_a_catalog_index_that_disagrees_with_the_shards(tmp_path: P
         conn.close()
     with pytest.raises(AssertionError, match="sub-b in shard tree-b, index None"):
         check_consistent(root)
-    with fleetstore.open(_url(root)) as store:
-        assert sorted(_index_problems(store)) == [
-            "gone-zz: shard file missing",
-            "tree-a: indexed session ghost missing",
-            "tree-b: session sub-b not in the index",
-        ]

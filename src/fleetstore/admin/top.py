@@ -112,6 +112,10 @@ class Frame:
     holders: tuple[LockHolder, ...] = ()
     #: Readers seen in this sample and an earlier one: pinning the WAL.
     readers: list[dict[str, Any]] = field(default_factory=list)
+    #: The search index, from the indexers' figures: sections indexed per second, and
+    #: what they saw queued and how old its oldest entry was at their last look (the
+    #: index's lag); None before any process published them.
+    search: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,6 +127,7 @@ class Frame:
             "shards": self.shards,
             "outbox": self.outbox,
             "outbox_error": self.outbox_error,
+            "search": self.search,
             "writes_per_s": self.writes_per_s,
             "commits_per_s": self.writes_per_s,
             "operations_per_s": self.ops_per_s,
@@ -290,6 +295,7 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
     merged = Histogram()
     total_rate = total_items = 0.0
     shards_open = 0
+    indexed = 0
     for proc in new.procs:
         if not proc.alive:
             result.stale += 1
@@ -312,6 +318,12 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
             window = _delta_hist(proc, prev, "lock_wait")
             merged.merge_export(window.export())
             wait = window.quantile(0.99) if window.export()["n"] else None
+            indexed += _grew(metrics, prev_metrics, "search_sections")
+        if "search_queued" in metrics:
+            seen = result.search or {"queued": 0, "lag_s": 0.0, "sections_per_s": None}
+            seen["queued"] = max(seen["queued"], int(metrics.get("search_queued", 0)))
+            seen["lag_s"] = max(seen["lag_s"], float(metrics.get("search_lag_s", 0.0)))
+            result.search = seen
         result.rows.append(
             ProcRow(
                 pid=proc.pid,
@@ -335,6 +347,8 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
         shards_open += int(metrics.get("shards_open") or 0)
     if new.shards is not None:
         result.shards = {**new.shards, "open": shards_open}
+    if interval and result.search is not None:
+        result.search["sections_per_s"] = indexed / interval
     if interval:
         result.writes_per_s = total_rate
         result.ops_per_s = total_items / interval
@@ -400,6 +414,11 @@ def render(
         lines.append("outbox     " + "   ".join(f"{s} {f.outbox.get(s, 0):,}" for s in states))
     elif f.outbox_error:
         lines.append(f"outbox     unavailable: {f.outbox_error}")
+    if f.search is not None:
+        lines.append(
+            f"search     queued {f.search['queued']:,}   lag {f.search['lag_s']:.1f} s   "
+            f"sections/s {_rate(f.search['sections_per_s'])}"
+        )
     lines.append("")
     columns = ("PID", "OPS/S", "COMMITS/S", "BATCH", "WAIT P99", "COMMITS", "RETRIES", "BUSY")
     rows = [

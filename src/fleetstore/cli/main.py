@@ -1,6 +1,8 @@
 """The ``fleetstore`` command: the ``main`` group, ``--version``, and every command
 registered on it.  Each command group is a module of fleetstore.cli of its own,
-imported when the command is used (``COMMANDS``).
+imported when the command is used (``COMMANDS``); a command another distribution
+adds (``fleetstore stress``, from fleetstore-stress) is found through the
+``PLUGINS`` entry-point group.
 
 Every option can also be set by the ``FLEETSTORE_*`` variable shown in
 ``--help``; every command documents its exit codes, and none exits 0 on failure.
@@ -29,6 +31,7 @@ COMMANDS = {
     "effects": "fleetstore.cli.effects:effects",
     "export": "fleetstore.cli.transfer:export_command",
     "import": "fleetstore.cli.transfer:import_command",
+    "index": "fleetstore.cli.search:index_command",
     "lock": "fleetstore.cli.lock:lock",
     "maintain": "fleetstore.cli.maintain:maintain_command",
     "merge": "fleetstore.cli.transfer:merge_command",
@@ -36,12 +39,20 @@ COMMANDS = {
     "recover": "fleetstore.cli.recover:recover",
     "reshard": "fleetstore.cli.reshard:reshard_command",
     "restore": "fleetstore.cli.backup:restore_command",
+    "search": "fleetstore.cli.search:search_command",
     "sessions": "fleetstore.cli.sessions:sessions",
     "stats": "fleetstore.cli.stats:stats_command",
-    "stress": "fleetstore.cli.stress:stress_command",
     "top": "fleetstore.cli.top:top",
     "worker": "fleetstore.cli.worker:worker",
 }
+
+#: The entry-point group where a distribution of its own adds commands: fleetstore-stress
+#: adds ``stress`` (stress/pyproject.toml).  The library never imports the harness.
+PLUGINS = "fleetstore.commands"
+
+#: The commands of other distributions that fleetstore names, and the extra that
+#: installs each: without it the command is one line naming the ``pip install``.
+OPTIONAL = {"stress": "stress"}
 
 
 class Main(LazyGroup):
@@ -60,10 +71,13 @@ class Main(LazyGroup):
 @click.group(
     cls=Main,
     lazy=COMMANDS,
+    plugins=PLUGINS,
+    optional=OPTIONAL,
     context_settings=CONTEXT,
     epilog="""\b
 Exit codes: 0 success; 1 the command failed (see its --help), or an optional
-dependency it needs is not installed (one line names the pip install); 2 bad usage.
+dependency it needs is not installed (one line names the pip install); 2 bad usage,
+or a command whose package is not installed (stress: one line names the pip install).
 Run `fleetstore COMMAND --help` for a command's options and exit codes.""",
 )
 @click.version_option(

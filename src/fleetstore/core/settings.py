@@ -22,6 +22,7 @@ _NUMBERS = {
     "write_budget": (0.0, MAX_WAIT),
     "stream_flush_interval": (0.001, MAX_WAIT),
     "publish_interval": (0.0, MAX_WAIT),
+    "search_interval": (0.01, MAX_WAIT),
 }
 #: The integer settings and their largest values.
 _INTEGERS = {
@@ -33,6 +34,7 @@ _INTEGERS = {
     "stream_flush_bytes": INT_MAX,
     "pool_size": 10_000,
     "max_open_shards": 1_000_000,
+    "search_part_chars": INT_MAX,
 }
 
 
@@ -81,6 +83,16 @@ class Settings:
     #: Sharded stores (``sqlite+sharded:///DIR``): shard files this process keeps
     #: open at once (idle ones beyond it are closed, least recently used first).
     max_open_shards: int = 64
+    #: Keep the search index up to date from this process: a thread of its own takes what
+    #: the writes queued, in batches (docs/search.md).  Off, this process's writes are
+    #: still queued, and indexed by another process (or ``fleetstore index``).
+    search_index: bool = True
+    #: Seconds between the indexer's looks at the queue when it is empty: the lag of a
+    #: write that finds it idle.
+    search_interval: float = 0.5
+    #: A part's text longer than this (characters) is searched by its first and its last
+    #: half of it only.
+    search_part_chars: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         for name, (minimum, maximum) in _NUMBERS.items():
@@ -117,8 +129,9 @@ class Settings:
             self.local_dir.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             raise ConfigError(f"local_dir is not a valid path: {self.local_dir!r:.80}") from None
-        if not isinstance(self.gate, bool):
-            raise ConfigError(f"gate must be true or false, not {self.gate!r:.80}")
+        for name in ("gate", "search_index"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, not {getattr(self, name)!r:.80}")
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

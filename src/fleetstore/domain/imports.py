@@ -34,6 +34,7 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain.codec import encoded_body
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
+from fleetstore.domain.search_index import requeue
 from fleetstore.engine.base import Tx
 from fleetstore.models import PART_KINDS, STREAMED_KINDS, USAGE_FIELDS
 
@@ -594,6 +595,8 @@ def _apply_message(tx: Tx, q: Queries, m: MessageIn, write: bool, now: float) ->
     if stage == UPDATED and write:
         tx.execute(q["transfer_message_finish"], (m.status, m.error, m.completed_at, m.id))
     if stage == UNCHANGED and changed:
+        if write and status != "streaming":
+            requeue(tx, q, m.id, float(r[7]))  # parts added to a finished message
         return UPDATED
     return stage
 
@@ -614,6 +617,10 @@ def _apply_parts(tx: Tx, q: Queries, ps: PartsIn, write: bool, now: float) -> st
     changed = False
     for p in ps.parts:
         changed = _apply_part(tx, q, ps.message_id, ps.session_id, p, write, now) or changed
+    if changed and write and rows[0][3] != "streaming":
+        # A finished message's later parts: no trigger sees them (one on every part
+        # insert cost the write path a lookup a part), so the message is queued here.
+        requeue(tx, q, ps.message_id, float(rows[0][7]))
     return UPDATED if changed else UNCHANGED
 
 

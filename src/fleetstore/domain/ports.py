@@ -15,7 +15,10 @@ from typing import Any, Protocol, TypeVar
 from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobRef
 from fleetstore.domain.operations import Operation
-from fleetstore.engine.base import Tx  # the read functions' transaction, for the layers above
+from fleetstore.engine.base import (  # the read functions' transaction, for the layers above
+    Engine,
+    Tx,
+)
 
 T = TypeVar("T")
 
@@ -125,9 +128,21 @@ class StorePort(Protocol):
         nobody is finishing (domain/session_jobs.py); returns at once."""
         ...
 
+    def search_files(
+        self, *, session_id: str | None, root_id: str | None, project: str | None
+    ) -> list[str | None]:
+        """The files a search with these filters reads, by key (None: the store's one
+        database, or a sharded store's catalog; else a shard)."""
+        ...
+
+    def with_file(self, key: str | None, fn: Callable[[Engine], T]) -> T:
+        """``fn(db)`` with the database of file *key* (``search_files``), kept open
+        meanwhile."""
+        ...
+
     def streams_opened(self, stream: Flushable) -> None: ...
 
     def streams_closed(self, stream: Flushable) -> None: ...
 
 
-__all__ = ["Blobs", "Flushable", "StorePort", "Tx"]
+__all__ = ["Blobs", "Engine", "Flushable", "StorePort", "Tx"]

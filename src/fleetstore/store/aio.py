@@ -59,6 +59,7 @@ from fleetstore.core.settings import Settings
 from fleetstore.domain.history import ITERATE_PAGE, Messages, Sessions, Stream, ToolCallHandle
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, Claim, Effects, Swept
+from fleetstore.domain.search import DEFAULT_LIMIT, Search
 from fleetstore.domain.state import State
 from fleetstore.engine.base import Tx
 from fleetstore.models import (
@@ -68,6 +69,8 @@ from fleetstore.models import (
     NewEffect,
     Page,
     Part,
+    SearchHit,
+    SearchStatus,
     Session,
     StateValue,
     ToolCall,
@@ -135,6 +138,7 @@ class AsyncStore:
     messages: AsyncMessages
     state: AsyncState
     effects: AsyncEffects
+    search: AsyncSearch
 
     def __init__(self, store: Store, *, threads: int = DEFAULT_THREADS) -> None:
         """Wrap an open *store*; ``close()`` then closes it."""
@@ -151,6 +155,7 @@ class AsyncStore:
         self.messages = AsyncMessages(self, store.messages)
         self.state = AsyncState(self, store.state)
         self.effects = AsyncEffects(self, store.effects)
+        self.search = AsyncSearch(self, store.search)
 
     @property
     def path(self) -> Path:
@@ -847,6 +852,63 @@ def _abandon(executor: ThreadPoolExecutor, job: concurrent.futures.Future[Store]
     executor.shutdown(wait=False)
 
 
+class AsyncSearch:
+    """``store.search`` as coroutines; see ``fleetstore.domain.search.Search``."""
+
+    def __init__(self, owner: AsyncStore, search: Search) -> None:
+        self._owner = owner
+        self.sync = search
+
+    async def __call__(
+        self,
+        query: str,
+        *,
+        match: str = "words",
+        order: str = "newest",
+        project: str | None = None,
+        session_id: str | None = None,
+        root_id: str | None = None,
+        roles: Iterable[str] | None = None,
+        kinds: Iterable[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        include_archived: bool = False,
+        limit: int = DEFAULT_LIMIT,
+        cursor: str | None = None,
+    ) -> Page[SearchHit, str]:
+        """``Search.__call__``: a page of hits."""
+        return await self._owner._run(
+            lambda: self.sync(
+                query,
+                match=match,
+                order=order,
+                project=project,
+                session_id=session_id,
+                root_id=root_id,
+                roles=roles,
+                kinds=kinds,
+                since=since,
+                until=until,
+                include_archived=include_archived,
+                limit=limit,
+                cursor=cursor,
+            )
+        )
+
+    async def status(self) -> SearchStatus:
+        """``Search.status``."""
+        return await self._owner._run(self.sync.status)
+
+    async def catch_up(
+        self,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> int:
+        """``Search.catch_up`` (*progress* and *stop* are called from the pool's thread)."""
+        return await self._owner._run(lambda: self.sync.catch_up(progress=progress, stop=stop))
+
+
 async def open_async(
     url_or_path: str | os.PathLike[str] | None = None,
     *,
@@ -875,6 +937,7 @@ __all__ = [
     "AsyncClaim",
     "AsyncEffects",
     "AsyncMessages",
+    "AsyncSearch",
     "AsyncSessions",
     "AsyncState",
     "AsyncStore",

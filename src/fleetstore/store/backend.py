@@ -120,6 +120,16 @@ class Backend(Protocol):
         """Finish the writes that processes which died left half-done; how many."""
         ...
 
+    def search_files(
+        self, *, session_id: str | None, root_id: str | None, project: str | None
+    ) -> list[str | None]:
+        """The files a search with these filters reads (None: ``db``)."""
+        ...
+
+    def with_file(self, key: str | None, fn: Callable[[Engine], T]) -> T:
+        """``fn(db)`` with file *key*'s database."""
+        ...
+
     def metrics(self) -> dict[str, Any]:
         """The engine's figures for this process (every file of the layout)."""
         ...
@@ -166,6 +176,14 @@ class OneDatabase:
 
     def recover(self) -> int:
         return 0
+
+    def search_files(
+        self, *, session_id: str | None, root_id: str | None, project: str | None
+    ) -> list[str | None]:
+        return [None]
+
+    def with_file(self, key: str | None, fn: Callable[[Engine], T]) -> T:
+        return fn(self.db)
 
     def metrics(self) -> dict[str, Any]:
         return self.db.metrics()

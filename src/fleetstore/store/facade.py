@@ -44,11 +44,13 @@ from fleetstore.domain.history import Messages, Sessions
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import Effects
 from fleetstore.domain.ports import Flushable
+from fleetstore.domain.search import Search
 from fleetstore.domain.state import State
-from fleetstore.engine.base import Tx
+from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.foreign import read_foreign
 from fleetstore.engine.inspect import InspectFailed, read_header
 from fleetstore.store.backend import Backend
+from fleetstore.store.indexer import Indexer
 from fleetstore.store.procstats import Publisher
 from fleetstore.store.server import open_server
 from fleetstore.store.sharded import Router, open_sharded
@@ -138,6 +140,8 @@ class Store:
         self.messages = Messages(self)
         self.state = State(self)
         self.effects = Effects(self)
+        #: Full-text search of every session (docs/search.md).
+        self.search = Search(self)
         self._closed = False
         self._init_process()
         _live.add(self)
@@ -173,6 +177,10 @@ class Store:
         self._jobs: threading.Thread | None = None
         self._jobs_running = False
         self._jobs_again = False
+        #: The search indexer, started by this process's first write (store/indexer.py).
+        keys = self.router.take_search_keys if self.router is not None else None
+        self._indexer = Indexer(self, keys, self._left)
+        self._indexing = not self.settings.search_index
 
     def _after_fork(self) -> None:
         # Threads do not survive a fork: a child starts its own spool and
@@ -242,6 +250,9 @@ class Store:
             raise errors.StoreClosed(f"{self.path}: the store was closed")
         if self._publisher is None:
             self._start_publisher()
+        if not self._indexing:
+            self._indexing = True
+            self._indexer.start()
         with self._counts_lock:
             self._op_counts[op.name] += 1
         if independent:
@@ -414,6 +425,19 @@ class Store:
         self._check_open()
         return self.backend.sync_catalog(timeout)
 
+    def search_files(
+        self, *, session_id: str | None, root_id: str | None, project: str | None
+    ) -> list[str | None]:
+        """The files a search with these filters reads (None: the store's database, or
+        a sharded store's catalog)."""
+        return self.backend.search_files(session_id=session_id, root_id=root_id, project=project)
+
+    def with_file(self, key: str | None, fn: Callable[[Engine], T]) -> T:
+        """``fn(db)`` with file *key*'s database (``search_files``)."""
+        check_callable(fn)
+        self._check_open()
+        return self.backend.with_file(key, fn)
+
     def _start_publisher(self) -> None:
         """This process's figures, published for ``fleetstore top`` (a child after
         fork publishes under its own PID: threads do not survive a fork)."""
@@ -528,7 +552,7 @@ class Store:
         """A background thread has ended: the last one out closes the store's engine if
         close() came while it was inside (see close)."""
         with self._cond:
-            if self._running or self._jobs_running:
+            if self._running or self._jobs_running or self._indexer.running:
                 return
             last_out, self._last_out = self._last_out, None
         if last_out is not None:
@@ -724,6 +748,7 @@ class Store:
             "recovered": recovered,
             "rejected": rejected,
             "open_streams": len(self._streams),
+            **self._indexer.figures(),
         }
 
     def _published_figures(self) -> dict[str, Any]:
@@ -759,6 +784,7 @@ class Store:
                 self._stop = True  # the replay stops before its next operation
                 self._cond.notify_all()
             here = threading.current_thread() in (self._thread, self._jobs)
+            self._indexer.stop(self.settings.write_budget + 5)
             for thread in (self._thread, self._jobs):
                 if thread is not None and thread is not threading.current_thread():
                     # The operation under way ends within one write budget.
@@ -781,7 +807,7 @@ class Store:
                 # thread closes it as it leaves.  Closing it here met the operation in
                 # flight with a closed gate, and it went to rejected.jsonl as a bug
                 # (issue 23, cause 7; tests/store/test_spool.py::test_close_during_the_*).
-                inside = (self._running or self._jobs_running) and not here
+                inside = (self._running or self._jobs_running or self._indexer.running) and not here
                 if inside:
                     self._last_out = last_out
             if inside:

@@ -125,6 +125,8 @@ class Router:
         self._urgent = False
         self._generation = 0
         self._stopped = False
+        #: Shards this process wrote to since its search indexer last looked.
+        self._search_keys: set[str] = set()
 
     def after_fork(self) -> None:
         self.shards.after_fork()
@@ -226,6 +228,8 @@ class Router:
         return cast(dict[str, Any], db.submit(OpItem(op, self.q)))
 
     def _apply_to_shard(self, key: str, op: Operation, cross: bool) -> dict[str, Any]:
+        with self._lock:
+            self._search_keys.add(key)
         if not cross:
             with self.shards.use(key, create=False) as db:
                 result = self._apply_in(db, op)
@@ -562,6 +566,34 @@ class Router:
             if found:
                 return found
         return found
+
+    def search_files(
+        self, *, session_id: str | None, root_id: str | None, project: str | None
+    ) -> list[str | None]:
+        """The catalog (ADK sessions, sessions made there) and the shards a search with
+        these filters may find something in: one tree's, a project's, or every one."""
+        anchor = session_id if session_id is not None else root_id
+        if anchor is not None:
+            return [self.home(anchor)]
+        if project is not None:
+            rows = self.catalog.read(
+                lambda tx: tx.execute(self.q["shard_keys_of_project"], (project,))
+            )
+            return [None, *sorted(str(r[0]) for r in rows)]
+        return [None, *self.shards.keys()]
+
+    def with_file(self, key: str | None, fn: Callable[[Engine], T]) -> T:
+        if key is None:
+            return fn(self.catalog)
+        with self.shards.use(key, create=False) as db:
+            return fn(db)
+
+    def take_search_keys(self) -> list[str]:
+        """The shards this process wrote to since the last call (its indexer looks at
+        them)."""
+        with self._lock:
+            keys, self._search_keys = sorted(self._search_keys), set()
+        return keys
 
     def each(self, fn: Callable[[str | None, Any], None]) -> None:
         """``fn(key, database)`` for the catalog (key None), then every shard on disk."""

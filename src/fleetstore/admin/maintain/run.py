@@ -2,8 +2,9 @@
 fleetstore store from a foreign database, then run the steps in order and report.
 
 On a fleetstore store: retention (``archive``, ``delete``), ``ops`` (applied_ops
-pruning), ``blobs`` (garbage collection) and ``procs`` (the figures files of
-processes that are gone), then the generic steps (``optimize``,
+pruning), ``blobs`` (garbage collection), ``search`` (the search index caught up and
+its segments merged) and ``procs`` (the figures files of processes that are gone),
+then the generic steps (``optimize``,
 ``vacuum``, ``checkpoint``).  A dry run writes nothing: no migration, no replay of
 dead journals (the store is composed without ``open``), each step saying what it
 would do.
@@ -37,6 +38,7 @@ from fleetstore.admin.maintain.files import gone_processes
 from fleetstore.admin.maintain.generic import generic_steps, generic_steps_each
 from fleetstore.admin.maintain.report import Progress, Report, Step, timed
 from fleetstore.admin.maintain.retention import archive, delete_old
+from fleetstore.admin.maintain.search import search_step
 from fleetstore.admin.maintain.shards import empty_shards
 from fleetstore.admin.maintain.writer import Writer
 from fleetstore.core.settings import Settings
@@ -219,6 +221,10 @@ def _store_steps(store: Any, config: Config, report: Report, progress: Progress 
         Step("blobs"),
         lambda s: collect_blobs(store, s, grace, config.dry_run, progress),
     )
+    if config.dry_run and store.db.schema_version < max(m.version for m in migrations()):
+        report.steps.append(Step("search", "dry-run", "the store would be migrated first"))
+    else:
+        timed(report, Step("search"), lambda s: search_step(store, s, config.dry_run, progress))
     timed(report, Step("procs"), lambda s: gone_processes(str(store.path), s, config.dry_run))
 
 

@@ -45,3 +45,7 @@ SELECT shard, op, owner FROM shard_intents WHERE op_id = ?
 
 -- shard_intents: the catalog+shard writes under way, oldest first
 SELECT op_id, shard, op, owner FROM shard_intents ORDER BY created_at, op_id
+
+-- shard_keys_of_project: the shards holding sessions of a project
+SELECT DISTINCT x.shard FROM shard_sessions x JOIN sessions s ON s.id = x.session_id
+WHERE s.project = ?

@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.engine.peers import PlainConnection
+from fleetstore_stress.patterns.plain import PlainConnection
 
 T3CODE_COMMITS = {
     "packages/shared/src/nodeSqliteClient.ts": "0634c9f378b30696aa2eb4b0f1e22384cdb515e6",

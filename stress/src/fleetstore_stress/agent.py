@@ -1,5 +1,5 @@
 """The processes of ``fleetstore stress``: one agent, one outbox worker, or the
-verification of one target, each run as ``python -m fleetstore.admin.stress.child
+verification of one target, each run as ``python -m fleetstore_stress.child
 --agent|--worker|--verify CONFIG_JSON``.
 
 The workload is a function of (seed, agent, turn): every target replays the same
@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fleetstore.admin.stress.growth import Streamed, effect_time, note_stats, ran
 from fleetstore.core.ids import derived_id
+from fleetstore_stress.growth import Streamed, effect_time, note_stats, ran
 
 TARGETS = ("fleetstore", "opencode", "zcode", "agents-sdk", "langgraph")
 # Share of large outputs (--large-rate) are log-uniform between these; the others are
@@ -133,7 +133,7 @@ class Clock:
 
 
 # --------------------------------------------------------------------------- targets
-# (the peers' targets are in fleetstore.admin.stress.peers)
+# (the peers' targets are in fleetstore_stress.peers)
 
 
 class _Target:

@@ -1,4 +1,5 @@
-"""``fleetstore stress``: real agent processes living sessions, and a verdict that can fail."""
+"""``fleetstore stress`` (run here as ``python -m fleetstore_stress``, its own package's
+entry): real agent processes living sessions, and a verdict that can fail."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from fleetstore.admin.stress.fleet import ExternalLock
-from fleetstore.admin.stress.procs import RestartPolicy
-from fleetstore.cli.main import main
+from fleetstore_stress.cli import stress_command
+from fleetstore_stress.fleet import ExternalLock
+from fleetstore_stress.procs import RestartPolicy
 
 
 def clean_env(tmp_path: Path) -> dict[str, str]:
@@ -32,7 +33,7 @@ def runner(tmp_path: Path) -> CliRunner:
 
 def stress(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     done = subprocess.run(
-        [sys.executable, "-m", "fleetstore", "stress", "--json", "--seed", "1", *args],
+        [sys.executable, "-m", "fleetstore_stress", "--json", "--seed", "1", *args],
         capture_output=True,
         text=True,
         timeout=150,
@@ -145,14 +146,14 @@ def test_a_target_that_drops_every_100th_write_fails_the_run(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("text", ["3", "3@", "@1", "x@1", "0@1", "3@-1", "nan@1", "3@inf"])
 def test_invalid_external_lock_exits_2(text: str, tmp_path: Path) -> None:
-    result = runner(tmp_path).invoke(main, ["stress", "--external-lock", text])
+    result = runner(tmp_path).invoke(stress_command, ["--external-lock", text])
     assert result.exit_code == 2, result.output
     assert "HOLD@AT" in result.output
     assert not (tmp_path / "data").exists()  # nothing was started or created
 
 
 def test_external_lock_after_the_end_of_the_run_exits_2(tmp_path: Path) -> None:
-    result = runner(tmp_path).invoke(main, ["stress", "--duration", "2", "--external-lock", "1@2"])
+    result = runner(tmp_path).invoke(stress_command, ["--duration", "2", "--external-lock", "1@2"])
     assert result.exit_code == 2
     assert "after the run ends" in result.output
 
@@ -170,7 +171,7 @@ def test_external_lock_after_the_end_of_the_run_exits_2(tmp_path: Path) -> None:
     ],
 )
 def test_out_of_range_options_exit_2(args: list[str], tmp_path: Path) -> None:
-    result = runner(tmp_path).invoke(main, ["stress", *args])
+    result = runner(tmp_path).invoke(stress_command, [*args])
     assert result.exit_code == 2, result.output
     assert not (tmp_path / "data").exists()
 
@@ -181,7 +182,7 @@ def test_external_lock_parse() -> None:
 
 
 def test_sequence_check_sees_lost_duplicated_and_reordered_writes() -> None:
-    from fleetstore.admin.stress.verify import _Check, _check_sequence
+    from fleetstore_stress.verify import _Check, _check_sequence
 
     check = _Check()
     expected = [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
@@ -240,7 +241,7 @@ def test_a_restart_that_fails_before_it_is_ready_is_tried_again_until_the_run_en
 
 FIGURES = r"""
 import json, sys, time
-from fleetstore.admin.stress.agent import Figures
+from fleetstore_stress.agent import Figures
 from fleetstore.core.metrics import Histogram
 
 cfg, index, mode = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -266,8 +267,8 @@ def test_the_run_sums_the_figures_of_every_process_killed_ones_included(tmp_path
     replayed: only the processes alive at the end reported, and in a soak with 254
     kills those had not spooled.  Each process keeps its figures in a file of its own,
     rewritten as it goes; the run sums them all, a SIGKILLed one's included."""
-    from fleetstore.admin.stress.agent import figures_dir, read_figures
-    from fleetstore.admin.stress.fleet import sum_figures
+    from fleetstore_stress.agent import figures_dir, read_figures
+    from fleetstore_stress.fleet import sum_figures
 
     def run(index: int, mode: str, restart: bool, did: dict[str, int]) -> subprocess.Popen[str]:
         cfg = {"figures": str(figures_dir(tmp_path)), "restart": restart}
@@ -298,7 +299,7 @@ def test_the_run_sums_the_figures_of_every_process_killed_ones_included(tmp_path
 
 
 def test_the_workload_is_the_same_for_every_target() -> None:
-    from fleetstore.admin.stress.agent import Turn
+    from fleetstore_stress.agent import Turn
 
     cfg = {"seed": 7, "think_ms": 10.0, "large_rate": 0.5, "large_bytes": 3 << 20,
            "output_bytes": 500}  # fmt: skip
@@ -341,7 +342,7 @@ def test_langgraph_peer_checkpoints_turns_and_its_verifier_sees_loss(tmp_path: P
         "output_bytes": 300, "large_rate": 0.0, "large_bytes": 0, "settings": {},
         "synchronous": None, "drop_every": 0,
     }  # fmt: skip
-    module = [sys.executable, "-m", "fleetstore.admin.stress.child"]
+    module = [sys.executable, "-m", "fleetstore_stress.child"]
     env = clean_env(tmp_path)
     prep = subprocess.run(
         [*module, "--verify", json.dumps({**cfg, "prepare": True})],
@@ -395,7 +396,7 @@ def test_bad_store_url_or_dir_exits_2_before_any_process_starts(
 ) -> None:
     """Issue 18, item 11: these exited 1 with a child's traceback."""
     done = subprocess.run(
-        [sys.executable, "-m", "fleetstore", "stress", "--duration", "1", "--agents", "1", *args],
+        [sys.executable, "-m", "fleetstore_stress", "--duration", "1", "--agents", "1", *args],
         capture_output=True, text=True, timeout=60, env=clean_env(tmp_path),
     )  # fmt: skip
     assert done.returncode == 2, (done.stdout, done.stderr)
@@ -422,7 +423,7 @@ def test_kill_rate_is_kept_on_a_clock_whatever_the_restarts_take(tmp_path: Path)
 
 
 def test_unknown_target_exits_2_with_the_list_of_names(tmp_path: Path) -> None:
-    result = runner(tmp_path).invoke(main, ["stress", "--targets", "t3code,nope"])
+    result = runner(tmp_path).invoke(stress_command, ["--targets", "t3code,nope"])
     assert result.exit_code == 2, result.output
     assert "unknown target 'nope'" in result.output
     for name in ("fleetstore", "t3code", "opencode", "zcode", "agents-sdk", "langgraph"):
@@ -506,7 +507,7 @@ def test_a_hung_worker_blocks_a_t3code_lane_for_good_and_no_fleetstore_lane(
 
 
 def test_outbox_summary_sees_stuck_effects_and_blocked_lanes() -> None:
-    from fleetstore.admin.stress.effects import Row, summarize
+    from fleetstore_stress.effects import Row, summarize
 
     rows = [
         # thread a: the first effect runs past its lease; two wait behind it
@@ -527,3 +528,67 @@ def test_outbox_summary_sees_stuck_effects_and_blocked_lanes() -> None:
     series = out["series"]
     assert series[0] == [0.0, 2, 0, 0] and series[-1] == [40.0, 6, 2, 1]
     assert next(p for p in series if p[3] == 1)[0] == 30.5  # stuck once a's lease ran out
+
+
+def test_the_read_back_sees_a_catalog_index_that_disagrees_with_the_shards(
+    tmp_path: Path,
+) -> None:
+    """The read-back of a sharded target names an index row gone, an index row for a
+    session its shard lacks, and one naming a shard file that does not exist (as
+    tests/store/test_sharded.py's ``check_consistent`` does)."""
+    import apsw
+
+    import fleetstore
+    from fleetstore.core.targets import CATALOG
+    from fleetstore_stress.verify import _index_problems
+
+    root = tmp_path / "store"
+    with fleetstore.open(f"sqlite+sharded://{root}") as store:
+        store.sessions.create("a", id="tree-a")
+        store.sessions.create("b", id="tree-b")
+        store.sessions.create("b's subagent", id="sub-b", parent_id="tree-b")
+        assert _index_problems(store) == []
+    conn = apsw.Connection(str(root / CATALOG), flags=apsw.SQLITE_OPEN_READWRITE)
+    try:
+        with conn:
+            conn.execute("DELETE FROM shard_sessions WHERE session_id = 'sub-b'")
+            conn.execute("INSERT INTO shard_sessions VALUES ('ghost', 'tree-a')")
+            conn.execute("INSERT INTO shard_sessions VALUES ('lost', 'gone-zz')")
+    finally:
+        conn.close()
+    with fleetstore.open(f"sqlite+sharded://{root}") as store:
+        assert sorted(_index_problems(store)) == [
+            "gone-zz: shard file missing",
+            "tree-a: indexed session ghost missing",
+            "tree-b: session sub-b not in the index",
+        ]
+
+
+def test_the_env_vars_are_read() -> None:
+    result = CliRunner(env={"FLEETSTORE_STRESS_AGENTS": "0"}).invoke(stress_command, [])
+    assert result.exit_code == 2
+    assert "FLEETSTORE_STRESS_AGENTS" in result.output
+
+
+def test_help_and_docs_name_every_option_env_var_and_exit_code() -> None:
+    """What tests/cli/test_cli.py checks of every command fleetstore ships, for this
+    one (there, only where fleetstore-stress is installed)."""
+    import re
+
+    import click
+
+    result = CliRunner().invoke(stress_command, ["--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "Exit codes" in result.output
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    match = re.search(r"^## `fleetstore stress`\s*$(.*?)^## ", text, re.M | re.S)
+    assert match, "docs/cli.md has no section for fleetstore stress"
+    section = match[1]
+    assert "Exit code" in section
+    opts = [p for p in stress_command.params if isinstance(p, click.Option) and not p.hidden]
+    assert len(opts) > 20
+    for opt in opts:
+        if opt.name == "help":
+            continue
+        assert isinstance(opt.envvar, str) and opt.envvar in result.output, opt.name
+        assert max(opt.opts, key=len) in section and opt.envvar in section, opt.name

@@ -1,5 +1,7 @@
 """``fleetstore stress``: a fleet of agent processes against a store, then the read-back
-(the work is in fleetstore.admin.stress)."""
+(the work is in fleetstore_stress.fleet).  fleetstore finds this command through the
+``fleetstore.commands`` entry point (stress/pyproject.toml); ``python -m
+fleetstore_stress`` runs it too."""
 
 from __future__ import annotations
 
@@ -8,17 +10,18 @@ from typing import TYPE_CHECKING
 
 import click
 
+from fleetstore.cli.main import CONTEXT
 from fleetstore.cli.util import emit_json, json_option
 from fleetstore.errors import ConfigError, FleetstoreError
 
 if TYPE_CHECKING:
-    from fleetstore.admin.stress.config import ExternalLock
+    from fleetstore_stress.config import ExternalLock
 
 
 def _parse_external_locks(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> tuple[ExternalLock, ...]:
-    from fleetstore.admin.stress import fleet as stress
+    from fleetstore_stress import fleet as stress
 
     try:
         return tuple(stress.ExternalLock.parse(v) for v in values)
@@ -28,6 +31,8 @@ def _parse_external_locks(
 
 @click.command(
     name="stress",
+    # The fleetstore command's own (-h, width) when run as python -m fleetstore_stress.
+    context_settings=CONTEXT,
     epilog="""\b
 Exit codes:
   0    fleetstore failed no turn and the read-back found every acknowledged write
@@ -291,7 +296,7 @@ def stress_command(
     outbox (stuck, lanes blocked, enqueue-to-settled); the bytes each SQLite target
     keeps (per turn, against the compressed payload). Progress goes to stderr.
     """
-    from fleetstore.admin.stress import fleet as stress
+    from fleetstore_stress import fleet as stress
 
     config = stress.StressConfig(
         agents=agents,
@@ -335,7 +340,7 @@ def stress_command(
         click.echo(f"fleetstore stress: {exc}", err=True)
         sys.exit(1)
     if report_file:
-        from fleetstore.admin.stress import report as report_html
+        from fleetstore_stress import report as report_html
 
         report["report"] = report_html.write(report, report_file)
     if as_json:

@@ -57,7 +57,7 @@ def test_compare_report_renders_in_chromium(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSTORE_")}
     env["FLEETSTORE_DATA_DIR"] = str(tmp_path / "data")
     done = subprocess.run(
-        [sys.executable, "-m", "fleetstore", "stress", "--json", "--seed", "3", "--compare",
+        [sys.executable, "-m", "fleetstore_stress", "--json", "--seed", "3", "--compare",
          "--agents", "2", "--duration", "2", "--workers", "1", "--external-lock", "0.5@0.3",
          "--dir", str(tmp_path / "run"), "--report", str(html_file)],
         capture_output=True, text=True, timeout=240, env=env,

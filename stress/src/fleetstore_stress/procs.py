@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import fleetstore
-from fleetstore.admin.stress.agent import figures_dir
-from fleetstore.admin.stress.config import ExternalLock, StressConfig, StressError
+import fleetstore_stress as _self
+from fleetstore_stress.agent import figures_dir
+from fleetstore_stress.config import ExternalLock, StressConfig, StressError
 
 _START_DELAY = 0.25  # seconds between "start" being sent and the common start time
 
@@ -96,9 +97,9 @@ class Progress:
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    # Agents import the same fleetstore as this process, installed or not.
-    src = str(Path(fleetstore.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    # Agents import the same fleetstore and harness as this process, installed or not.
+    here = [str(Path(m.__file__ or "").resolve().parent.parent) for m in (fleetstore, _self)]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*here, env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -142,7 +143,7 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-MODULE = "fleetstore.admin.stress.child"
+MODULE = "fleetstore_stress.child"
 
 #: (role, index): one agent or worker, whatever process plays it now.
 Key = tuple[str, int]

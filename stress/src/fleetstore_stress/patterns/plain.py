@@ -2,7 +2,7 @@
 ``fleetstore stress --compare``, which replays the write patterns other agent tools
 ship (a busy timeout and nothing else between them and ``SQLITE_BUSY``).
 
-apsw, like the rest of the engine: never the stdlib ``sqlite3`` module in a process
+apsw, like fleetstore's engine: never the stdlib ``sqlite3`` module in a process
 that may hold fleetstore's connections (DESIGN.md, "Two SQLite libraries in one
 process").
 """

@@ -1,5 +1,5 @@
 """The read-back of ``fleetstore stress``: every target's store against its agents'
-journals (run in a process of its own, ``python -m fleetstore.admin.stress.agent
+journals (run in a process of its own, ``python -m fleetstore_stress.agent
 --verify``): every acknowledged turn present exactly once, in order, intact; the
 state checkpoint and the effect there; ``integrity_check`` of every file."""
 
@@ -11,9 +11,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fleetstore.admin.stress.agent import ids, read_journal, sha
-from fleetstore.admin.stress.effects import Row, summarize
-from fleetstore.admin.stress.growth import run_twice
+from fleetstore_stress.agent import ids, read_journal, sha
+from fleetstore_stress.effects import Row, summarize
+from fleetstore_stress.growth import run_twice
 
 
 class _Check:
@@ -232,7 +232,7 @@ def _index_problems(store: Any) -> list[str]:
 def _verify_opencode(
     cfg: dict[str, Any], journals: dict[int, list[dict[str, Any]]], check: _Check
 ) -> dict[str, Any]:
-    from fleetstore.engine.peers import PlainConnection
+    from fleetstore_stress.patterns.plain import PlainConnection
 
     with PlainConnection(cfg["url"], busy_ms=30_000, readonly=True) as db:
         for agent, journal in journals.items():
@@ -261,8 +261,8 @@ def _verify_opencode(
 def _verify_t3code(
     cfg: dict[str, Any], journals: dict[int, list[dict[str, Any]]], check: _Check
 ) -> dict[str, Any]:
-    from fleetstore.engine.peers import PlainConnection
-    from fleetstore.engine.peers_t3code import LEASE_MS, parse_iso
+    from fleetstore_stress.patterns.plain import PlainConnection
+    from fleetstore_stress.patterns.t3code_outbox import LEASE_MS, parse_iso
 
     with PlainConnection(cfg["url"], busy_ms=30_000, readonly=True) as db:
         effect_ids = {

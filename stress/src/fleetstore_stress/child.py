@@ -1,5 +1,5 @@
 """The entry point of every child process of ``fleetstore stress``:
-``python -m fleetstore.admin.stress.child --agent|--worker|--verify|--bytes|--drain CONFIG_JSON``
+``python -m fleetstore_stress.child --agent|--worker|--verify|--bytes|--drain CONFIG_JSON``
 (one agent, one outbox worker, the set-up or read-back of one target, the bytes it
 keeps, or the wait for its outbox workers to settle the backlog)."""
 
@@ -10,17 +10,17 @@ import sys
 import time
 from typing import Any
 
-from fleetstore.admin.stress.agent import _Fleetstore, _Target, agent_main, worker_main
+from fleetstore_stress.agent import _Fleetstore, _Target, agent_main, worker_main
 
 
 def make_target(cfg: dict[str, Any], agent: int) -> _Target:
     if cfg["target"] == "fleetstore":
         return _Fleetstore(cfg, agent)
     if cfg["target"] == "t3code":
-        from fleetstore.admin.stress.t3code import T3code
+        from fleetstore_stress.t3code import T3code
 
         return T3code(cfg, agent)
-    from fleetstore.admin.stress.peers import TARGETS
+    from fleetstore_stress.peers import TARGETS
 
     return TARGETS[cfg["target"]](cfg, agent)
 
@@ -32,11 +32,11 @@ def prepare(cfg: dict[str, Any]) -> None:
 
         fleetstore.open(cfg["url"], **cfg["settings"]).close()
     elif cfg["target"] == "t3code":
-        from fleetstore.admin.stress.t3code import prepare as prepare_t3code
+        from fleetstore_stress.t3code import prepare as prepare_t3code
 
         prepare_t3code(cfg)
     else:
-        from fleetstore.admin.stress.peers import prepare as prepare_peer
+        from fleetstore_stress.peers import prepare as prepare_peer
 
         prepare_peer(cfg)
 
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     modes = ("--agent", "--worker", "--verify", "--bytes", "--drain")
     if len(argv) != 2 or argv[0] not in modes:
         print(
-            "usage: python -m fleetstore.admin.stress.child "
+            "usage: python -m fleetstore_stress.child "
             "--agent|--worker|--verify|--bytes|--drain CONFIG_JSON",
             file=sys.stderr,
         )
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(drain(cfg)))
         return 0
     if argv[0] == "--bytes":
-        from fleetstore.admin.stress.sizes import measure
+        from fleetstore_stress.sizes import measure
 
         print(json.dumps(measure(cfg)))
         return 0
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
         prepare(cfg)
         print(json.dumps({"prepared": True}))
         return 0
-    from fleetstore.admin.stress.verify import verify_main
+    from fleetstore_stress.verify import verify_main
 
     print(json.dumps(verify_main(cfg)))
     return 0

@@ -1,4 +1,4 @@
-"""The bytes each target keeps (``python -m fleetstore.admin.stress.child --bytes``, a
+"""The bytes each target keeps (``python -m fleetstore_stress.child --bytes``, a
 process of its own that opens nothing but apsw): its database, WAL and blob files
 after the run and after a ``wal_checkpoint(TRUNCATE)`` of each database file, and the
 payload its acknowledged turns carried (raw, and compressed with zstd as fleetstore
@@ -13,10 +13,10 @@ from typing import Any
 import zstandard
 
 from fleetstore import errors
-from fleetstore.admin.stress.agent import Turn, read_journal
-from fleetstore.admin.stress.growth import Streamed
 from fleetstore.core.targets import parse_target
-from fleetstore.engine.peers import PlainConnection
+from fleetstore_stress.agent import Turn, read_journal
+from fleetstore_stress.growth import Streamed
+from fleetstore_stress.patterns.plain import PlainConnection
 
 _SAMPLE = 200  # turns compressed to estimate the payload's compression ratio
 

@@ -1,5 +1,5 @@
 """The ``t3code`` target of ``fleetstore stress --compare``: every agent process is a
-t3code server (fleetstore.engine.peers_t3code: its one connection behind one permit,
+t3code server (fleetstore_stress.patterns.t3code_outbox: its one connection behind one permit,
 its outbox and its effect worker) writing turns as t3code's orchestration does:
 events with their projections, the turn's effect enqueued in the transaction that
 completes it.  What was read and what was guessed: docs/benchmarks.md, "The t3code
@@ -13,9 +13,9 @@ import threading
 import time
 from typing import Any
 
-from fleetstore.admin.stress.agent import Clock, Turn, _Target, ids, sha
-from fleetstore.admin.stress.growth import Streamed, effect_time, note_stats, ran
-from fleetstore.engine.peers_t3code import (
+from fleetstore_stress.agent import Clock, Turn, _Target, ids, sha
+from fleetstore_stress.growth import Streamed, effect_time, note_stats, ran
+from fleetstore_stress.patterns.t3code_outbox import (
     ENQUEUE,
     OUTBOX_SCHEMA,
     Claimed,

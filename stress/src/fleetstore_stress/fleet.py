@@ -4,7 +4,7 @@ read back from disk.
 Every target gets the same workload (same seed, one target after another, each in a
 directory of its own): ``--agents`` OS processes start, open the target, say
 ``ready`` and wait for a common start time, so the slow start of many interpreters
-is not counted.  Until the end each agent lives turns (fleetstore.admin.stress.agent):
+is not counted.  Until the end each agent lives turns (fleetstore_stress.agent):
 think, a user message, a streamed reply with a tool call (heavy-tailed output
 sizes, up to ``--large-bytes``), usage, a state checkpoint and an outbox effect that
 ``--workers`` processes settle.  Faults on demand: outside write locks
@@ -37,14 +37,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fleetstore import Settings
-from fleetstore.admin.stress.agent import (
+from fleetstore.core.files import private_dirs
+from fleetstore.core.metrics import Histogram
+from fleetstore.core.targets import redact
+from fleetstore_stress.agent import (
     COUNTERS,
     WORKER_LEASE,
     figures_dir,
     read_figures,
     read_journal,
 )
-from fleetstore.admin.stress.config import (
+from fleetstore_stress.config import (
     PEER_NOTES,
     ExternalLock,
     StressConfig,
@@ -54,8 +57,8 @@ from fleetstore.admin.stress.config import (
     peers_to_run,
     version_of,
 )
-from fleetstore.admin.stress.growth import read_stats
-from fleetstore.admin.stress.procs import (
+from fleetstore_stress.growth import read_stats
+from fleetstore_stress.procs import (
     MODULE,
     Fleet,
     LockRun,
@@ -65,10 +68,7 @@ from fleetstore.admin.stress.procs import (
     stop_processes,
     tail,
 )
-from fleetstore.admin.stress.table import format_report
-from fleetstore.core.files import private_dirs
-from fleetstore.core.metrics import Histogram
-from fleetstore.core.targets import redact
+from fleetstore_stress.table import format_report
 
 _POLL = 0.05
 _BUCKET = 0.25  # seconds per point of the lock-wait-over-time series

@@ -1,7 +1,7 @@
 """The peers' targets of ``fleetstore stress --compare``: opencode's and zcode's SQLite
-patterns (raw SQL through fleetstore.engine.peers), the OpenAI Agents SDK's
+patterns (raw SQL through fleetstore_stress.patterns.plain), the OpenAI Agents SDK's
 ``SQLiteSession`` and LangGraph's ``SqliteSaver``.  Each replays the workload of
-fleetstore.admin.stress.agent the way that tool writes it.
+fleetstore_stress.agent the way that tool writes it.
 
 The library peers use the stdlib ``sqlite3``: they run only in their own agent
 processes, never beside fleetstore's apsw connections (DESIGN.md, "Two SQLite
@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
-from fleetstore.admin.stress.agent import Clock, Turn, _Target, ids, sha
-from fleetstore.admin.stress.growth import Streamed
+from fleetstore_stress.agent import Clock, Turn, _Target, ids, sha
+from fleetstore_stress.growth import Streamed
 
 OPENCODE_SCHEMA = """
 CREATE TABLE session(id TEXT PRIMARY KEY, time_created INTEGER NOT NULL,
@@ -53,7 +53,7 @@ class _Opencode(_Target):
 
     def __init__(self, cfg: dict[str, Any], agent: int) -> None:
         super().__init__(cfg, agent)
-        from fleetstore.engine.peers import PlainConnection
+        from fleetstore_stress.patterns.plain import PlainConnection
 
         self.db = PlainConnection(
             cfg["url"], busy_ms=self.busy_ms, synchronous=cfg["synchronous"] or "NORMAL"
@@ -309,7 +309,7 @@ TARGETS: dict[str, Callable[[dict[str, Any], int], _Target]] = {
 def prepare(cfg: dict[str, Any]) -> None:
     """Create a peer's schema once, before its agents start."""
     if cfg["target"] in ("opencode", "zcode"):
-        from fleetstore.engine.peers import PlainConnection
+        from fleetstore_stress.patterns.plain import PlainConnection
 
         PlainConnection(cfg["url"], busy_ms=10_000, schema=OPENCODE_SCHEMA).close()
     elif cfg["target"] == "langgraph":
