@@ -283,6 +283,7 @@ NOT_COROUTINES = {
     ("Stream", "due"),
     ("Stream", "usage"),
     ("Store", "metrics"),
+    ("Store", "histograms"),
     ("Messages", "iterate"),  # an async iterator: ``async for m in store.messages.iterate(...)``
 }
 # Store members that are hooks between the Store and its own domain objects (the

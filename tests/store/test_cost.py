@@ -28,7 +28,7 @@ CEILINGS = {
     "effects.enqueue": (100, 8),
     "messages.append": (125, 10),
     "a streamed reply": (355, 15),
-    "effects.claim": (106, 3),
+    "effects.claim": (110, 3),
     "a settlement": (90, 7),
     "a batched settlement": (26, 4),
 }

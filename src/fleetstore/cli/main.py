@@ -34,6 +34,7 @@ COMMANDS = {
     "index": "fleetstore.cli.search:index_command",
     "lock": "fleetstore.cli.lock:lock",
     "maintain": "fleetstore.cli.maintain:maintain_command",
+    "metrics": "fleetstore.cli.metrics:metrics_command",
     "merge": "fleetstore.cli.transfer:merge_command",
     "migrate": "fleetstore.cli.migrate:migrate_command",
     "recover": "fleetstore.cli.recover:recover",
@@ -92,8 +93,35 @@ Run `fleetstore COMMAND --help` for a command's options and exit codes.""",
     help="The store of the command that follows, as if given to it as --store "
     "(its own --store wins).",
 )
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    envvar="FLEETSTORE_VERBOSE",
+    show_envvar=True,
+    help="Log more of what the library does on stderr: -v INFO, -vv DEBUG (default: "
+    "warnings and errors).",
+)
+@click.option(
+    "-q",
+    "--quiet",
+    count=True,
+    envvar="FLEETSTORE_QUIET",
+    show_envvar=True,
+    help="Log less: -q errors only, -qq critical only.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="FLEETSTORE_LOG_FORMAT",
+    show_envvar=True,
+    help="The log on stderr as text, or as one JSON object a line with each record's "
+    "fields (event, store, operation, ...).",
+)
 @click.pass_context
-def main(ctx: click.Context, store: str | None) -> None:
+def main(ctx: click.Context, store: str | None, verbose: int, quiet: int, log_format: str) -> None:
     """fleetstore: session storage a fleet of agent processes can write at once.
 
     Commands for a fleetstore store: one SQLite file, a sharded directory
@@ -104,6 +132,9 @@ def main(ctx: click.Context, store: str | None) -> None:
     work on any SQLite file, fleetstore's or another program's; so do maintain's
     generic steps (with --yes, on a file in WAL mode).
     """
+    from fleetstore.cli import logs
+
+    logs.configure(verbose, quiet, log_format)
     # The group's --store before a command that takes none (merge, migrate, reshard
     # name their stores as arguments; stress has --url) would be silently ignored.
     name = ctx.invoked_subcommand

@@ -83,6 +83,10 @@ class Settings:
     #: Sharded stores (``sqlite+sharded:///DIR``): shard files this process keeps
     #: open at once (idle ones beyond it are closed, least recently used first).
     max_open_shards: int = 64
+    #: With an OpenTelemetry SDK installed, keep the trace context an effect is
+    #: enqueued in with the effect, so that its handler's span joins that trace
+    #: (docs/telemetry.md).  Off by default: the context is written to the store.
+    trace_effects: bool = False
     #: Keep the search index up to date from this process: a thread of its own takes what
     #: the writes queued, in batches (docs/search.md).  Off, this process's writes are
     #: still queued, and indexed by another process (or ``fleetstore index``).
@@ -129,7 +133,7 @@ class Settings:
             self.local_dir.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             raise ConfigError(f"local_dir is not a valid path: {self.local_dir!r:.80}") from None
-        for name in ("gate", "search_index"):
+        for name in ("gate", "trace_effects", "search_index"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, not {getattr(self, name)!r:.80}")
 

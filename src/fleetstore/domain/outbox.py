@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
+from fleetstore.core import telemetry
 from fleetstore.core.ids import derived_id, new_id
 from fleetstore.core.validate import (
     check_bool,
@@ -37,6 +38,7 @@ from fleetstore.domain.codec import (
     value_payload,
     write_payload,
 )
+from fleetstore.domain.effect_trace import carry_trace
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox_ops import (
     CHANNEL,
@@ -236,6 +238,8 @@ def _prepare_effect(store: StorePort, spec: object) -> tuple[dict[str, Any], Pre
         spec.max_attempts,
         spec.replay_safe,
     )
+    if telemetry.ACTIVE is not None:
+        carry_trace(store, args)
     if isinstance(spec.payload, bytes | bytearray | memoryview):
         payload = prepare_payload(store, bytes(spec.payload), "bytes")
     else:
@@ -254,6 +258,7 @@ class PreparedEffects:
     def write(self) -> list[dict[str, Any]] | None:
         if not self._items:
             return None
+        self._store.outbox_metrics.enqueued += len(self._items)
         return [{**a, "payload": write_payload(self._store, p)} for a, p in self._items]
 
 
@@ -360,7 +365,10 @@ class Effects:
             thread_key, kind, idempotency_key, op_id, delay, max_attempts, replay_safe
         )
         args["payload"] = value_payload(store, payload, "effect payload")
+        if telemetry.ACTIVE is not None:
+            carry_trace(store, args)
         result = store.submit(Operation("enqueue_effect", args, op_id, True))
+        store.outbox_metrics.enqueued += 1  # (under the GIL, no lock: OutboxMetrics)
         return str(result["id"]) if result is not None else str(args["id"])
 
     def get(self, effect_id: str) -> Effect:
@@ -504,7 +512,10 @@ class Effects:
         )
         result = store.submit(op, independent=True)
         assert result is not None  # independent operations are never spooled
-        return [Claim(store, claimed_effect(store, row), owner, lease) for row in result["rows"]]
+        claims = [Claim(store, claimed_effect(store, row), owner, lease) for row in result["rows"]]
+        if claims:
+            store.outbox_metrics.record_claims(claims)
+        return claims
 
     def _settle_batch(
         self,
@@ -532,6 +543,9 @@ class Effects:
         for claim, item in zip(claims, items, strict=True):
             claim.outcome = item["outcome"]
         result = self._store.submit(op, must_land=True)
+        settled = self._store.outbox_metrics.settled
+        for item in items:
+            settled[item["outcome"]] += 1
         if result is None:
             if chain is not None:
                 chain.unknown = True  # the spool applies it: look for its claims then
@@ -811,6 +825,7 @@ class Claim:
             applied = self._store.submit(op, spool=False)
         self.outcome = item["outcome"]
         self._answer = applied  # read by ``settled`` when asked: nothing on the hot path
+        self._store.outbox_metrics.settled[item["outcome"]] += 1
         return applied is not None
 
     def __repr__(self) -> str:

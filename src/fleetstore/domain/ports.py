@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
+from fleetstore.core.metrics import OutboxMetrics
 from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobRef
 from fleetstore.domain.operations import Operation
@@ -57,6 +58,11 @@ class StorePort(Protocol):
     @property
     def queries(self) -> Mapping[str, str]:
         """The named queries of the store's dialect."""
+        ...
+
+    @property
+    def outbox_metrics(self) -> OutboxMetrics:
+        """This process's outbox figures (the outbox and the worker record them)."""
         ...
 
     @property

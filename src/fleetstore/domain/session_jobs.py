@@ -24,7 +24,6 @@ tests/domain/test_session_jobs.py
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import threading
@@ -33,11 +32,12 @@ from collections.abc import Callable, Iterator
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
+from fleetstore.core.logs import logger
 from fleetstore.domain.history_ops import FORK_MESSAGES, PURGE_ROWS
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.ports import StorePort
 
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 #: Jobs read per round of ``finish_jobs``.
 _PAGE = 100

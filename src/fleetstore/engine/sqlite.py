@@ -12,7 +12,6 @@ The write path (DESIGN.md, "The write path (SQLite)")::
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import stat
 import threading
@@ -25,6 +24,7 @@ import apsw
 
 from fleetstore import errors
 from fleetstore.core.files import check_private_file, private_dirs
+from fleetstore.core.logs import logger
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
 from fleetstore.core.validate import check_bool, check_path, check_str
@@ -49,7 +49,7 @@ from fleetstore.engine.tx import ReadTx, WriteTx, _Tx
 
 T = TypeVar("T")
 
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 _MIGRATIONS_TABLE = "fleetstore_migrations"
 _BEGIN_RETRY_SLEEP = 0.001
@@ -525,6 +525,12 @@ class Database(Checkpoints, Notifications):
             what,
             type(exc).__name__,
             exc,
+            extra={
+                "event": "checkpoint_failed" if what == "checkpoint" else "post_commit_error",
+                "store": self.path,
+                "step": what,
+                "error": f"{type(exc).__name__}: {exc}",
+            },
         )
 
     def before_checkpoint(self, fn: Callable[[], None]) -> None:

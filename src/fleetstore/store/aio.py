@@ -244,6 +244,10 @@ class AsyncStore:
         """``Store.metrics`` (in-memory figures: no I/O, so not a coroutine)."""
         return self.sync.metrics()
 
+    def histograms(self) -> dict[str, Any]:
+        """``Store.histograms`` (in-memory figures: no I/O, so not a coroutine)."""
+        return self.sync.histograms()
+
     async def close(self, timeout: float | None = None) -> None:
         """Wait for every call in flight (cancelled ones included), then
         ``Store.close``.  Idempotent; new calls raise ``StoreClosed``."""

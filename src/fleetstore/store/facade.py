@@ -11,7 +11,6 @@ queue behind it, so a process's writes land in the order it made them.
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import threading
 import time
@@ -21,6 +20,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetstore import errors, sql
+from fleetstore.core import telemetry
+from fleetstore.core.logs import logger
+from fleetstore.core.metrics import OutboxMetrics
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import (
     CATALOG,
@@ -49,6 +51,7 @@ from fleetstore.domain.state import State
 from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.foreign import read_foreign
 from fleetstore.engine.inspect import InspectFailed, read_header
+from fleetstore.store import observe
 from fleetstore.store.backend import Backend
 from fleetstore.store.indexer import Indexer
 from fleetstore.store.procstats import Publisher
@@ -69,7 +72,7 @@ from fleetstore.store.spool import (
 )
 
 T = TypeVar("T")
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 
 _live: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -140,6 +143,9 @@ class Store:
         self.messages = Messages(self)
         self.state = State(self)
         self.effects = Effects(self)
+        #: OpenTelemetry's ``db.namespace``: the store's file (or directory), or a
+        #: PostgreSQL store's database name.
+        self.namespace = observe.namespace(self)
         #: Full-text search of every session (docs/search.md).
         self.search = Search(self)
         self._closed = False
@@ -149,9 +155,13 @@ class Store:
     def _init_process(self) -> None:
         self._counts_lock = threading.Lock()
         self._op_counts: collections.Counter[str] = collections.Counter()
+        #: This process's outbox figures (enqueued, claimed, settled, waits, runs).
+        self.outbox_metrics = OutboxMetrics()
         self._rejected = 0
         #: Operations of dead processes' journals this process replayed.
         self._recovered = 0
+        #: The spool's replayed count when the last replay was logged.
+        self._replayed_logged = 0
         self._failures = 0
         # _cond guards _streams, _thread, _running and _stop, and is notified
         # whenever the spool shrinks (flush() waits on it).
@@ -223,6 +233,18 @@ class Store:
                 ("independent", independent),
             ):
                 check_bool(flag, name)
+        # An attribute read while no OpenTelemetry SDK is installed: no call
+        # (core/telemetry.py; tests/store/test_cost.py's ceilings).
+        if telemetry.ACTIVE is not None:
+            return observe.traced(self, op, spool, must_land, independent)
+        blobs = self.blobs
+        if blobs.__class__ is BlobStore and blobs._kept:
+            return self._settling(op, spool, must_land, independent)
+        return self._submit(op, spool, must_land, independent)
+
+    def _dispatch(
+        self, op: Operation, spool: bool, must_land: bool, independent: bool
+    ) -> dict[str, Any] | None:
         blobs = self.blobs
         if blobs.__class__ is BlobStore and blobs._kept:
             return self._settling(op, spool, must_land, independent)
@@ -300,14 +322,7 @@ class Store:
                 f"{self.spool_dir}; nothing was written",
             ) from exc
         if busy is not None:
-            log.warning(
-                "%s: %s spooled (%d waiting in %s): %s",
-                self.path,
-                op.name,
-                len(self.spool),
-                self.spool.path,
-                busy,
-            )
+            observe.log_spooled(self, op, busy)
         else:
             log.debug("%s: %s queued in the spool behind earlier writes", self.path, op.name)
         self._wake()
@@ -447,6 +462,7 @@ class Store:
             self._publisher = Publisher(
                 str(self.path), self.settings.publish_interval, self._published_figures
             )
+        observe.watch(self)
         self._publisher.start()
 
     # -- background work: the spool drain and timed stream flushes -------------------------
@@ -656,6 +672,8 @@ class Store:
             )
         self._failures = 0
         self.spool.done(op)
+        if not len(self.spool):
+            self._replayed_logged = observe.log_replayed(self, self._replayed_logged)
         with self._cond:
             self._cond.notify_all()
         return 0.0
@@ -708,6 +726,8 @@ class Store:
                 stopped = f"the replay of {path.name} stopped"
             with self._counts_lock:
                 self._recovered += result.replayed
+            if result.replayed:
+                observe.log_recovered(self, path, result.replayed, result.status)
             if result.rejected:
                 with self._counts_lock:
                     self._rejected += result.rejected
@@ -748,11 +768,21 @@ class Store:
             "recovered": recovered,
             "rejected": rejected,
             "open_streams": len(self._streams),
+            "outbox": self.outbox_metrics.snapshot(),
             **self._indexer.figures(),
         }
 
+    def histograms(self) -> dict[str, Any]:
+        """The raw histograms of ``metrics()`` (lock wait and hold, checkpoints, effect
+        waits and runs), to be merged with other processes'
+        (``fleetstore.core.metrics.Histogram.from_buckets``)."""
+        return {**self.db.histograms(), **self.outbox_metrics.export()}
+
     def _published_figures(self) -> dict[str, Any]:
-        return {"metrics": self.metrics(), "histograms": self.db.histograms()}
+        # With every publish (about once a second): an SDK installed after the store
+        # was opened is found within one interval.
+        telemetry.refresh()
+        return {"metrics": self.metrics(), "histograms": self.histograms()}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -791,6 +821,7 @@ class Store:
                     # tests/store/test_spool.py::test_close_while_locked_*
                     thread.join(self.settings.write_budget + 5)
             self._closed = True
+            telemetry.unwatch(self)
             if self._publisher is not None:
                 self._publisher.stop()
             # A sharded store's index refresh may wait for the catalog's lock: not when

@@ -17,6 +17,7 @@ path (3,000 appends: 175 us each without the publisher, 167 us with, noise).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleetstore.core import telemetry
 from fleetstore.core.files import private_dirs
 from fleetstore.core.metrics import Histogram
 
@@ -125,7 +127,16 @@ class Publisher:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(5)
+        started = self._thread is not None
         self._thread = None
+        if started:
+            # What this process counted stays in the store's totals (``retired``): a
+            # counter that fell when a process exits reads as a reset to Prometheus,
+            # whose rate() then counts every other process's total again.
+            try:
+                fold(self.dir, self._pid, process_start_time(self._pid), self._figures())
+            except Exception:
+                pass
         with contextlib.suppress(OSError):
             self.path.unlink()
 
@@ -168,6 +179,82 @@ def read_published(db_path: str | os.PathLike[str], now: float | None = None) ->
     return found
 
 
+#: The counters and histograms of the processes that closed the store (or died, once
+#: ``fleetstore maintain`` removed their files), added up: a store's totals are these
+#: plus the files of the processes there are (``totals``).
+RETIRED = "retired.json"
+#: A folded process is remembered this long after its file is gone (a reader that
+#: listed the file before it went reads this record after, and must not count it twice).
+_FOLDED_KEPT = 300.0
+
+
+def _key(pid: int, start_time: object) -> str:
+    return f"{pid}:{start_time}"
+
+
+def read_retired(folder: Path) -> dict[str, Any]:
+    """The retired totals in *folder* (``<db>.procs``), empty if there are none."""
+    try:
+        data = json.loads((folder / RETIRED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        data = {}
+    for part in ("counters", "histograms", "folded"):
+        if not isinstance(data.get(part), dict):
+            data[part] = {}
+    return data
+
+
+def fold(folder: Path, pid: int, start_time: object, figures: dict[str, Any]) -> bool:
+    """Add one process's *figures* (``{"metrics": ..., "histograms": ...}``, as
+    published) to the retired totals in *folder*, under a lock, once: False if that
+    process was folded before.  Call it before its file is removed."""
+    private_dirs(folder)
+    fd = os.open(folder / ".retired.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        retired = read_retired(folder)
+        key = _key(pid, start_time)
+        folded: dict[str, Any] = retired["folded"]
+        if key in folded:
+            return False
+        metrics = figures.get("metrics") if isinstance(figures.get("metrics"), dict) else {}
+        counters: dict[str, Any] = retired["counters"]
+        for name, labels, value in telemetry.samples(metrics or {}):
+            if telemetry.BY_NAME[name].kind == "counter" and value:
+                series = counters.setdefault(name, {})
+                label = json.dumps(list(labels))
+                series[label] = float(series.get(label, 0.0)) + value
+        raw = figures.get("histograms")
+        for name, data in (raw if isinstance(raw, dict) else {}).items():
+            if name in telemetry.HISTOGRAMS and isinstance(data, dict):
+                hist = Histogram.from_buckets(retired["histograms"].get(name))
+                hist.merge_export(data)
+                retired["histograms"][name] = hist.export()
+        now = time.time()
+        folded[key] = now
+        for other, at in list(folded.items()):
+            other_pid = other.split(":", 1)[0]
+            gone = not (folder / f"{other_pid}.json").exists()
+            if other != key and gone and now - float(at) > _FOLDED_KEPT:
+                del folded[other]
+        tmp = folder / f".{RETIRED}.{os.getpid()}.tmp"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(out, "w", encoding="utf-8") as f:
+            json.dump(retired, f, separators=(",", ":"))
+        os.replace(tmp, folder / RETIRED)
+        return True
+    finally:
+        os.close(fd)
+
+
+def is_folded(retired: dict[str, Any], published: Published) -> bool:
+    """Whether *published*'s figures are already in the retired totals (its process
+    closed the store, or maintain folded it, after the file was read)."""
+    return _key(published.pid, published.record.get("start_time")) in retired["folded"]
+
+
 #: A publisher's temporary file is renamed into place within milliseconds: one
 #: older than this was left by a process killed in between.
 _TMP_LEFT_AFTER = 60.0
@@ -192,6 +279,9 @@ def remove_gone(
     gone = [p for p in found if not p.alive]
     if not dry_run:
         for p in gone:
+            # Its counts stay in the store's totals (see RETIRED), then its file goes.
+            with contextlib.suppress(OSError):
+                fold(folder, p.pid, p.record.get("start_time"), p.record)
             with contextlib.suppress(FileNotFoundError):
                 (folder / f"{p.pid}.json").unlink()
         with contextlib.suppress(OSError):
@@ -206,11 +296,15 @@ def remove_gone(
 
 
 __all__ = [
+    "RETIRED",
     "Publisher",
     "Published",
+    "fold",
+    "is_folded",
     "procs_dir",
     "process_start_time",
     "read_published",
+    "read_retired",
     "remove_gone",
     "same_process",
 ]

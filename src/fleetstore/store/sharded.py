@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import logging
 import os
 import threading
 import time
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from fleetstore import errors
+from fleetstore.core.logs import logger
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, sharded_url
 from fleetstore.domain import registry
@@ -52,14 +52,21 @@ from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Scope, earlier_result
 from fleetstore.domain.outbox_ops import check_effect_list, insert_effect
 from fleetstore.engine.base import Engine, Tx
-from fleetstore.engine.sharded import ShardSet, is_key, shard_key
+from fleetstore.engine.sharded import ShardSet, is_key, shard_files, shard_key
 from fleetstore.engine.sqlite import Database
-from fleetstore.store.backend import OPS_TAG, OpItem, blobs_durable, migrations, op_applier
+from fleetstore.store.backend import (
+    OPS_TAG,
+    OpItem,
+    blobs_durable,
+    migrations,
+    op_applier,
+    wal_file_bytes,
+)
 from fleetstore.store.procstats import process_start_time, same_process
 from fleetstore.store.spool import decode_line, encode_line, is_rejectable
 
 T = TypeVar("T")
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 #: Seconds between refreshes of the catalog's copy of sessions this process wrote.
 _SYNC_INTERVAL = 1.0
@@ -523,6 +530,11 @@ class Router:
 
     def metrics(self) -> dict[str, Any]:
         return self.shards.metrics()
+
+    def wal_bytes(self) -> int:
+        root = self.shards.root
+        files = [root / CATALOG, *(path for _key, path in shard_files(root))]
+        return sum(wal_file_bytes(path) for path in files)
 
     def read(self, fn: Callable[[Tx], T], session_id: str | None) -> T:
         key = self.home(session_id)

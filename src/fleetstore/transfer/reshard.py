@@ -30,7 +30,6 @@ Moving one session tree out of a sharded store and back is fleetstore.transfer.a
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.logs import logger
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
 from fleetstore.engine.inspect import writers_of
 from fleetstore.engine.sqlite import Database
@@ -56,7 +56,7 @@ from fleetstore.transfer.migrate.report import (
 )
 from fleetstore.transfer.migrate.schema import PROGRESS_TABLE
 
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 #: Seconds between two looks for writers of SRC while the copy runs (each reads
 #: every process's descriptors in /proc: a few milliseconds).
