@@ -87,6 +87,15 @@ SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_att
 FROM claimed
 ORDER BY available_at, thread_key
 
+-- effect_claim_next: settle-and-claim: the head a settlement just handed its thread on to, claimed in the same transaction for the settling worker (:claim_op: the settlement's operation id) if it is pending, available now and of the worker's kinds; its id
+UPDATE effects
+SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
+    lease_expires_at = :now + :lease, started_at = :now, updated_at = :now, claim_op = :claim_op,
+    deadline = :now + (:timeouts::jsonb ->> kind)::double precision
+WHERE id = :id AND state = 'pending' AND is_head = 1 AND available_at <= :now
+  AND (:kinds IS NULL OR kind IN (SELECT json_array_elements_text(:kinds::json)))
+RETURNING id
+
 -- effect_claimed_by: what one claim took (a claim run again after a lost COMMIT), as effect_claim returns it
 SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_attempts,
        replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
@@ -133,14 +142,14 @@ WHERE id = ?
 -- effect_clear_head: the thread's head flag off (before another effect takes it)
 UPDATE effects SET is_head = 0 WHERE thread_key = ? AND is_head = 1
 
--- effect_advance_head: the thread's lowest active effect becomes its head; its state (a pending one is claimable: the caller rings)
+-- effect_advance_head: the thread's lowest active effect becomes its head; its state (a pending one is claimable: the caller claims it for the settling worker, or rings) and id
 UPDATE effects SET is_head = 1
 WHERE id = (
     SELECT id FROM effects
     WHERE thread_key = ? AND state IN ('pending', 'running')
     ORDER BY seq LIMIT 1
 )
-RETURNING state
+RETURNING state, id
 
 -- effect_sweep: expired leases back to pending (replay-safe, attempts left) or to dead, in one guarded statement
 UPDATE effects
