@@ -199,21 +199,21 @@ class AsyncStore(Twin[Store]):
         included."""
         return await self._run(lambda: self.sync.flush(*args, **kwargs), after=self._pending())
 
+    # Its parameters named (not *args): a misnamed one must fail here, at the call,
+    # not in the thread after the pool was marked closed.
     @implements(Store.close)
-    async def close(self, *args: Any, **kwargs: Any) -> None:
+    async def close(self, timeout: float | None = None) -> None:
         """Async: waits for every call in flight (cancelled ones included) first.
         Idempotent; new calls raise ``StoreClosed``."""
         if self._close_job is None:
             pending = self._pending()
-            self._close_job = self._executor.submit(self._close_in_thread, pending, args, kwargs)
+            self._close_job = self._executor.submit(self._close_in_thread, pending, timeout)
         await _bridge(self._close_job)
 
-    def _close_in_thread(
-        self, pending: Sequence[_Job], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
+    def _close_in_thread(self, pending: Sequence[_Job], timeout: float | None) -> None:
         concurrent.futures.wait(pending)
         try:
-            self.sync.close(*args, **kwargs)
+            self.sync.close(timeout)
         finally:
             self._executor.shutdown(wait=False)
 
