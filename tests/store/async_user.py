@@ -67,6 +67,7 @@ async def main(path: Path) -> list[str]:
         assert_type(await store.search("hello"), Page[SearchHit, str])
         assert_type(await store.search.status(), SearchStatus)
         assert_type(store.metrics(), dict[str, Any])
+        assert_type(store.histograms(), dict[str, Any])
         assert_type(await store.flush(), bool)
         seen.append(f"first {m.text}")
     return seen
@@ -78,6 +79,7 @@ async def misuse(store: AsyncStore, session: Session) -> None:
     await store.sessions.get(5)  # type: ignore[arg-type]
     print(store.messages.append(session.id, "user", "x").seq)  # type: ignore[attr-defined]
     await store.metrics()  # type: ignore[misc]
+    await store.histograms()  # type: ignore[misc]
     await store.messages.stream(session.id)  # type: ignore[misc]
     with store.messages.stream(session.id):  # type: ignore[attr-defined]
         pass

@@ -192,6 +192,7 @@ class AsyncStore(Twin[Store]):
     sync_catalog = coroutine(Store.sync_catalog)
     recover = coroutine(Store.recover)
     metrics = plain(Store.metrics)
+    histograms = plain(Store.histograms)
 
     @implements(Store.flush)
     async def flush(self, *args: Any, **kwargs: Any) -> bool:
