@@ -81,16 +81,11 @@ _live: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
 def _own_file(path: str, foreign: bool) -> tuple[os.stat_result, bytes]:
-    """Make or check the database file at *path* before anything else is made beside
-    it (the gate, SQLite's journals): its ``fstat``, and its first page (the header
-    only, unless it is encrypted: the key is tried on a copy of page 1).
-
-    Sessions carry secrets: the file is created 0600 here, before SQLite would create
-    it 0644 (SQLite gives -wal and -shm the database's mode), in directories made 0700.
-    A file that exists must be empty or a SQLite database (a text file given by
-    mistake is refused as it is: SQLite left a gate and a journal beside one, and took
-    a 1-byte file for an empty database and wrote over it), and this user's alone
-    (``check_private_file``: another user may have planted it, issue 23)."""
+    """Make or check the file at *path* before anything is made beside it: its
+    ``fstat`` and its header (page 1 if encrypted: the key is tried on a copy).  Made
+    0600 (SQLite would make it 0644, and -wal/-shm alike) in 0700 directories; one that
+    exists must be empty or a SQLite database (SQLite wrote over a 1-byte file, and left
+    a gate and journal beside a text file) and this user's alone (issue 23)."""
     try:
         found: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:
