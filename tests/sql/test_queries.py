@@ -64,6 +64,12 @@ def test_a_dialect_query_replaces_the_common_one_of_its_name(tmp_path: Path) -> 
             {"sqlite/a.sql": "-- two: the same\nSELECT 2 FROM sessions WHERE id = ?\n"},
             "'two' is the same as in sql/common/",
         ),
+        (
+            {
+                "sqlite/a.sql": "-- two: laid out\nSELECT 2\n  -- a comment\n  FROM sessions WHERE id = ?"
+            },
+            "'two' is the same as in sql/common/",
+        ),
         # a misspelt override would add a query nobody calls and leave the common one
         (
             {"sqlite/a.sql": "-- tow: misspelt\nSELECT 22 FROM sessions\n"},
@@ -91,6 +97,10 @@ def test_a_dialect_query_replaces_the_common_one_of_its_name(tmp_path: Path) -> 
         (
             {"sqlite/a.sql": "-- two: as one\nSELECT 1 FROM sessions WHERE id = ?\n"},
             "'one' and 'two' are one query",
+        ),
+        (
+            {"common/b.sql": "-- three: again\nSELECT 1\nFROM sessions\nWHERE id = ?\n"},
+            "'one' and 'three' are one query",
         ),
     ],
 )

@@ -5,7 +5,8 @@ is written once, in ``common/<file>.sql``; ``<dialect>/<file>.sql`` holds only w
 dialect does differently: a query of the same name replaces the common one, and a query
 named with one of the dialect's own prefixes (``DIALECT_ONLY``) exists there alone.  The
 loader refuses a copy kept by hand: an override equal to its common text, an override
-of no common query (a misspelt name), a name used twice, two names for one text.
+of no common query (a misspelt name), a name used twice, two names for one text (texts
+compared without their comments and layout).
 ``<dialect>/schema.sql`` is the whole current schema and ``<dialect>/migrations/NNNN_name.sql``
 the steps that build it, applied in order: whole scripts, one per dialect.
 """
@@ -15,9 +16,12 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
-from importlib.resources.abc import Traversable
+from typing import TYPE_CHECKING
 
 from fleetstore.engine.base import Migration
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 _HEADER = re.compile(r"^-- ([a-z_][a-z0-9_]*):(.*)$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -26,6 +30,13 @@ _MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 #: blob bytes (blob_chunks), migrate's server-side cursor, search's tsvector and trigrams.
 DIALECT_ONLY = {"sqlite": ("fts5_",), "postgresql": ("blobdata_", "mig_scan_", "tsv_")}
 _ANY_ONLY = tuple(p for prefixes in DIALECT_ONLY.values() for p in prefixes)
+_COMMENT = re.compile(r"--[^\n]*")
+
+
+def _bare(text: str) -> str:
+    """*text* without comments and with its white space collapsed: a copy that differs
+    from the original in its layout only is still a copy."""
+    return " ".join((_COMMENT.sub(" ", text) if "--" in text else text).split())
 
 
 def _named(entry: Traversable, where: str) -> dict[str, str]:
@@ -54,6 +65,7 @@ def merge(root: Traversable, dialect: str) -> dict[str, str]:
     if dialect not in DIALECT_ONLY:
         raise ValueError(f"no SQL dialect {dialect!r}: one of {sorted(DIALECT_ONLY)}")
     found: dict[str, str] = {}
+    bare: dict[str, str] = {}  # query name -> its text as _bare() has it
     home: dict[str, str] = {}  # query name -> the common file it is in
     for entry in _files(root / "common"):
         for name, body in _named(entry, f"sql/common/{entry.name}").items():
@@ -61,29 +73,28 @@ def merge(root: Traversable, dialect: str) -> dict[str, str]:
                 raise ValueError(
                     f"sql/common/{entry.name}: query {name!r} duplicated or a dialect's own"
                 )
-            found[name], home[name] = body, entry.name
-    own: dict[str, str] = {}
+            found[name], bare[name], home[name] = body, _bare(body), entry.name
+    own: set[str] = set()
     for entry in _files(root / dialect):
         where = f"sql/{dialect}/{entry.name}"
         for name, body in _named(entry, where).items():
             if name in own:
                 raise ValueError(f"{where}: query {name!r} duplicated")
-            if name.startswith(DIALECT_ONLY[dialect]):
-                pass
-            elif home.get(name) != entry.name:
+            if not name.startswith(DIALECT_ONLY[dialect]) and home.get(name) != entry.name:
                 raise ValueError(
                     f"{where}: {name!r} replaces no query of sql/common/{entry.name}"
                     f" (and is not named {' or '.join(p + '*' for p in DIALECT_ONLY[dialect])})"
                 )
-            elif body == found[name]:
+            text = _bare(body)
+            if text == bare.get(name):
                 raise ValueError(f"{where}: {name!r} is the same as in sql/common/: delete it")
-            own[name] = body
-    found.update(own)
+            own.add(name)
+            found[name], bare[name] = body, text
     names: dict[str, str] = {}
-    for name, body in found.items():
-        if body in names:
-            raise ValueError(f"sql ({dialect}): {names[body]!r} and {name!r} are one query")
-        names[body] = name
+    for name, text in bare.items():
+        if text in names:
+            raise ValueError(f"sql ({dialect}): {names[text]!r} and {name!r} are one query")
+        names[text] = name
     return found
 
 
