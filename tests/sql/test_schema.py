@@ -404,6 +404,21 @@ def _preparable(name: str, text: str) -> bool:
 _FOREIGN_RESULT_TYPES = {1700: "numeric", 16: "boolean", 114: "json", 3802: "jsonb"}
 
 
+def _pg_prepare(conn: psycopg.Connection[Any], text: str) -> list[int]:
+    """PREPARE *text* (its ? and :name as $n, named ones typed by _NAMED_TYPES) and
+    give the type oids of its result columns."""
+    found, prepared = scan(text, replace=True)
+    types = ["unknown"] * found.positional
+    types += [_NAMED_TYPES.get(n, "text") for n in found.named]
+    head = f"PREPARE q ({', '.join(types)})" if types else "PREPARE q"
+    conn.execute(f"{head} AS {prepared}".encode())
+    try:
+        described = conn.pgconn.describe_prepared(b"q")
+        return [described.ftype(i) for i in range(described.nfields)]
+    finally:
+        conn.execute("DEALLOCATE q")
+
+
 def test_every_postgresql_query_prepares(pg_migrated: str) -> None:
     """Parse analysis on the real schema: a wrong column, table, function or type
     mismatch fails here, before any contract test runs the query; and no query
@@ -413,21 +428,15 @@ def test_every_postgresql_query_prepares(pg_migrated: str) -> None:
         for name, text in sorted(sql.queries("postgresql").items()):
             if not _preparable(name, text):
                 continue
-            found, prepared = scan(text, replace=True)
-            types = ["unknown"] * found.positional
-            types += [_NAMED_TYPES.get(n, "text") for n in found.named]
-            head = f"PREPARE q ({', '.join(types)})" if types else "PREPARE q"
             try:
-                conn.execute(f"{head} AS {prepared}".encode())
+                result = _pg_prepare(conn, text)
             except psycopg.Error as exc:
                 failed.append(f"{name}: {exc}".strip())
                 continue
-            described = conn.pgconn.describe_prepared(b"q")
-            for i in range(described.nfields):
-                foreign = _FOREIGN_RESULT_TYPES.get(described.ftype(i))
+            for i, oid in enumerate(result):
+                foreign = _FOREIGN_RESULT_TYPES.get(oid)
                 if foreign:
                     failed.append(f"{name}: result column {i + 1} is {foreign}")
-            conn.execute("DEALLOCATE q")
     assert not failed, "\n".join(failed)
     assert len(sql.queries("postgresql")) > 150
 
@@ -441,12 +450,16 @@ def test_prepare_catches_a_broken_query_and_a_foreign_result_type(pg_migrated: s
         assert [described.ftype(i) for i in range(2)] == [1700, 16]
 
 
-def _sqlite_prepare(conn: apsw.Connection, text: str) -> None:
+def _sqlite_prepare(conn: apsw.Connection, text: str) -> int:
     """Prepare each statement of *text* on *conn* without running it (apsw's
-    query_info stops at the exec tracer, before the first step)."""
+    query_info stops at the exec tracer, before the first step); the number of result
+    columns of the last one."""
     rest: str | None = text
+    columns = 0
     while rest and rest.strip():
-        rest = apsw.ext.query_info(conn, rest).query_remaining
+        info = apsw.ext.query_info(conn, rest)
+        rest, columns = info.query_remaining, len(info.description or ())
+    return columns
 
 
 def test_every_sqlite_query_prepares(
@@ -476,6 +489,24 @@ def test_sqlite_prepare_runs_nothing_and_sees_every_statement(
     assert migrated.execute("SELECT count(*) FROM t").fetchall() == [(1,)]
     with pytest.raises(apsw.SQLError, match="no_such_column"):
         _sqlite_prepare(migrated, "SELECT 1; SELECT no_such_column FROM sessions")
+
+
+def test_a_dialect_s_own_text_returns_the_columns_of_the_common_one(
+    sqlite_pair: tuple[apsw.Connection, apsw.Connection], pg_migrated: str
+) -> None:
+    """Where PostgreSQL has its own text of a query, the caller reads as many result
+    columns from it as from SQLite's (the parameters are test_every_query_is_in_both_...'s)."""
+    migrated, _whole = sqlite_pair
+    lite, pg = sql.queries("sqlite"), sql.queries("postgresql")
+    own = [n for n in sorted(lite) if n in pg and lite[n] != pg[n] and _preparable(n, lite[n])]
+    assert len(own) > 50
+    with psycopg.connect(pg_migrated, autocommit=True) as conn:
+        differ = [
+            f"{n}: SQLite {a}, PostgreSQL {b}"
+            for n in own
+            if (a := _sqlite_prepare(migrated, lite[n])) != (b := len(_pg_prepare(conn, pg[n])))
+        ]
+    assert differ == []
 
 
 def test_schema_files_hold_no_named_queries() -> None:
