@@ -45,7 +45,15 @@ def test_urls_and_classifiers() -> None:
 def test_extras_are_named_for_what_they_add_and_dev_is_a_group() -> None:
     data = project()
     extras = data["project"]["optional-dependencies"]
-    assert set(extras) == {"postgres", "langgraph", "openai-agents", "agents", "adk", "stress"}
+    assert set(extras) == {
+        "postgres",
+        "langgraph",
+        "openai-agents",
+        "agents",
+        "adk",
+        "stress",
+        "encryption",
+    }
     assert extras["agents"] == ["fleetstore[openai-agents]"]  # the old name, an alias
     assert "dev" in data["dependency-groups"]
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")

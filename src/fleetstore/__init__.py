@@ -41,7 +41,7 @@ from fleetstore.errors import (
 if TYPE_CHECKING:
     from fleetstore.core.settings import Settings, default_data_dir
     from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
-    from fleetstore.domain.operations import Operation
+    from fleetstore.domain.operations import Delivery, Operation
     from fleetstore.domain.outbox import Claim, Effects, Swept
     from fleetstore.domain.search import Search
     from fleetstore.domain.state import State
@@ -90,6 +90,7 @@ _LAZY: dict[str, str] = {
     "Sessions": "fleetstore.domain.history",
     "Stream": "fleetstore.domain.history",
     "ToolCallHandle": "fleetstore.domain.history",
+    "Delivery": "fleetstore.domain.operations",
     "Operation": "fleetstore.domain.operations",
     "Claim": "fleetstore.domain.outbox",
     "Effects": "fleetstore.domain.outbox",
@@ -165,6 +166,7 @@ __all__ = [
     "Claim",
     "ConfigError",
     "Database",
+    "Delivery",
     "Effect",
     "EffectError",
     "EffectState",

@@ -173,6 +173,39 @@ class UnsafeSidecar(UnsafeFile):
     Nothing was opened or replayed."""
 
 
+class UnsafeKeyFile(UnsafeFile):
+    """The encryption key file is not a regular file, belongs to another user, or its
+    group or others can read or write it: the key may be known to someone else.  Nothing
+    was opened, encrypted or decrypted; ``chmod 600`` a file that is yours."""
+
+
+class EncryptionUnavailable(ConfigError):
+    """Encryption was asked for and this installation cannot do it (the ``cryptography``
+    package is missing: ``pip install 'fleetstore[encryption]'``)."""
+
+
+class KeyMissing(PermanentError):
+    """The data is encrypted and no key for it was given: no key file, or a keyring
+    without the key id it was written with.  Nothing was read, written or destroyed."""
+
+
+class WrongKey(PermanentError):
+    """A key was given, but it is not the one the data was encrypted with.  Nothing was
+    read, written or destroyed."""
+
+
+class NotEncrypted(PermanentError):
+    """A key was given for a store that is not encrypted.  Nothing was opened or
+    changed: open it without ``encryption_key_file``, or encrypt it (``fleetstore
+    rekey``)."""
+
+
+class SealedCorrupt(CorruptStore):
+    """An encrypted file failed its authentication with the right key (it was damaged,
+    cut short, extended or changed after it was written), or is not a sealed file this
+    version reads.  Nothing of it was used."""
+
+
 class InvalidInput(PermanentError, ValueError):
     """An argument cannot be stored as given (wrong type, unknown part kind,
     non-JSON metadata...); nothing was written."""
@@ -278,20 +311,24 @@ __all__ = [
     "ConfigError",
     "CorruptStore",
     "DatabaseError",
+    "EncryptionUnavailable",
     "FileMoved",
     "FleetstoreError",
     "IntegrityError",
     "InvalidArchive",
     "InvalidInput",
+    "KeyMissing",
     "LeaseLost",
     "LockHolder",
     "MigrationError",
     "MissingDependency",
     "NotAStore",
+    "NotEncrypted",
     "NotFound",
     "PayloadTooLarge",
     "PermanentError",
     "ReadOnlyError",
+    "SealedCorrupt",
     "SpoolPending",
     "StorageError",
     "StorageFull",
@@ -299,8 +336,10 @@ __all__ = [
     "StoreClosed",
     "TransientError",
     "UnsafeFile",
+    "UnsafeKeyFile",
     "UnsafeSidecar",
     "VersionConflict",
+    "WrongKey",
 ]
 
 # Errors whose constructor takes more than a message (rebuilt from ``args`` above, or,

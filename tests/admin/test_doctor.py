@@ -672,7 +672,13 @@ def test_a_dead_process_s_figures_are_history_not_a_warning_and_maintain_removes
     done = maintain_json(db)
     (step,) = [s for s in done["steps"] if s["name"] == "procs"]
     assert step["status"] == "done" and step["detail"] == {"gone": 2, "live": 1}
-    assert sorted(p.name for p in folder.iterdir()) == [f"{live.pid}.json"]
+    # The gone processes' counts stay in the store's totals (retired.json, and the lock
+    # its writers take): fleetstore metrics' counters do not fall.
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".retired.lock",
+        f"{live.pid}.json",
+        "retired.json",
+    ]
     _, after = doctor_json(db)
     assert "procs-gone" not in codes(after)
 

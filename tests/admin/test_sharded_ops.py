@@ -200,7 +200,7 @@ def test_doctor_on_a_sharded_store_reports_missing_orphan_and_stale_intent_and_c
     # A process killed between its shard's write and the catalog's: an intent is left.
     crashed = subprocess.run(
         [sys.executable, "-c", CRASHED_CREATE, url(directory)],
-        env=clean_env(FLEETSTORE_TEST_CRASH_SHARDED="after-shard"),
+        env=clean_env(FLEETSTORE_TEST_CRASH="after-shard"),
         capture_output=True,
         timeout=60,
     )

@@ -24,11 +24,11 @@ import pytest
 
 import fleetstore
 from fleetstore.admin import top
+from fleetstore.core import liveness
 from fleetstore.core.metrics import Histogram
 from fleetstore.engine import inspect
 from fleetstore.store.procstats import (
     Published,
-    process_start_time,
     procs_dir,
     read_published,
     remove_gone,
@@ -122,7 +122,7 @@ def test_a_dead_or_reused_pid_is_not_alive(tmp_path: Path) -> None:
     found = read_published(db)
     assert {p.pid for p in found} == {dead_pid, os.getpid()}
     assert not any(p.alive for p in found)
-    assert process_start_time(os.getpid()) is not None
+    assert liveness.start_time(os.getpid()) is not None
 
 
 def test_remove_gone_keeps_live_processes_files_and_fresh_temporary_files(tmp_path: Path) -> None:

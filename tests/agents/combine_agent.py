@@ -7,7 +7,7 @@
     combine_agent.py serve PATH WAITERS [HOLD]  hold the gate until WAITERS items are posted
                                                 (or HOLD seconds pass), then commit them with
                                                 an item of its own in one transaction; print
-                                                its figures.  FLEETSTORE_TEST_CRASH_COMBINE
+                                                its figures.  FLEETSTORE_TEST_CRASH
                                                 makes it SIGKILL itself at that point
                                                 ("during-commit": inside COMMIT, at its
                                                 first WAL write).
@@ -36,9 +36,10 @@ import threading
 import time
 
 from fleetstore import errors
+from fleetstore.core.crash import POINTS
 from fleetstore.engine.base import Migration, Tx
 from fleetstore.engine.board import POSTED, Board
-from fleetstore.engine.combine import CRASH_ENV, Request
+from fleetstore.engine.combine import Request
 from fleetstore.engine.sqlite import Database
 from tests.fix_faults import install
 
@@ -136,7 +137,7 @@ def main(argv: list[str]) -> int:
         waiters = int(argv[2])
         hold = float(argv[3]) if len(argv) > 3 else 30.0
         fault = os.environ.get("COMBINE_FAULT")
-        crash = os.environ.get(CRASH_ENV) == "during-commit"
+        crash = "during-commit" in POINTS
         faults = install() if crash or fault else None
         db = open_db(path)
         db.submit(KeyItem(f"warm-{os.getpid()}", os.getpid()))  # own a slot

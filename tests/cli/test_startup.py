@@ -98,7 +98,13 @@ def test_a_command_loads_only_its_own_module() -> None:
     modules = set(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
     # No importlib.metadata either: the entry points (other distributions' commands,
     # tests/cli/test_plugins.py) are read only for a command fleetstore does not ship.
-    assert modules == {"fleetstore.cli.main", "fleetstore.cli.util", "fleetstore.cli.lock"}
+    # cli.logs: the group's -v/-q/--log-format set up logging before any command runs.
+    assert modules == {
+        "fleetstore.cli.main",
+        "fleetstore.cli.util",
+        "fleetstore.cli.logs",
+        "fleetstore.cli.lock",
+    }
 
 
 def test_every_public_name_loads_and_the_lazy_table_matches_the_type_checking_imports() -> None:

@@ -810,19 +810,21 @@ def test_a_failed_flush_keeps_its_text(open_store: OpenStore) -> None:
     holder = open_store()
     s = store.sessions.create()
     with store.messages.stream(s.id) as reply:
-        reply.text("a")
+        # (Digits: a text ending in a letter that may begin a token's prefix is held
+        # back by redaction until more comes: tests/store/test_redaction.py.)
+        reply.text("1")
         reply.flush()
-        reply.text("b")
+        reply.text("2")
         with hold_writes(holder):  # the lock stays taken past the budget
             with pytest.raises(errors.StoreBusy):
                 reply.flush()
-            reply.text("c")
-        assert store.messages.get(reply.id).text == "a"
+            reply.text("3")
+        assert store.messages.get(reply.id).text == "1"
         reply.flush()
-        assert store.messages.get(reply.id).text == "abc"
+        assert store.messages.get(reply.id).text == "123"
     assert store.messages.get(reply.id).status == "complete"
     chunk_rows = rows(store, "SELECT seq, text FROM chunks ORDER BY seq")
-    assert chunk_rows == [(0, "a"), (1, "b"), (2, "c")]
+    assert chunk_rows == [(0, "1"), (1, "2"), (2, "3")]
 
 
 def _fail_first(
@@ -851,14 +853,14 @@ def test_a_flush_that_committed_but_failed_is_not_written_twice_nor_grown(
     s = store.sessions.create()
     with store.messages.stream(s.id) as reply:
         failed = _fail_first(store, monkeypatch, "stream_write", after_commit=True)
-        reply.text("a")
+        reply.text("1")
         with pytest.raises(errors.StoreBusy):
             reply.flush()
         assert failed
-        reply.text("b")  # not appended to the chunk that may have been stored
+        reply.text("2")  # not appended to the chunk that may have been stored
         reply.flush()
-    assert store.messages.get(reply.id).text == "ab"
-    assert rows(store, "SELECT seq, text FROM chunks ORDER BY seq") == [(0, "a"), (1, "b")]
+    assert store.messages.get(reply.id).text == "12"
+    assert rows(store, "SELECT seq, text FROM chunks ORDER BY seq") == [(0, "1"), (1, "2")]
 
 
 def test_a_stream_whose_last_flush_fails_is_not_marked_complete(

@@ -32,6 +32,7 @@ from fleetstore import (
     AsyncStream,
     AsyncToolCallHandle,
     Database,
+    Delivery,
     Effect,
     Handler,
     Migration,
@@ -294,8 +295,8 @@ METHODS: list[Method] = [
     Method("submit", lambda w: {"op": op()}, {"op": OPERATIONS}),
     Method(
         "submit",
-        lambda w: {"op": op(), "spool": True, "must_land": False, "independent": False},
-        {"spool": h.BOOL, "must_land": h.BOOL, "independent": h.BOOL},
+        lambda w: {"op": op(), "delivery": Delivery.SPOOLABLE},
+        {"delivery": h.BOOL | h.kind(["spoolable", "NOW"])},
     ),
     Method("apply", lambda w: {"op": op()}, {"op": OPERATIONS}),
     Method(
@@ -1086,7 +1087,7 @@ def test_every_public_method_has_a_row() -> None:
     """A new public method of the API must get a row (or be listed here as taking
     no argument)."""
     no_arguments = {
-        "Store": {"recover", "metrics", "finish_jobs"},
+        "Store": {"recover", "metrics", "histograms", "finish_jobs"},
         "Sessions": set(),
         "Messages": set(),
         "Stream": {"open", "due", "flush"},

@@ -887,7 +887,7 @@ def test_a_failed_attempt_keeps_its_traceback_bounded_and_the_claim_says_what_be
     """Issue 25: only ``KeyError: 'missing_key'`` was kept.  A traceback is kept with its
     attempt, cut to its last 8 KiB (where it failed); a claimer's own ``max_attempts``
     gives up sooner than the effect's; ``claim.settled`` is what the store made of it."""
-    from fleetstore.domain.outbox import MAX_TRACEBACK
+    from fleetstore.domain.outbox_ops import MAX_TRACEBACK
 
     eid = store.effects.enqueue("t", "k", max_attempts=5)
     nxt = store.effects.enqueue("t", "k")

@@ -698,7 +698,7 @@ def test_a_failing_handler_is_logged_once_per_attempt_and_its_traceback_kept_bou
     exception's record with its traceback, a ``FailEffect``'s without); the traceback is
     kept from the handler's frame on, a 300-frame one cut to its last 8 KiB; the worker's
     ``--max-attempts 2`` gives up sooner than an effect's 5 and its thread goes on."""
-    from fleetstore.domain.outbox import MAX_TRACEBACK
+    from fleetstore.domain.outbox_ops import MAX_TRACEBACK
 
     with fleetstore.open(env.path) as store:
         once = store.effects.enqueue("A", "fx", {"plan": ["error"]})

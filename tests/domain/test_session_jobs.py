@@ -28,7 +28,7 @@ import fleetstore
 from fleetstore import Store, errors
 from fleetstore.core.ids import new_id
 from fleetstore.domain import session_jobs
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.models import Text, ToolCall, ToolResult
 from fleetstore.transfer.reshard import reshard
 from tests.agents import script
@@ -109,7 +109,7 @@ def gone(store: Store, sid: str) -> bool:
 
 
 def submit(store: Store, name: str, **args: Any) -> dict[str, Any]:
-    result = store.submit(Operation(name, args, new_id()), independent=True)
+    result = store.submit(Operation(name, args, new_id()), Delivery.INDEPENDENT)
     assert result is not None
     return result
 
@@ -179,7 +179,7 @@ def test_a_fork_is_seen_whole_or_not_at_all(store: Store) -> None:
             },
             new_id(),
         ),
-        spool=False,
+        Delivery.NOW,
     )
     assert first is not None and first["done"] is False
     copied = store.messages.list(sid)

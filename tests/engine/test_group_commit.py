@@ -2,7 +2,7 @@
 
 A ``serve`` agent takes the gate and holds it until the writers have posted their
 items on the board, then commits them with an item of its own in one transaction;
-``FLEETSTORE_TEST_CRASH_COMBINE`` makes it kill itself before COMMIT, inside it (at its
+``FLEETSTORE_TEST_CRASH`` makes it kill itself before COMMIT, inside it (at its
 first WAL write), after COMMIT (before any waiter learns its result) or after writing
 the results (before waking anyone).  Whatever happens, each writer's item lands exactly once, the writers carry
 on within a second or so of the holder's death, and an item that fails, fails alone.
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from fleetstore import errors
-from fleetstore.engine.combine import CRASH_ENV
+from fleetstore.core.crash import CRASH_ENV
 from fleetstore.engine.sqlite import Database
 from tests.agents import combine_agent, script
 from tests.fix_faults import importable_env

@@ -27,10 +27,10 @@ CEILINGS = {
     "state.put": (100, 7),
     "effects.enqueue": (100, 8),
     "messages.append": (125, 10),
-    "a streamed reply": (355, 15),
-    "effects.claim": (106, 3),
+    "a streamed reply": (360, 15),
+    "effects.claim": (110, 3),
     "a settlement": (90, 7),
-    "a batched settlement": (26, 4),
+    "a batched settlement": (27, 4),
 }
 
 

@@ -28,9 +28,9 @@ import apsw
 import pytest
 
 import fleetstore
+from fleetstore.core.crash import CRASH_ENV
 from fleetstore.core.targets import CATALOG, SHARDS
 from fleetstore.engine.sharded import shard_key
-from fleetstore.store.sharded import CRASH_ENV
 from tests.fix_procs import Barrier, Proc
 
 #: The columns the catalog copies from a shard's sessions row.  updated_at is left

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 import fleetstore
 from fleetstore.cli.reshard import archive_tree_command, reshard_command, restore_tree_command
+from fleetstore.core.crash import CRASH_ENV
 from fleetstore.domain.blobs import BlobStore
 from fleetstore.engine.sharded import shard_key
 from fleetstore.errors import AlreadyExists, IntegrityError, InvalidInput, NotFound
@@ -699,7 +700,7 @@ def test_archive_and_restore_killed_after_the_move_carry_on_when_run_again(
         arg = sid if step == "after-move" else str(dest / f"{key}.db")
         args = [arg, "--store", url, *(["--to", str(dest)] if step == "after-move" else [])]
         run = f"from fleetstore.cli.reshard import {code} as c; c()"
-        env = dict(os.environ, **{tree_archive.CRASH_ENV: step})
+        env = dict(os.environ, **{CRASH_ENV: step})
         done = subprocess.run(
             [sys.executable, "-c", run, *args], capture_output=True, text=True, env=env, timeout=60
         )

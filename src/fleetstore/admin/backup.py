@@ -45,11 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core import sealed
 from fleetstore.core.files import private_dirs
+from fleetstore.core.keys import Keyring
 from fleetstore.core.targets import CATALOG, DEFAULT_FILENAME, SHARDS, parse_target
 from fleetstore.core.version import __version__
 from fleetstore.domain.blobs import COLLECTING, BlobStore, check_sha, fsync_dir
 from fleetstore.engine import backup as engine
+from fleetstore.engine.cipher import key_of_file
 from fleetstore.engine.sharded import shard_files
 
 MANIFEST = "backup.json"
@@ -161,13 +164,16 @@ def backup(
     *,
     progress: Progress | None = None,
     after_snapshot: Callable[[], None] | None = None,
+    keyring: Keyring | None = None,
 ) -> Copied:
     """Back up the SQLite store *store* (a file or a sharded directory) into the new
     directory *dest*, verified, while its fleet writes.  ``AlreadyExists`` if *dest*
     exists, ``NotFound`` if there is no store, ``ConfigError`` for PostgreSQL;
     ``CorruptStore`` if the copy does not check out (the store's own damage: named).
     Nothing is left at *dest* unless the backup is whole.  *after_snapshot* is called
-    once the databases are copied, before their blobs (tests)."""
+    once the databases are copied, before their blobs (tests).  An encrypted store is
+    read with *keyring*, and its backup is encrypted: each database under its own key,
+    every blob file sealed (one written before the store was encrypted: sealed now)."""
     layout = _source(store)
     target = Path(dest).absolute()
     if os.path.lexists(target):
@@ -183,11 +189,11 @@ def backup(
             copied.waited_for_collection = seconds
 
         with _no_collection(layout.blobs, waited):
-            names = _copy_databases(layout, work, progress)
+            names = _copy_databases(layout, work, progress, keyring)
             if after_snapshot is not None:
                 after_snapshot()
-            _copy_blobs(layout.blobs, work, names, copied, progress)
-        _check(work, names, _blob_dir(work, names), copied, progress)
+            _copy_blobs(layout.blobs, work, names, copied, progress, keyring)
+        _check(work, names, _blob_dir(work, names), copied, progress, keyring)
         _write_manifest(work, layout, copied)
         fsync_dir(work)
         if os.path.lexists(target):
@@ -201,22 +207,27 @@ def backup(
     return copied
 
 
-def _copy_databases(layout: _Layout, work: Path, progress: Progress | None) -> list[str]:
+def _copy_databases(
+    layout: _Layout, work: Path, progress: Progress | None, keyring: Keyring | None
+) -> list[str]:
     """Each database file copied as of one commit; a sharded store's catalog after its
     shards, then the shards its copy names that appeared meanwhile.  Returns the paths
     in the backup of those copied."""
     pairs = layout.databases()
     done: list[str] = []
     for i, (name, as_name) in enumerate(pairs, 1):
-        if _copy_one(layout.root / name, work / as_name, required=name == layout.name):
+        if _copy_one(layout.root / name, work / as_name, keyring, required=name == layout.name):
             done.append(as_name)
         if progress is not None:
             progress("databases", i, len(pairs))
     if layout.kind == "sharded":
-        keys = {str(r[0]) for r in engine.query(str(work / CATALOG), _NAMED_SHARDS)}
+        catalog = str(work / CATALOG)
+        keys = {
+            str(r[0]) for r in engine.query(catalog, _NAMED_SHARDS, key_of_file(catalog, keyring))
+        }
         for key, path in shard_files(layout.root):
             name = str(path.relative_to(layout.root))
-            if key in keys and name not in done and _copy_one(path, work / name):
+            if key in keys and name not in done and _copy_one(path, work / name, keyring):
                 done.append(name)
     return done
 
@@ -224,12 +235,15 @@ def _copy_databases(layout: _Layout, work: Path, progress: Progress | None) -> l
 _NAMED_SHARDS = "SELECT shard FROM shard_sessions UNION SELECT shard FROM shard_intents"
 
 
-def _copy_one(src: Path, dest: Path, *, required: bool = False) -> bool:
-    """Copy the database *src* to *dest*; False if it is gone (a shard file removed
-    meanwhile: its tree was deleted)."""
+def _copy_one(src: Path, dest: Path, keyring: Keyring | None, *, required: bool = False) -> bool:
+    """Copy the database *src* to *dest* (encrypted under its key, if it is); False if
+    it is gone (a shard file removed meanwhile: its tree was deleted)."""
     private_dirs(dest.parent)
     try:
-        engine.copy_database(str(src), str(dest))
+        key = key_of_file(str(src), keyring)
+        if key is None and not src.exists():
+            raise errors.NotFound(f"{src}: no such file")
+        engine.copy_database(str(src), str(dest), key=key)
     except errors.NotFound:
         if required:
             raise
@@ -242,20 +256,27 @@ def _copy_one(src: Path, dest: Path, *, required: bool = False) -> bool:
 _BLOB_ROWS = "SELECT sha256, size FROM blobs"
 
 
-def _blob_rows(root: Path, names: list[str]) -> dict[str, int]:
+def _blob_rows(root: Path, names: list[str], keyring: Keyring | None) -> dict[str, int]:
     """sha256 -> size of every blob row of the databases *names* under *root*."""
     rows: dict[str, int] = {}
     for name in names:
-        for sha, size in engine.query(str(root / name), _BLOB_ROWS):
+        path = str(root / name)
+        for sha, size in engine.query(path, _BLOB_ROWS, key_of_file(path, keyring)):
             rows[check_sha(sha)] = size if isinstance(size, int) else -1
     return rows
 
 
 def _copy_blobs(
-    source: Path, work: Path, names: list[str], copied: Copied, progress: Progress | None
+    source: Path,
+    work: Path,
+    names: list[str],
+    copied: Copied,
+    progress: Progress | None,
+    keyring: Keyring | None,
 ) -> None:
-    """Every blob the copies' rows name, from *source* into the backup, fsynced."""
-    rows = _blob_rows(work, names)
+    """Every blob the copies' rows name, from *source* into the backup, fsynced (an
+    encrypted store's: sealed, each one)."""
+    rows = _blob_rows(work, names, keyring)
     into = _blob_dir(work, names)
     for i, sha in enumerate(sorted(rows), 1):
         src = source / sha[:2] / sha
@@ -269,6 +290,8 @@ def _copy_blobs(
                 f"{exc.strerror} (the store is damaged: `fleetstore doctor` says more); "
                 "nothing was written"
             ) from exc
+        if keyring is not None and not sealed.is_sealed(packed):
+            packed = sealed.seal(packed, keyring)
         _write_file(dst, packed)
         copied.blob_bytes += len(packed)
         if progress is not None:
@@ -297,7 +320,12 @@ def _write_file(path: Path, data: bytes) -> None:
 
 
 def _check(
-    root: Path, names: list[str], blob_dir: Path, copied: Copied, progress: Progress | None
+    root: Path,
+    names: list[str],
+    blob_dir: Path,
+    copied: Copied,
+    progress: Progress | None,
+    keyring: Keyring | None,
 ) -> None:
     """Every database of the backup at *root* checked by SQLite, and every blob its
     rows name read back (present, decompressed to its size, its hash): ``CorruptStore``
@@ -305,7 +333,8 @@ def _check(
     problems: list[str] = []
     copied.files = []
     for i, name in enumerate(names, 1):
-        found = engine.check_database(str(root / name))
+        path = str(root / name)
+        found = engine.check_database(path, key_of_file(path, keyring))
         problems += [f"{name}: {p}" for p in found[:10]]
         copied.files.append(
             {"path": name, "bytes": (root / name).stat().st_size, "sha256": _sha256(root / name)}
@@ -313,8 +342,8 @@ def _check(
         if progress is not None:
             progress("verify", i, len(names) + 1)
     if not problems:
-        rows = _blob_rows(root, names)
-        store = BlobStore(blob_dir, _MAX_BLOB, durable=False)
+        rows = _blob_rows(root, names, keyring)
+        store = BlobStore(blob_dir, _MAX_BLOB, durable=False, keyring=keyring)
         for sha, size in rows.items():
             try:
                 store.get(sha, size)
@@ -395,7 +424,9 @@ def _safe_name(name: object) -> bool:
 
 
 def verify_backup(
-    directory: str | os.PathLike[str], progress: Progress | None = None
+    directory: str | os.PathLike[str],
+    progress: Progress | None = None,
+    keyring: Keyring | None = None,
 ) -> tuple[dict[str, Any], Copied]:
     """Check the backup at *directory* without changing it: its manifest, each
     database file against the manifest's hash and by SQLite, each blob its rows name
@@ -414,15 +445,18 @@ def verify_backup(
         raise errors.CorruptStore(f"{root}: does not check out: {'; '.join(problems[:5])}")
     copied = Copied(str(root), str(manifest["layout"]))
     blob_dir = _blob_dir(root, names)
-    _check(root, names, blob_dir, copied, progress)
+    _check(root, names, blob_dir, copied, progress, keyring)
     copied.blob_bytes = sum(
-        (blob_dir / sha[:2] / sha).stat().st_size for sha in _blob_rows(root, names)
+        (blob_dir / sha[:2] / sha).stat().st_size for sha in _blob_rows(root, names, keyring)
     )
     return manifest, copied
 
 
 def restore(
-    directory: str | os.PathLike[str], store: str | None, progress: Progress | None = None
+    directory: str | os.PathLike[str],
+    store: str | None,
+    progress: Progress | None = None,
+    keyring: Keyring | None = None,
 ) -> Copied:
     """Restore the backup at *directory* as the store *store* (a path, or a
     ``sqlite+sharded://`` URL for a sharded backup), which must not exist: the backup
@@ -430,7 +464,7 @@ def restore(
     (blobs first), and the result checked.  ``AlreadyExists`` if anything of a store
     is at the target; ``ConfigError`` for a target of the wrong kind."""
     started = time.monotonic()
-    manifest, _checked = verify_backup(directory, progress)
+    manifest, _checked = verify_backup(directory, progress, keyring)
     src = Path(directory).absolute()
     names = [str(f["path"]) for f in manifest["files"]]
     kind, target = parse_target(store)
@@ -488,7 +522,7 @@ def restore(
             raise
         restored, blob_dir = (db.parent, [db.name]), Path(str(db) + ".blobs")
     copied = Copied(str(target), str(manifest["layout"]))
-    _check(*restored, blob_dir, copied, progress)
+    _check(*restored, blob_dir, copied, progress, keyring)
     hashes = [f["sha256"] for f in manifest["files"]]
     if [f["sha256"] for f in copied.files] != hashes:
         raise errors.CorruptStore(f"{target}: the restored files differ from the backup's")

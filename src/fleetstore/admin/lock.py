@@ -25,7 +25,10 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from fleetstore.core.keys import keyring_of
+from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, SHARDS, sharded_root
+from fleetstore.engine.cipher import key_of_file
 from fleetstore.engine.outside import outside_write_lock
 from fleetstore.errors import FleetstoreError, StoreBusy
 
@@ -158,7 +161,15 @@ def _lock(
     shards = Path(path).parent / SHARDS
     if Path(path).name == CATALOG and shards.is_dir():
         return _lock_sharded(path, sorted(shards.glob("*/*.db")), exclusive, wait, stop)
-    return outside_write_lock(path, exclusive=exclusive, wait=wait, stop=lambda: stop.requested)
+    return outside_write_lock(
+        path, exclusive=exclusive, wait=wait, stop=lambda: stop.requested, key=_key(path)
+    )
+
+
+def _key(path: str) -> bytes | None:
+    """The key of an encrypted store's file, from the keyring the settings name (any
+    other SQLite file: none)."""
+    return key_of_file(path, keyring_of(Settings.load().encryption_key_file), strict=False)
 
 
 @contextlib.contextmanager
@@ -174,7 +185,11 @@ def _lock_sharded(
             left = max(0.0, deadline - time.monotonic())
             stack.enter_context(
                 outside_write_lock(
-                    str(path), exclusive=exclusive, wait=left, stop=lambda: stop.requested
+                    str(path),
+                    exclusive=exclusive,
+                    wait=left,
+                    stop=lambda: stop.requested,
+                    key=_key(str(path)),
                 )
             )
         yield

@@ -14,6 +14,7 @@ from fleetstore.cli.util import (
     env,
     existing_store,
     json_option,
+    settings_keyring,
     store_params,
 )
 from fleetstore.cli.util import size as _size
@@ -44,7 +45,7 @@ def backup_command(dest: str, as_json: bool, store: str | None) -> None:
     source = existing_store("backup", store)
     bars = ProgressBars()
     try:
-        copied = backup(source, dest, progress=bars)
+        copied = backup(source, dest, progress=bars, keyring=settings_keyring())
     except (errors.ConfigError, errors.AlreadyExists, errors.NotFound) as exc:
         bars.close()
         click.echo(f"fleetstore backup: {exc}", err=True)
@@ -104,9 +105,9 @@ def restore_command(backup_dir: str, verify_only: bool, as_json: bool, store: st
     bars = ProgressBars()
     try:
         if verify_only:
-            _manifest, copied = verify_backup(backup_dir, progress=bars)
+            _manifest, copied = verify_backup(backup_dir, progress=bars, keyring=settings_keyring())
         else:
-            copied = restore(backup_dir, store, progress=bars)
+            copied = restore(backup_dir, store, progress=bars, keyring=settings_keyring())
     except (errors.ConfigError, errors.AlreadyExists, errors.NotFound) as exc:
         bars.close()
         click.echo(f"fleetstore restore: {exc}", err=True)

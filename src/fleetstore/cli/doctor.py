@@ -7,7 +7,7 @@ import sys
 import click
 
 from fleetstore import errors
-from fleetstore.cli.util import emit_json, env, json_option, store_params
+from fleetstore.cli.util import emit_json, env, json_option, settings_keyring, store_params
 
 
 @click.command(
@@ -77,7 +77,13 @@ def doctor_command(
     from fleetstore.admin.doctor.report import EXIT_USAGE, format_report
 
     try:
-        report = diagnose(store, interval=interval, quick_check=quick_check, sizes=sizes)
+        report = diagnose(
+            store,
+            interval=interval,
+            quick_check=quick_check,
+            sizes=sizes,
+            keyring=settings_keyring(),
+        )
     except errors.ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     except errors.NotFound as exc:

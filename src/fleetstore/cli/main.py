@@ -13,12 +13,13 @@ the work lives in ``fleetstore.admin``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from fleetstore.cli.util import STORE_ENV, LazyGroup
+from fleetstore.cli.util import KEY_FILE_ENV, STORE_ENV, LazyGroup
 from fleetstore.core.version import __version__
 from fleetstore.errors import MissingDependency
 
@@ -34,11 +35,15 @@ COMMANDS = {
     "index": "fleetstore.cli.search:index_command",
     "lock": "fleetstore.cli.lock:lock",
     "maintain": "fleetstore.cli.maintain:maintain_command",
+    "metrics": "fleetstore.cli.metrics:metrics_command",
     "merge": "fleetstore.cli.transfer:merge_command",
     "migrate": "fleetstore.cli.migrate:migrate_command",
     "recover": "fleetstore.cli.recover:recover",
+    "redact": "fleetstore.cli.redact:redact_command",
+    "rekey": "fleetstore.cli.rekey:rekey_command",
     "reshard": "fleetstore.cli.reshard:reshard_command",
     "restore": "fleetstore.cli.backup:restore_command",
+    "scan": "fleetstore.cli.scan:scan_command",
     "search": "fleetstore.cli.search:search_command",
     "sessions": "fleetstore.cli.sessions:sessions",
     "stats": "fleetstore.cli.stats:stats_command",
@@ -92,8 +97,52 @@ Run `fleetstore COMMAND --help` for a command's options and exit codes.""",
     help="The store of the command that follows, as if given to it as --store "
     "(its own --store wins).",
 )
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    envvar="FLEETSTORE_VERBOSE",
+    show_envvar=True,
+    help="Log more of what the library does on stderr: -v INFO, -vv DEBUG (default: "
+    "warnings and errors).",
+)
+@click.option(
+    "-q",
+    "--quiet",
+    count=True,
+    envvar="FLEETSTORE_QUIET",
+    show_envvar=True,
+    help="Log less: -q errors only, -qq critical only.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="FLEETSTORE_LOG_FORMAT",
+    show_envvar=True,
+    help="The log on stderr as text, or as one JSON object a line with each record's "
+    "fields (event, store, operation, ...).",
+)
+@click.option(
+    "--key-file",
+    metavar="FILE",
+    default=None,
+    envvar=KEY_FILE_ENV,
+    show_envvar=True,
+    help="The keyring of an encrypted store (docs/secrets.md): every command opens its "
+    "stores with it, and what a command writes of an encrypted store (exports, backups, "
+    "archives) is encrypted with its current key.",
+)
 @click.pass_context
-def main(ctx: click.Context, store: str | None) -> None:
+def main(
+    ctx: click.Context,
+    store: str | None,
+    verbose: int,
+    quiet: int,
+    log_format: str,
+    key_file: str | None,
+) -> None:
     """fleetstore: session storage a fleet of agent processes can write at once.
 
     Commands for a fleetstore store: one SQLite file, a sharded directory
@@ -104,6 +153,12 @@ def main(ctx: click.Context, store: str | None) -> None:
     work on any SQLite file, fleetstore's or another program's; so do maintain's
     generic steps (with --yes, on a file in WAL mode).
     """
+    from fleetstore.cli import logs
+
+    logs.configure(verbose, quiet, log_format)
+    if key_file:
+        # Every store the command opens reads its settings from the environment.
+        os.environ[KEY_FILE_ENV] = key_file
     # The group's --store before a command that takes none (merge, migrate, reshard
     # name their stores as arguments; stress has --url) would be silently ignored.
     name = ctx.invoked_subcommand

@@ -49,11 +49,12 @@ def recover(store: str | None, write_budget: float | None, as_json: bool) -> Non
     """
     import logging
 
+    from fleetstore.cli import logs
     from fleetstore.store.facade import recover_journals
     from fleetstore.store.spool import REJECTED, rejected_records
 
-    # What the library logs about the replay is all in the report below.
-    logging.getLogger("fleetstore").addHandler(logging.NullHandler())
+    # What the library logs about the replay is all in the report below (unless -v/-q).
+    logs.default_level(logging.CRITICAL + 1)
     settings = {} if write_budget is None else {"write_budget": write_budget}
     try:
         store_path, results = recover_journals(store, **settings)

@@ -36,10 +36,18 @@ Exit codes:
     **_env("export", "output"),
     help="The file to write ('-': standard output).",
 )
+@click.option(
+    "--plain",
+    is_flag=True,
+    default=False,
+    **_env("export", "plain"),
+    help="An encrypted store's export is encrypted with its current key (any holder of "
+    "its keyring imports it); --plain writes it unencrypted, on purpose.",
+)
 @json_option("export")
 @_store_params()
 def export_command(
-    sessions: tuple[str, ...], output: str, as_json: bool, store: str | None
+    sessions: tuple[str, ...], output: str, plain: bool, as_json: bool, store: str | None
 ) -> None:
     """Write sessions, with their messages, state and blobs, to one file.
 
@@ -47,7 +55,9 @@ def export_command(
     The file is zstd-compressed JSON lines: a versioned header, the blobs and
     the operations that recreate each session exactly, and a trailer with counts
     and a SHA-256 of everything before it. `fleetstore import` reads it back.
-    The summary (--json: one object) goes to stdout, to stderr with -o -.
+    An encrypted store's export is sealed (AES-256-GCM, under the keyring's current
+    key) unless --plain. The summary (--json: one object) goes to stdout, to stderr
+    with -o -.
     """
     from fleetstore.transfer.export import export_store
 
@@ -58,10 +68,13 @@ def export_command(
     try:
         with _open_to_read(path) as opened:
             if output == "-":
-                summary = export_store(opened, sys.stdout.buffer, sessions or None, progress=bars)
+                summary = export_store(
+                    opened, sys.stdout.buffer, sessions or None, progress=bars, plain=plain
+                )
                 sys.stdout.buffer.flush()
             else:
-                summary = export_store(opened, output, sessions or None, progress=bars)
+                summary = export_store(opened, output, sessions or None, progress=bars, plain=plain)
+            sealed = opened.keyring is not None and not plain
     except (FleetstoreError, OSError) as exc:
         bars.close()
         click.echo(f"fleetstore export: {exc}", err=True)
@@ -69,13 +82,18 @@ def export_command(
     bars.close()
     if as_json:
         figures = ("sessions", "messages", "states", "blobs", "blob_bytes", "file_bytes")
-        report = {"output": output, **{k: getattr(summary, k) for k in figures}}
+        report = {
+            "output": output,
+            **{k: getattr(summary, k) for k in figures},
+            "encrypted": sealed,
+        }
         emit_json(report, err=output == "-")
         return
     click.echo(
         f"fleetstore export: {summary.sessions} sessions, {summary.messages} messages, "
         f"{summary.states} state values, {summary.blobs} blobs ({_size(summary.blob_bytes)}) "
-        f"-> {'stdout' if output == '-' else output} ({_size(summary.file_bytes)})",
+        f"-> {'stdout' if output == '-' else output} ({_size(summary.file_bytes)}"
+        f"{', encrypted' if sealed else ''})",
         err=output == "-",
     )
 
@@ -137,9 +155,22 @@ Exit codes:
     help="--store names another program's SQLite database: add fleetstore's tables to "
     "it (switching it to WAL mode). Without this flag such a file is refused, unchanged.",
 )
+@click.option(
+    "--export-key",
+    metavar="FILE",
+    default=None,
+    **_env("import", "export-key"),
+    help="The keyring of an encrypted export (default: the store's own, --key-file): to "
+    "import an encrypted store's export into a store without that keyring.",
+)
 @json_option("import")
 def import_command(
-    file: str, store: str | None, source: str, foreign_ok: bool, as_json: bool
+    file: str,
+    store: str | None,
+    source: str,
+    foreign_ok: bool,
+    export_key: str | None,
+    as_json: bool,
 ) -> None:
     """Import a file written by `fleetstore export` into a store (created if missing;
     a --store that is another program's SQLite file is refused unless
@@ -176,6 +207,7 @@ def import_command(
     import stat
     import tempfile
 
+    from fleetstore.core.keys import keyring_of
     from fleetstore.transfer.importing import import_file
 
     # The file is read twice (checked whole, then written): standard input, a pipe
@@ -193,7 +225,9 @@ def import_command(
                     else:
                         with open(file, "rb") as src:
                             shutil.copyfileobj(src, fh)
-            summary = import_file(opened, tmp or file, progress=bars)
+            summary = import_file(
+                opened, tmp or file, progress=bars, keyring=keyring_of(export_key or "")
+            )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     except fleetstore.StoreBusy as exc:

@@ -14,18 +14,23 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from click.core import ParameterSource
 
 import fleetstore
 from fleetstore.core.units import size
+
+if TYPE_CHECKING:
+    from fleetstore.core.keys import Keyring
 from fleetstore.errors import FleetstoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 STORE_ENV = "FLEETSTORE_URL"
+#: The keyring of an encrypted store (the setting encryption_key_file).
+KEY_FILE_ENV = "FLEETSTORE_ENCRYPTION_KEY_FILE"
 STORE_HELP = (
     "The store: its file, a directory holding fleetstore.db, sqlite:///absolute/path, a "
     "sharded store (sqlite+sharded:///absolute/dir, or the directory holding its "
@@ -207,7 +212,9 @@ class NotInstalled(click.Command):
         )
 
 
-def existing_store(command: str, store: str | None, *, server: bool = True) -> str:
+def existing_store(
+    command: str, store: str | None, *, server: bool = True, plain_ok: bool = False
+) -> str:
     """What to pass to ``fleetstore.open``: the store file's path, a sharded store's
     ``sqlite+sharded:///DIR`` URL (it exists iff ``DIR/catalog.db`` is a file), or a
     PostgreSQL store's URL (where *server*); exit 2 if there is no store (commands
@@ -229,7 +236,7 @@ def existing_store(command: str, store: str | None, *, server: bool = True) -> s
                 err=True,
             )
             sys.exit(2)
-        _check_store(command, directory / CATALOG)
+        _check_store(command, directory / CATALOG, plain_ok=plain_ok)
         return f"{SHARDED_SCHEME}://{directory}"
     if isinstance(target, str):
         if not server:
@@ -244,7 +251,7 @@ def existing_store(command: str, store: str | None, *, server: bool = True) -> s
     if not path.is_file():
         click.echo(f"fleetstore {command}: no store at {path} (nothing was created)", err=True)
         sys.exit(2)
-    _check_store(command, path)
+    _check_store(command, path, plain_ok=plain_ok)
     return str(path)
 
 
@@ -268,16 +275,25 @@ def check_target(
         _check_store(command, path, hint)
 
 
-def _check_store(command: str, path: Path, hint: str = "") -> None:
+def _check_store(command: str, path: Path, hint: str = "", *, plain_ok: bool = False) -> None:
     """Exit 1, the file unchanged, unless *path* is a fleetstore store: a command
     that works on an existing store never converts another program's file."""
     from fleetstore.store.readonly import check_store_file
 
     try:
-        check_store_file(path)
+        check_store_file(path, keyring=settings_keyring(), plain_ok=plain_ok)
     except (FleetstoreError, OSError) as exc:
         click.echo(f"fleetstore {command}: {exc}{hint}", err=True)
         sys.exit(1)
+
+
+def settings_keyring() -> Keyring | None:
+    """The keyring the settings name (``--key-file``, ``$FLEETSTORE_ENCRYPTION_KEY_FILE``):
+    for the commands that read files without opening a store (doctor, scan)."""
+    from fleetstore.core.keys import keyring_of
+    from fleetstore.core.settings import Settings
+
+    return keyring_of(Settings.load().encryption_key_file)
 
 
 def open_existing(command: str, store: str | None) -> fleetstore.Store:

@@ -327,12 +327,15 @@ def _run(
     """Load the handlers, open the store, run the worker: (exit code, owner, stats)."""
     import fleetstore
     from fleetstore.admin.worker import HandlersError, load_handlers
+    from fleetstore.cli import logs
 
     try:
         table = load_handlers(handlers)
     except HandlersError as exc:
         raise click.BadParameter(str(exc)) from None
-    logging.basicConfig(level=logging.INFO, handlers=[_Lines(as_json)])
+    # What the worker does, at INFO unless -v/-q chose (the group's log handler gives
+    # way to the worker's, on the root logger: the handlers' own logs are shown too).
+    logs.take_over(_Lines(as_json), logging.INFO)
     opened = _open_existing("worker", store)
     try:
         runner = fleetstore.Worker(opened, table, **options)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "langgraph": ("langgraph", "langchain_core"),
     "openai-agents": ("agents",),
     "adk": ("google", "pydantic"),
+    "encryption": ("cryptography",),
     # Not imported: the fleetstore command loads `fleetstore stress` from this
     # distribution's entry point (cli/util.LazyGroup).
     "stress": ("fleetstore_stress",),

@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Any
 
+from fleetstore.core import telemetry
+
 # Buckets grow by 10 % from 1 µs: percentile error stays under 10 %, and
 # 300 buckets reach past an hour.
 _BASE = 1e-6
@@ -55,6 +57,28 @@ class Histogram:
                 upper = _BASE * _GROWTH**index
                 return min(upper, self._max)
         return self._max
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+    @property
+    def total(self) -> float:
+        return self._sum
+
+    def cumulative(self, bounds: tuple[float, ...]) -> list[int]:
+        """For each of *bounds* (ascending, seconds), how many samples were at most it,
+        as Prometheus's ``le`` buckets: to within a bucket's 10 % (a sample in a bucket
+        that straddles a bound is counted at the next bound)."""
+        out = []
+        seen = 0
+        index = 0
+        for bound in bounds:
+            while index < _BUCKETS and _BASE * _GROWTH**index <= bound * (1 + 1e-9):
+                seen += self._counts[index]
+                index += 1
+            out.append(seen)
+        return out
 
     def export(self) -> dict[str, Any]:
         """The raw histogram (non-empty buckets only), for ``from_buckets`` in another
@@ -126,11 +150,14 @@ class WriteMetrics:
         "batch_max",  # the most items one of this process's transactions committed
     )
 
-    def __init__(self) -> None:
+    def __init__(self, system: str = "sqlite") -> None:
         self._lock = threading.Lock()
+        #: ``db.system.name``: "sqlite" or "postgresql" (OpenTelemetry's attribute).
+        self.system = system
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self.lock_wait = Histogram()
         self.lock_hold = Histogram()
+        self.checkpoint_duration = Histogram()
         #: The last failure of work beside the writes (a checkpoint, a gate hand-over).
         self.last_error: dict[str, Any] | None = None
 
@@ -167,11 +194,29 @@ class WriteMetrics:
                     counters["served"] += served
                 if items > counters["batch_max"]:
                     counters["batch_max"] = items
+        # An attribute read while no OpenTelemetry SDK is installed (core/telemetry.py).
+        otel = telemetry.ACTIVE
+        if otel is not None:
+            otel.record("lock_wait", wait, self.system)
+            otel.record("lock_hold", hold, self.system)
+
+    def record_checkpoint(self, seconds: float) -> None:
+        """A checkpoint ran for *seconds*."""
+        with self._lock:
+            self.counters["checkpoints"] += 1
+            self.checkpoint_duration.add(seconds)
+        otel = telemetry.ACTIVE
+        if otel is not None:
+            otel.record("checkpoint_duration", seconds, self.system)
 
     def export(self) -> dict[str, Any]:
         """The raw histograms, for merging across processes (``Histogram.from_buckets``)."""
         with self._lock:
-            return {"lock_wait": self.lock_wait.export(), "lock_hold": self.lock_hold.export()}
+            return {
+                "lock_wait": self.lock_wait.export(),
+                "lock_hold": self.lock_hold.export(),
+                "checkpoint_duration": self.checkpoint_duration.export(),
+            }
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -183,4 +228,63 @@ class WriteMetrics:
             }
 
 
-__all__ = ["Histogram", "WriteMetrics"]
+class OutboxMetrics:
+    """What one process's outbox did: effects enqueued, claimed and settled (by
+    outcome), how long claimed effects had waited and how long handlers ran."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Incremented without the lock, under the GIL (``+=`` on an int attribute runs
+        #: no Python code in between): a lock here was a call per enqueue, which the
+        #: cost guards of tests/store/test_cost.py count.
+        self.enqueued = 0
+        self.claimed = 0
+        self.settled = dict.fromkeys(telemetry.OUTCOMES, 0)
+        self.wait = Histogram()
+        self.run = Histogram()
+
+    def record_claims(self, claims: list[Any]) -> None:
+        """*claims* made (``Claim`` values, just returned): each effect waited from
+        when it became available (enqueued, its delay or retry over) to its claim (its
+        ``started_at``).  Four calls a claim: every claim pays them
+        (tests/store/test_cost.py)."""
+        with self._lock:
+            for claim in claims:
+                effect = claim.effect
+                self.wait.add((effect.started_at or effect.available_at) - effect.available_at)
+                self.claimed += 1
+        otel = telemetry.ACTIVE
+        if otel is not None:
+            for claim in claims:
+                effect = claim.effect
+                otel.record(
+                    "effect_wait",
+                    (effect.started_at or effect.available_at) - effect.available_at,
+                    "",
+                )
+
+    def record_run(self, seconds: float) -> None:
+        """A handler ran for *seconds*."""
+        with self._lock:
+            self.run.add(seconds)
+        otel = telemetry.ACTIVE
+        if otel is not None:
+            otel.record("effect_run", seconds, "")
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "enqueued": self.enqueued,
+                "claimed": self.claimed,
+                "settled": dict(self.settled),
+                "wait": self.wait.snapshot(),
+                "run": self.run.snapshot(),
+            }
+
+    def export(self) -> dict[str, Any]:
+        """The raw histograms (see ``WriteMetrics.export``)."""
+        with self._lock:
+            return {"effect_wait": self.wait.export(), "effect_run": self.run.export()}
+
+
+__all__ = ["Histogram", "OutboxMetrics", "WriteMetrics"]

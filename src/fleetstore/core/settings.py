@@ -83,6 +83,21 @@ class Settings:
     #: Sharded stores (``sqlite+sharded:///DIR``): shard files this process keeps
     #: open at once (idle ones beyond it are closed, least recently used first).
     max_open_shards: int = 64
+    #: With an OpenTelemetry SDK installed, keep the trace context an effect is
+    #: enqueued in with the effect, so that its handler's span joins that trace
+    #: (docs/telemetry.md).  Off by default: the context is written to the store.
+    trace_effects: bool = False
+    #: The keyring file (fleetstore.core.keys) of a store encrypted at rest; "" for
+    #: none.  Given, the SQLite files and everything written beside them (blobs, spool
+    #: journals, archives, exports, backups) are encrypted (docs/secrets.md).
+    encryption_key_file: str = ""
+    #: Secrets in what is written (messages, parts, streamed text, tool arguments and
+    #: outputs, state values, effect payloads) are replaced by ``[REDACTED:kind]``
+    #: before they are stored (docs/secrets.md, "Redaction").
+    redaction: bool = True
+    #: A rules file of your own (TOML, docs/secrets.md "Adding rules"): rules added to
+    #: the built-in ones, built-in kinds disabled, strings allowed.  "" for none.
+    redaction_rules_file: str = ""
     #: Keep the search index up to date from this process: a thread of its own takes what
     #: the writes queued, in batches (docs/search.md).  Off, this process's writes are
     #: still queued, and indexed by another process (or ``fleetstore index``).
@@ -129,7 +144,15 @@ class Settings:
             self.local_dir.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             raise ConfigError(f"local_dir is not a valid path: {self.local_dir!r:.80}") from None
-        for name in ("gate", "search_index"):
+        if not isinstance(self.encryption_key_file, str) or "\x00" in self.encryption_key_file:
+            raise ConfigError(
+                f"encryption_key_file must be a file path, not {self.encryption_key_file!r:.80}"
+            )
+        if not isinstance(self.redaction_rules_file, str) or "\x00" in self.redaction_rules_file:
+            raise ConfigError(
+                f"redaction_rules_file must be a file path, not {self.redaction_rules_file!r:.80}"
+            )
+        for name in ("gate", "trace_effects", "search_index", "redaction"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, not {getattr(self, name)!r:.80}")
 

@@ -7,6 +7,12 @@ a writer holds the lock does not grow with the payload (DESIGN.md promise 4;
 a 4 MB payload written inside the transaction raised everyone else's p99 6-7x).
 Paths come from the hash alone, so no input can name a file of its choosing.
 Identical payloads share one file.  Reads verify the hash.
+
+A store with a keyring (``encryption_key_file``) seals each file after compressing it
+(``fleetstore.core.sealed``: AES-256-GCM, the key's id in its header); the compressed
+bytes (``read_stored``, ``put_stored``: exports, migrations) are the same either way.
+A file written before the store was encrypted, or sealed under an older key of the
+ring, still reads.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from typing import Any
 import zstandard
 
 from fleetstore import errors
+from fleetstore.core import sealed
 from fleetstore.core.files import private_dirs
+from fleetstore.core.keys import Keyring
 from fleetstore.engine.base import Engine
 
 CODEC = "zstd"
@@ -73,9 +81,12 @@ class BlobStore:
         *,
         durable: bool = True,
         wait_for_space: float = 0.0,
+        keyring: Keyring | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
+        #: Files are sealed with its current key (None: written as compressed).
+        self.keyring = keyring
         #: A full disk is waited out this long (the write budget: issue 23, a full disk
         #: that frees within it costs latency, not turns), then ``StorageFull``.
         self.wait_for_space = wait_for_space
@@ -103,8 +114,9 @@ class BlobStore:
             )
         sha = hashlib.sha256(data).hexdigest()
         target = self.path(sha)
-        with contextlib.suppress(OSError, errors.BlobCorrupt):
-            packed = target.read_bytes()
+        # (A file sealed under a key the ring lacks is written again under its own.)
+        with contextlib.suppress(OSError, errors.BlobCorrupt, errors.KeyMissing, errors.WrongKey):
+            packed = self._load(target, sha)
             # Decompressing and hashing costs less than compressing again, and a
             # file trusted by its name alone was never repaired by a later import
             # or merge of the same content (tests/domain/test_history.py).
@@ -160,6 +172,8 @@ class BlobStore:
             private_dirs(target.parent)
         tmp = target.parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        if self.keyring is not None:
+            packed = sealed.seal(packed, self.keyring)
         try:
             try:
                 view = memoryview(packed)
@@ -271,11 +285,28 @@ class BlobStore:
             return
         syncfs(self.directory)
 
+    def _load(self, target: Path, sha256: str) -> bytes:
+        """The compressed bytes of the file at *target*, unsealed if it is sealed
+        (``KeyMissing`` without the key it names, ``WrongKey``; ``BlobCorrupt`` if it
+        is damaged)."""
+        data = target.read_bytes()
+        if not sealed.is_sealed(data):
+            return data
+        if self.keyring is None:
+            raise errors.KeyMissing(
+                f"blob {sha256}: {target} is encrypted and the store was opened without a "
+                "key (encryption_key_file); nothing was read"
+            )
+        try:
+            return sealed.unseal(data, self.keyring, str(target))
+        except errors.SealedCorrupt as exc:
+            raise errors.BlobCorrupt(f"blob {sha256}: {exc}") from exc
+
     def get(self, sha256: str, size: int | None = None) -> bytes:
         """The payload, verified against its hash (``BlobCorrupt`` if missing or damaged)."""
         target = self.path(sha256)
         try:
-            packed = target.read_bytes()
+            packed = self._load(target, sha256)
         except OSError as exc:
             raise errors.BlobCorrupt(
                 f"blob {sha256}: cannot read {target}: {exc.strerror}"
@@ -287,9 +318,9 @@ class BlobStore:
         return data
 
     def read_stored(self, sha256: str) -> bytes:
-        """The compressed bytes as stored (for export; verified by the importer)."""
+        """The compressed bytes as stored, unsealed (for export; verified by the importer)."""
         try:
-            return self.path(sha256).read_bytes()
+            return self._load(self.path(sha256), sha256)
         except OSError as exc:
             raise errors.BlobCorrupt(f"blob {sha256}: {exc.strerror}") from exc
 
@@ -334,10 +365,19 @@ class DbBlobStore:
     and hashes as the files of a SQLite store; written in a transaction of their own
     before the one that refers to them, as the files are."""
 
-    def __init__(self, db: Engine, queries: Mapping[str, str], max_bytes: int) -> None:
+    def __init__(
+        self,
+        db: Engine,
+        queries: Mapping[str, str],
+        max_bytes: int,
+        keyring: Keyring | None = None,
+    ) -> None:
         self._db = db
         self._queries = queries
         self.max_bytes = max_bytes
+        #: The compressed bytes are sealed before they are cut in rows (None: as they are):
+        #: the server, its backups and replicas hold ciphertext (docs/secrets.md).
+        self.keyring = keyring
 
     def _q(self, name: str) -> str:
         return self._queries[name]
@@ -364,6 +404,8 @@ class DbBlobStore:
         return int(rows[0][1]) if rows and rows[0][0] else 0
 
     def _write(self, sha: str, packed: bytes, replace: bool = False) -> None:
+        if self.keyring is not None:
+            packed = sealed.seal(packed, self.keyring)
         chunks = [
             (sha, i, packed[at : at + CHUNK_BYTES])
             for i, at in enumerate(range(0, max(len(packed), 1), CHUNK_BYTES))
@@ -383,7 +425,18 @@ class DbBlobStore:
         rows = self._db.read(lambda tx: tx.execute(self._q("blobdata_get"), (sha256,)))
         if not rows:
             raise errors.BlobCorrupt(f"blob {sha256}: no data in blob_chunks")
-        return b"".join(bytes(r[0]) for r in rows)
+        data = b"".join(bytes(r[0]) for r in rows)
+        if not sealed.is_sealed(data):
+            return data
+        if self.keyring is None:
+            raise errors.KeyMissing(
+                f"blob {sha256} is encrypted and the store was opened without a key "
+                "(encryption_key_file); nothing was read"
+            )
+        try:
+            return sealed.unseal(data, self.keyring, f"blob {sha256}")
+        except errors.SealedCorrupt as exc:
+            raise errors.BlobCorrupt(str(exc)) from exc
 
     def get(self, sha256: str, size: int | None = None) -> bytes:
         packed = self.read_stored(sha256)

@@ -5,6 +5,13 @@ A payload of at least ``blob_threshold`` bytes becomes a blob (written, compress
 and durable, before any transaction) and the operation carries only its hash; a
 smaller one travels inline.  Every part is checked before the first blob is
 written, so a rejected write leaves no file behind.
+
+This is also where content is redacted (``redaction``, on by default): every payload
+the API writes (a part's text, a tool call's arguments, a tool's output, a file, a
+state value, an effect's payload and result, the frameworks' bodies) passes here once,
+before its blob file or operation is made.  One regex search (``screen``) per payload
+decides; only a payload where a rule's prefix occurs is redacted (``_redacted``).
+Streamed text is redacted where a stream writes it (``history.Stream``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.redact import WriteRedaction
 from fleetstore.core.validate import (
     MAX_INLINE,
     MAX_MODEL,
@@ -52,8 +60,31 @@ class Prepared:
 
 
 def prepare_payload(store: StorePort, value: str | bytes, enc: str) -> Prepared:
-    """*value* checked (valid text, at most ``max_payload_bytes``); nothing written."""
+    """*value* checked (valid text, at most ``max_payload_bytes``) and redacted;
+    nothing written."""
+    redaction = store.redaction
+    if redaction is not None:
+        value = _redacted(redaction, value, enc)
     return Prepared({}, _raw(store, value), value, enc)
+
+
+def _redacted(redaction: WriteRedaction, value: str | bytes, enc: str) -> str | bytes:
+    """*value* (of encoding *enc*) with its secrets replaced."""
+    if not isinstance(value, str):
+        return redaction.data(bytes(value))
+    if redaction.screen(value) is None:
+        return value
+    return redaction.json_text(value) if enc == "json" else redaction.text(value)
+
+
+def redacted_copy(store: StorePort, text: str | None) -> str | None:
+    """A text an adapter keeps beside a body it wrote (an ADK event's plain text, a view
+    of its JSON) redacted as the body was, and not counted again: it was counted there
+    (test_redaction.py, the frameworks' bodies)."""
+    redaction = store.redaction
+    if text is None or redaction is None or redaction.screen(text) is None:
+        return text
+    return redaction.redactor.redact(text).text
 
 
 def write_payload(store: StorePort, prepared: Prepared) -> dict[str, Any]:
@@ -129,6 +160,9 @@ def _prepare_part(store: StorePort, part: object) -> Prepared:
         kinds = ", ".join(t.__name__ for t in PART_TYPES.values())
         raise errors.InvalidInput(f"not a message part: {type(part).__name__} (parts are {kinds})")
     dump_json(head["meta"], f"the meta of a {part.kind} part", MAX_PART_META)
+    redaction = store.redaction
+    if redaction is not None and (value.__class__ is not str or redaction.screen(value)):
+        value = _redacted(redaction, value, enc)
     return Prepared(head, _raw(store, value), value, enc)
 
 
@@ -137,12 +171,18 @@ def prepare_parts(store: StorePort, parts: Sequence[object]) -> list[Prepared | 
     ASCII text (most parts) is encoded here at once: the general way was a dozen
     Python calls a part (issue 24)."""
     limit = store.settings.blob_threshold
+    redaction = store.redaction
     out: list[Prepared | dict[str, Any]] = []
     for p in parts:
         cls = p.__class__
         if cls is Text or cls is Reasoning:
             text = p.text  # type: ignore[attr-defined]
-            if text.__class__ is str and text.isascii() and len(text) < limit:
+            if (
+                text.__class__ is str
+                and text.isascii()
+                and len(text) < limit
+                and (redaction is None or redaction.screen(text) is None)
+            ):
                 out.append(
                     {"kind": cls.kind, "meta": {}, "enc": "str", "body": text, "size": len(text)}
                 )
@@ -229,6 +269,9 @@ def value_payload(store: StorePort, value: Any, what: str) -> dict[str, Any]:
         text = to_json(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise errors.InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
+    redaction = store.redaction
+    if redaction is not None and redaction.screen(text) is not None:
+        text = redaction.json_text(text)
     if text.isascii():
         size = len(text)
     else:
@@ -273,6 +316,14 @@ def encode_state(
     file written here if it is large)."""
     head, payload = prepare_state(store, session_id, key, value, namespace)
     return {**head, "value": write_payload(store, payload)}
+
+
+def redact_json(store: StorePort, text: str) -> str:
+    """JSON *text* (an effect's result) redacted as the value it encodes."""
+    redaction = store.redaction
+    if redaction is None or redaction.screen(text) is None:
+        return text
+    return redaction.json_text(text)
 
 
 # -- inside the transaction: an encoded payload's columns -------------------------------
@@ -358,6 +409,7 @@ __all__ = [
     "ENCODINGS",
     "Prepared",
     "check_encoded",
+    "redact_json",
     "columns",
     "encode_state",
     "value_payload",

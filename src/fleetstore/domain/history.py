@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
+from fleetstore.core.redact import LOOKAROUND, CountedStream
 from fleetstore.core.validate import (
     INT_MAX,
     MAX_ERROR_TEXT,
@@ -43,7 +44,7 @@ from fleetstore.domain.codec import (
     prepare_parts,
     write_parts,
 )
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.outbox import effects_args, prepare_effects
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import (
@@ -362,7 +363,7 @@ class Sessions:
         # session's next batches each in a transaction of their own, and the fork is
         # seen once the last one is in (never half copied).
         op = Operation("fork_session", args, new_id(), True)
-        result = self._store.submit(op, spool=False)
+        result = self._store.submit(op, Delivery.NOW)
         if result is not None and not result.get("done"):
             session_jobs.copy_fork(self._store, new, session_id)
         return self.get(new)
@@ -403,7 +404,7 @@ class Sessions:
         they made, so they are not spooled: past the budget ``StoreBusy``, behind
         spooled writes ``SpoolPending``, both with nothing written.  Spooling them and
         raising afterwards made a caller's retry apply them twice (a second fork)."""
-        self._store.submit(op, spool=False)
+        self._store.submit(op, Delivery.NOW)
         return self.get(session_id)
 
 
@@ -666,6 +667,13 @@ class Stream:
         self._effects: list[dict[str, Any]] = []
         self._state: list[dict[str, Any]] = []
         self._created: dict[str, Any] | None = None  # the message row, until written
+        #: Redaction of the streamed text (None: off), each text part through a stream
+        #: redactor once a rule's prefix shows in it (a secret cut by a flush is still
+        #: whole to it): part_seq -> (its redactor, its kind); before that, the part's
+        #: last characters written (what a rule looks behind at).
+        self._redaction = store.redaction
+        self._scrub: dict[int, tuple[CountedStream, str]] = {}
+        self._tail: dict[int, str] = {}
         self._registered = False
         self._open = False
         self._finished = False
@@ -769,17 +777,56 @@ class Stream:
         with self._flush_lock:
             self._write(None)
 
-    def _take(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
+    def _take(
+        self,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None, int]:
         with self._lock:
             chunks, self._pending, self._pending_bytes = self._pending, [], 0
             parts, self._parts = self._parts, []
-            self._sealed = 0
+            sealed, self._sealed = self._sealed, 0
             self._pending_since = 0.0
-            return chunks, parts, self._created
+            return chunks, parts, self._created, sealed
+
+    def _redact(self, chunks: list[dict[str, Any]], done: int, final: bool) -> list[dict[str, Any]]:
+        """Under _flush_lock: *chunks* with their text redacted (the first *done* were,
+        by a write that failed), and the text held back for a part that ended."""
+        redaction = self._redaction
+        assert redaction is not None
+        fed = False
+        for chunk in chunks[done:]:
+            seq, text = chunk["part_seq"], chunk["text"]
+            scrub = self._scrub.get(seq) if self._scrub else None
+            if scrub is None:
+                if (
+                    redaction.screen(text) is None
+                    and redaction.cut(text, len(text) - redaction.reach) is None
+                ):
+                    self._tail[seq] = (self._tail.get(seq, "") + text)[-LOOKAROUND:]
+                    continue
+                scrub = (redaction.stream(self._tail.pop(seq, "")), chunk["kind"])
+                self._scrub[seq] = scrub
+            chunk["text"] = scrub[0].feed(text)
+            fed = True
+        if fed:
+            chunks = [c for c in chunks if c["text"]]
+        if self._scrub:
+            with self._lock:
+                current = self._part_seq if self._part_kind is not None else -1
+                ended = [s for s in self._scrub if final or s != current]
+                for seq in ended:
+                    stream, kind = self._scrub.pop(seq)
+                    rest = stream.finish()
+                    if rest:
+                        n = self._chunk_seq.get(seq, 0)
+                        self._chunk_seq[seq] = n + 1
+                        chunks.append({"part_seq": seq, "kind": kind, "seq": n, "text": rest})
+        return chunks
 
     def _write(self, finish: dict[str, Any] | None) -> None:
         """Under _flush_lock: one ``stream_write`` of what is buffered (and *finish*)."""
-        chunks, parts, created = self._take()
+        chunks, parts, created, done = self._take()
+        if self._redaction is not None and (chunks or self._scrub):
+            chunks = self._redact(chunks, done, finish is not None)
         if not (chunks or parts or finish or created is not None):
             return
         args: dict[str, Any] = {"message_id": self.id, "session_id": self.session_id}
@@ -809,7 +856,7 @@ class Stream:
                     self._pending_since = time.monotonic()
                 self._pending[:0] = chunks
                 self._parts[:0] = parts
-                self._sealed = len(chunks)
+                self._sealed = len(chunks)  # (redacted already: see _redact)
                 self._pending_bytes += sum(len(c["text"]) for c in chunks)
             raise
         with self._lock:

@@ -1,5 +1,6 @@
 """The operations maintenance needs: batched deletes of session trees, of blob rows
-no row refers to, and of old ``applied_ops`` rows.
+no row refers to, and of old ``applied_ops`` rows; and the rewrites of ``fleetstore
+redact`` (``mnt_redact``, ``mnt_redact_effect``).
 
 Each operation does a bounded amount of work in one transaction (at most
 ``limit`` rows), so deleting a 20,000-message session, or pruning millions of
@@ -7,20 +8,25 @@ applied operations, never holds the write lock for long: the caller
 (``fleetstore.admin.maintain``) calls it again until it reports ``done``.  A
 single transaction deleting a 20,000-message session held the lock 0.25 s.
 
-None of them is logged in ``applied_ops``: each is idempotent by nature
+The deletes are not logged in ``applied_ops``: each is idempotent by nature
 (deleting what is no longer there deletes nothing), and logging maintenance
-would grow the very table it prunes.  None is ever spooled (maintenance calls
+would grow the very table it prunes.  A redaction is logged (its id made from what it
+rewrites, so a run again after a crash finds it applied), and applies only if the
+content is still what it was read as (``expect``, ``stored_digest``): a row written
+meanwhile is left for the next run.  None is ever spooled (maintenance calls
 ``Store.apply``): past the budget it raises ``StoreBusy`` and maintenance stops.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id
 from fleetstore.core.validate import arg_int, arg_when
 from fleetstore.domain.blobs import check_sha
+from fleetstore.domain.codec import check_encoded, columns
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
 from fleetstore.engine.base import Tx
 
@@ -138,4 +144,84 @@ def _prune_ops(tx: Tx, q: Queries, a: Args) -> Result:
     }
 
 
-__all__ = ["MAX_LIMIT", "blob_referrers", "referenced"]
+def stored_digest(*fields: object) -> str:
+    """A digest of a row's stored content (its encoding, inline body or blob hash, and
+    for an effect its result): what a redaction expects to find."""
+    digest = hashlib.sha256()
+    for value in fields:
+        if value is None:
+            data = b"\x00none"
+        elif isinstance(value, str):
+            data = b"s" + value.encode("utf-8", "surrogatepass")
+        else:
+            data = b"b" + bytes(value)  # type: ignore[call-overload]
+        digest.update(len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()
+
+
+def _payload(tx: Tx, q: Queries, value: object, what: str, now: float) -> dict[str, Any]:
+    enc, body, sha, size = columns(tx, q, check_encoded(value, what), now)
+    return {"enc": enc, "body": body, "blob_sha": sha, "size": size}
+
+
+@OPERATIONS.declare("mnt_redact", scope=Scope.SESSION, session_args=("session_id",))
+def _redact(tx: Tx, q: Queries, a: Args) -> Result:
+    """Replace a part's body (``what`` "part"), a streamed part's chunks ("chunks": put
+    back as one) or a state value ("state") with its redacted form, if the row still
+    holds what was read (``expect``); ``{"changed": True}`` otherwise."""
+    what, now = a.get("what"), a["now"]
+    sid = a.get("session_id")
+    if not is_valid_id(sid):
+        raise errors.InvalidInput(f"session_id must be a session id, not {sid!r}")
+    expect = a.get("expect")
+    if what == "part" or what == "chunks":
+        keys = {"message_id": a.get("message_id"), "seq": arg_int(a, "seq", False, 0)}
+        if not is_valid_id(keys["message_id"]):
+            raise errors.InvalidInput("message_id must be a message id")
+        if what == "part":
+            rows = tx.execute(q["red_part"], keys)
+            if not rows or stored_digest(*rows[0]) != expect:
+                return {"changed": True}
+            tx.execute(q["red_part_set"], {**keys, **_payload(tx, q, a.get("value"), what, now)})
+            return {"redacted": what}
+        params = {"message_id": keys["message_id"], "part_seq": keys["seq"]}
+        text = a.get("text")
+        if not isinstance(text, str):
+            raise errors.InvalidInput("text must be a string")
+        rows = tx.execute(q["red_chunks"], params)
+        if not rows or stored_digest("".join(str(r[1]) for r in rows)) != expect:
+            return {"changed": True}
+        tx.execute(q["red_chunks_clear"], params)
+        tx.execute(q["red_chunk_put"], {**params, "text": text})
+        return {"redacted": what}
+    if what == "state":
+        keys = {"session_id": sid, "namespace": a.get("namespace"), "key": a.get("key")}
+        if not isinstance(keys["namespace"], str) or not isinstance(keys["key"], str):
+            raise errors.InvalidInput("namespace and key must be strings")
+        rows = tx.execute(q["red_state"], keys)
+        if not rows or stored_digest(*rows[0]) != expect:
+            return {"changed": True}
+        tx.execute(q["red_state_set"], {**keys, **_payload(tx, q, a.get("value"), what, now)})
+        return {"redacted": what}
+    raise errors.InvalidInput(f"what must be part, chunks or state, not {what!r:.40}")
+
+
+@OPERATIONS.declare("mnt_redact_effect", scope=Scope.CATALOG, session_args=())
+def _redact_effect(tx: Tx, q: Queries, a: Args) -> Result:
+    """Replace an effect's payload and result with their redacted forms, if it still
+    holds what was read (``expect``); ``{"changed": True}`` otherwise."""
+    eid = a.get("id")
+    if not is_valid_id(eid):
+        raise errors.InvalidInput(f"id must be an effect id, not {eid!r}")
+    result = a.get("result")
+    if result is not None and not isinstance(result, str):
+        raise errors.InvalidInput("result must be JSON text or None")
+    rows = tx.execute(q["red_effect"], {"id": eid})
+    if not rows or stored_digest(*rows[0]) != a.get("expect"):
+        return {"changed": True}
+    payload = _payload(tx, q, a.get("value"), "effect payload", a["now"])
+    tx.execute(q["red_effect_set"], {"id": eid, **payload, "result": result})
+    return {"redacted": "effect"}
+
+
+__all__ = ["MAX_LIMIT", "blob_referrers", "referenced", "stored_digest"]

@@ -48,6 +48,26 @@ class Scope(enum.Enum):
     CATALOG = "catalog"
 
 
+class Delivery(enum.Enum):
+    """How ``Store.submit`` delivers an operation when the store is busy past the write
+    budget, or when earlier writes of this process wait in its spool."""
+
+    #: The default: in order behind this process's spooled writes; past the budget
+    #: spooled (``on_busy="spool"``) or ``StoreBusy`` (``on_busy="raise"``).
+    SPOOLABLE = "spoolable"
+    #: The caller needs the outcome now (a conditional write, an import's create):
+    #: applied within the budget or an error, never spooled; with writes waiting in the
+    #: spool, ``SpoolPending`` rather than overtaking them.
+    NOW = "now"
+    #: An effect's settlement: like ``SPOOLABLE``, but spooled past the budget even with
+    #: ``on_busy="raise"`` (a settlement lost leaves its effect's thread stuck).
+    MUST_LAND = "must_land"
+    #: Claims, heartbeats, sweeps, the deletes' and forks' jobs: they neither depend on
+    #: this process's spooled writes nor these on them, so they are applied now even
+    #: while the spool holds writes, and never spooled (``StoreBusy`` past the budget).
+    INDEPENDENT = "independent"
+
+
 @dataclass(frozen=True, slots=True)
 class Operation:
     """One write: ``name`` in the registry, JSON ``args``, a unique ``op_id``.
@@ -195,6 +215,7 @@ __all__ = [
     "Args",
     "Check",
     "Declarations",
+    "Delivery",
     "OpSpec",
     "Operation",
     "Queries",

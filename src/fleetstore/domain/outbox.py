@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
+from fleetstore.core import telemetry
 from fleetstore.core.ids import derived_id, new_id
 from fleetstore.core.validate import (
     check_bool,
@@ -34,10 +35,12 @@ from fleetstore.domain.codec import (
     Prepared,
     decode_value,
     prepare_payload,
+    redact_json,
     value_payload,
     write_payload,
 )
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.effect_trace import carry_trace
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.outbox_ops import (
     CHANNEL,
     DEFAULT_LEASE,
@@ -236,6 +239,8 @@ def _prepare_effect(store: StorePort, spec: object) -> tuple[dict[str, Any], Pre
         spec.max_attempts,
         spec.replay_safe,
     )
+    if telemetry.ACTIVE is not None:
+        carry_trace(store, args)
     if isinstance(spec.payload, bytes | bytearray | memoryview):
         payload = prepare_payload(store, bytes(spec.payload), "bytes")
     else:
@@ -254,6 +259,7 @@ class PreparedEffects:
     def write(self) -> list[dict[str, Any]] | None:
         if not self._items:
             return None
+        self._store.outbox_metrics.enqueued += len(self._items)
         return [{**a, "payload": write_payload(self._store, p)} for a, p in self._items]
 
 
@@ -321,7 +327,10 @@ class Effects:
             thread_key, kind, idempotency_key, op_id, delay, max_attempts, replay_safe
         )
         args["payload"] = value_payload(store, payload, "effect payload")
+        if telemetry.ACTIVE is not None:
+            carry_trace(store, args)
         result = store.submit(Operation("enqueue_effect", args, op_id, True))
+        store.outbox_metrics.enqueued += 1  # (under the GIL, no lock: OutboxMetrics)
         return str(result["id"]) if result is not None else str(args["id"])
 
     def get(self, effect_id: str) -> Effect:
@@ -463,9 +472,12 @@ class Effects:
             op_id,
             True,
         )
-        result = store.submit(op, independent=True)
+        result = store.submit(op, Delivery.INDEPENDENT)
         assert result is not None  # independent operations are never spooled
-        return [Claim(store, claimed_effect(store, row), owner, lease) for row in result["rows"]]
+        claims = [Claim(store, claimed_effect(store, row), owner, lease) for row in result["rows"]]
+        if claims:
+            store.outbox_metrics.record_claims(claims)
+        return claims
 
     def _settle_batch(
         self, claims: Sequence[Claim], items: Sequence[dict[str, Any]]
@@ -481,7 +493,10 @@ class Effects:
         op = Operation("settle_effects", {"items": list(items)}, new_id(), True)
         for claim, item in zip(claims, items, strict=True):
             claim.outcome = item["outcome"]
-        result = self._store.submit(op, must_land=True)
+        result = self._store.submit(op, Delivery.MUST_LAND)
+        settled = self._store.outbox_metrics.settled
+        for item in items:
+            settled[item["outcome"]] += 1
         if result is None:
             return None
         states = result.get("states")
@@ -504,7 +519,7 @@ class Effects:
         """Take effects whose lease expired from their lost owners: back to
         ``pending`` (replay-safe, attempts left) or to ``dead`` with the reason."""
         op = Operation("sweep_effects", {}, new_id(), True)
-        result = self._store.submit(op, independent=True)
+        result = self._store.submit(op, Delivery.INDEPENDENT)
         assert result is not None
         return [Swept(eid, EffectState(state)) for eid, state in result["swept"]]
 
@@ -513,7 +528,7 @@ class Effects:
         fresh attempts), or a pending one now."""
         check_id(effect_id, "effect_id")
         self._store.submit(
-            Operation("retry_effect", {"id": effect_id}, new_id(), True), spool=False
+            Operation("retry_effect", {"id": effect_id}, new_id(), True), Delivery.NOW
         )
         return self.get(effect_id)
 
@@ -521,7 +536,7 @@ class Effects:
         """Cancel a pending or running effect; its thread moves on."""
         check_id(effect_id, "effect_id")
         self._store.submit(
-            Operation("cancel_effect", {"id": effect_id}, new_id(), True), spool=False
+            Operation("cancel_effect", {"id": effect_id}, new_id(), True), Delivery.NOW
         )
         return self.get(effect_id)
 
@@ -534,7 +549,7 @@ class Effects:
             check_str(kind, "kind", limit=MAX_KIND, empty=False)
             check_bool(safe, f"replay_safe of kind {kind!r}")
         op = Operation("declare_effect_kinds", {"kinds": dict(kinds)}, new_id(), True)
-        self._store.submit(op, independent=True)
+        self._store.submit(op, Delivery.INDEPENDENT)
 
     def kinds(self) -> dict[str, bool]:
         """The declared kinds and whether each is replay-safe."""
@@ -606,7 +621,7 @@ class Claim:
             "lease": self.lease if lease is None else lease,
         }
         result = self._store.submit(
-            Operation("heartbeat_effect", args, new_id(), True), independent=True
+            Operation("heartbeat_effect", args, new_id(), True), Delivery.INDEPENDENT
         )
         assert result is not None
         self.lease_expires_at = float(result["lease_expires_at"])
@@ -658,14 +673,17 @@ class Claim:
         """For a worker: the result of a handler it gave up on, offered with this
         claim's token (which the store refuses once it was raised: ``LeaseLost``).
         Never spooled: past the write budget ``StoreBusy``."""
-        return self._settle(self._success(result), must_land=False)
+        return self._settle(self._success(result), Delivery.NOW)
 
     # Each settlement as the item ``settle_one`` reads, every argument checked here
     # (the operation is trusted): ``_settle`` submits one, a worker batches them
     # (``Effects._settle_batch``).
 
     def _success(self, result: Any) -> dict[str, Any]:
-        text = None if result is None else dump_json(result, "effect result")
+        # Redacted here, the one entry of every settlement, one or batched (settle_effects).
+        text = (
+            None if result is None else redact_json(self._store, dump_json(result, "effect result"))
+        )
         if text is not None and len(text) * 4 > MAX_RESULT and len(text.encode()) > MAX_RESULT:
             raise errors.InvalidInput("an effect result is kept inline: at most 1 MiB of JSON")
         return self._item("succeeded", result=text)
@@ -731,14 +749,11 @@ class Claim:
             "max_attempts": max_attempts,
         }
 
-    def _settle(self, item: dict[str, Any], *, must_land: bool = True) -> bool:
-        op = Operation("settle_effect", item, new_id(), True)
-        if must_land:
-            applied = self._store.submit(op, must_land=True)
-        else:
-            applied = self._store.submit(op, spool=False)
+    def _settle(self, item: dict[str, Any], delivery: Delivery = Delivery.MUST_LAND) -> bool:
+        applied = self._store.submit(Operation("settle_effect", item, new_id(), True), delivery)
         self.outcome = item["outcome"]
         self._answer = applied  # read by ``settled`` when asked: nothing on the hot path
+        self._store.outbox_metrics.settled[item["outcome"]] += 1
         return applied is not None
 
     def __repr__(self) -> str:

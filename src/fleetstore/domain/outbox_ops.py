@@ -54,6 +54,7 @@ from fleetstore.core.validate import (
     check_strings,
 )
 from fleetstore.domain.codec import check_encoded, columns
+from fleetstore.domain.effect_trace import trace_arg
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
 
 if TYPE_CHECKING:
@@ -196,6 +197,7 @@ def check_effect(a: Args) -> dict[str, Any]:
         ),
         "replay_safe": replay_safe_arg(a.get("replay_safe")),
         "payload": check_encoded(a.get("payload"), f"payload of effect {eid}", ("json", "bytes")),
+        **trace_arg(a),
     }
 
 
@@ -247,6 +249,8 @@ def insert_effect(tx: Tx, q: Queries, a: Args, now: float) -> Result:
             "now": now,
         },
     )
+    if "trace" in a:
+        tx.execute(q["effect_set_trace"], (a["trace"], eid))
     if head:
         tx.notify(CHANNEL)
     return {"id": eid, "seq": seq}

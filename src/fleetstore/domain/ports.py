@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
+from fleetstore.core.metrics import OutboxMetrics
+from fleetstore.core.redact import WriteRedaction
 from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobRef
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.engine.base import (  # the read functions' transaction, for the layers above
     Engine,
     Tx,
@@ -60,7 +62,17 @@ class StorePort(Protocol):
         ...
 
     @property
+    def outbox_metrics(self) -> OutboxMetrics:
+        """This process's outbox figures (the outbox and the worker record them)."""
+        ...
+
+    @property
     def blobs(self) -> Blobs: ...
+
+    @property
+    def redaction(self) -> WriteRedaction | None:
+        """What content passes through before it is stored (None: redaction off)."""
+        ...
 
     @property
     def notifies(self) -> bool:
@@ -75,14 +87,10 @@ class StorePort(Protocol):
         ...
 
     def submit(
-        self,
-        op: Operation,
-        *,
-        spool: bool = True,
-        must_land: bool = False,
-        independent: bool = False,
+        self, op: Operation, delivery: Delivery = Delivery.SPOOLABLE
     ) -> dict[str, Any] | None:
-        """Apply *op* now; past the write budget spool it (None) or raise ``StoreBusy``."""
+        """Apply *op* now; past the write budget spool it (None) or raise ``StoreBusy``,
+        as *delivery* says."""
         ...
 
     def read(self, fn: Callable[[Tx], T], *, session_id: str | None = None) -> T:

@@ -249,7 +249,10 @@ def _read(store: StorePort, db: Engine, chars: int) -> tuple[list[Owner], dict[s
         owner.chars = sum(len(d.body) for d in owner.docs)
         if db.dialect != "sqlite":
             for d in owner.docs:  # the work of tokenizing, done with no transaction open
-                d.words, d.folded = tsvector(d.body), gram_fold(d.body)
+                # PostgreSQL text holds no NUL, which a message body may (a body with one
+                # stopped the indexer for good, its batch refused every time); a space
+                # ends a trigram as the NUL did, and every hit is checked against its text.
+                d.words, d.folded = tsvector(d.body), gram_fold(d.body).replace("\x00", " ")
         owners.append(owner)
         total += owner.chars
         if total >= chars and not moved:

@@ -24,7 +24,6 @@ tests/domain/test_session_jobs.py
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import threading
@@ -32,12 +31,14 @@ import time
 from collections.abc import Callable, Iterator
 
 from fleetstore import errors
+from fleetstore.core import liveness
 from fleetstore.core.ids import new_id
+from fleetstore.core.logs import logger
 from fleetstore.domain.history_ops import FORK_MESSAGES, PURGE_ROWS
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.ports import StorePort
 
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 #: Jobs read per round of ``finish_jobs``.
 _PAGE = 100
@@ -82,7 +83,7 @@ def _copying_now(fork_id: str) -> Iterator[None]:
 def _submit(store: StorePort, name: str, args: dict[str, object]) -> dict[str, object]:
     # Independent: a batch checks in its own transaction that its job is still there,
     # so it neither waits behind this process's spooled writes nor is ever spooled.
-    result = store.submit(Operation(name, args, new_id()), independent=True)
+    result = store.submit(Operation(name, args, new_id()), Delivery.INDEPENDENT)
     assert result is not None
     return result
 
@@ -161,13 +162,9 @@ def _abandoned(owner: object, updated_at: float, fork_id: str, stall: float) -> 
     if pid == os.getpid():
         with _lock:
             return fork_id not in _copying
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # alive, another user's
-    return stalled  # alive, or its pid reused by another process
+    # The owner records a PID only (an older version's reader parses it): alive, or
+    # its PID reused by another process, the fork is given up once it stalls.
+    return not liveness.alive(pid) or stalled
 
 
 def finish_jobs(store: StorePort, stop: Callable[[], bool] = lambda: False) -> int:

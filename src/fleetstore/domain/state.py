@@ -27,7 +27,15 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain.codec import check_encoded, columns, decode_value, value_payload
 from fleetstore.domain.history_ops import session_row
-from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
+from fleetstore.domain.operations import (
+    Args,
+    Declarations,
+    Delivery,
+    Operation,
+    Queries,
+    Result,
+    Scope,
+)
 from fleetstore.domain.outbox import prepare_effects
 from fleetstore.domain.ports import StorePort
 from fleetstore.engine.base import Tx
@@ -101,7 +109,8 @@ class State:
         if effects:
             args["effects"] = prepared.write()
         result = store.submit(
-            Operation("put_state", args, new_id(), True), spool=expected_version is None
+            Operation("put_state", args, new_id(), True),
+            Delivery.SPOOLABLE if expected_version is None else Delivery.NOW,
         )
         if result is None:
             return StateValue(session_id, key, value, None, namespace, now)
@@ -138,7 +147,8 @@ class State:
         if effect_list:
             args["effects"] = effect_list
         result = self._store.submit(
-            Operation("delete_state", args, new_id(), True), spool=expected_version is None
+            Operation("delete_state", args, new_id(), True),
+            Delivery.SPOOLABLE if expected_version is None else Delivery.NOW,
         )
         return True if result is None else bool(result.get("deleted", True))
 

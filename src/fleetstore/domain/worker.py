@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import inspect
 import logging
@@ -64,6 +65,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core import telemetry
+from fleetstore.core.logs import logger
 from fleetstore.core.validate import (
     MAX_WAIT,
     check_bool,
@@ -73,6 +76,7 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain import completer as completer_module
 from fleetstore.domain.completer import Completer, HandlerThreads, Landed, Wake, done_within
+from fleetstore.domain.effect_trace import carried_trace, lost_fields
 from fleetstore.domain.handlers import (
     DEFAULT_HANDLER_TIMEOUT,
     FailEffect,
@@ -97,7 +101,7 @@ from fleetstore.domain.outbox_ops import CHANNEL, kinds_json, timeouts_json
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectState
 
-log = logging.getLogger("fleetstore.worker")
+log = logger("fleetstore.worker")
 
 #: ``run()``'s result: stopped after its running effects finished (or idle).
 EXIT_OK = 0
@@ -182,6 +186,10 @@ DEFAULT_SETTLE_DELAY = 0.002
 #: Effects are claimed ahead of a free slot as long as the slots would start them within
 #: about this long (``Worker._ahead``).
 AHEAD = 0.005
+
+
+def _in_context(context: contextvars.Context, fn: Callable[[Effect], Any], effect: Effect) -> Any:
+    return context.run(fn, effect)
 
 
 class Worker:
@@ -602,18 +610,36 @@ class Worker:
     # -- running a handler --------------------------------------------------------------------
 
     async def _run_job(self, job: _Job) -> None:
+        otel = telemetry.ACTIVE
+        if otel is None:
+            return await self._run_handler(job)
+        carried = None  # the trace it was enqueued in, if carried (trace_effects)
+        if self.store.settings.trace_effects:
+            with contextlib.suppress(errors.FleetstoreError):
+                carried = await self._call(carried_trace, self.store, job.claim.id)
+        with otel.handler_span(job.claim.effect, carried) or contextlib.nullcontext():
+            await self._run_handler(job)
+
+    async def _run_handler(self, job: _Job) -> None:
         claim = job.claim
         handler = self.handlers[claim.effect.kind]
         loop = asyncio.get_running_loop()
         timeout = self.timeouts.get(claim.effect.kind)
         inner: asyncio.Future[Any]
+        started = time.monotonic()
         if inspect.iscoroutinefunction(handler.fn):
             inner = asyncio.ensure_future(handler.fn(claim.effect))
         else:
-            inner = self._threads.run(loop, handler.fn, claim.effect)
+            fn = handler.fn
+            if telemetry.ACTIVE is not None:
+                # The handler's span goes with it into its thread (a thread starts
+                # with a context of its own): its spans are the span's children.
+                fn = functools.partial(_in_context, contextvars.copy_context(), fn)
+            inner = self._threads.run(loop, fn, claim.effect)
         outcome: tuple[str, Any]
         try:
             done = await done_within(inner, timeout)
+            self.store.outbox_metrics.record_run(time.monotonic() - started)
             if not done:
                 self._abandon(claim, inner)  # (before its slot is counted free)
             self._ran(job)
@@ -648,6 +674,8 @@ class Worker:
             outcome = ("retry", (None, f"{type(exc).__name__}: {exc}", exc))
         if job.interrupted:
             return
+        if telemetry.ACTIVE is not None:
+            telemetry.ACTIVE.handler_outcome(outcome[0], outcome[1])
         await self._settle(job, *outcome)
         if self._wake is not None:
             self._wake.set()
@@ -758,9 +786,10 @@ class Worker:
             except errors.LeaseLost as exc:
                 self.stats["lost"] += 1
                 if failed is not None:
+                    # (The failure's own record says the lease was lost: logged once.)
                     self._failed(claim, failed, f"not recorded: {exc}")
                 else:
-                    log.warning("%s: %s", claim.effect.kind, exc)
+                    log.warning("%s: %s", claim.effect.kind, exc, extra=lost_fields(claim, exc))
                 return
             except errors.FleetstoreError as exc:
                 # The settlement could neither be written nor spooled (disk full):
@@ -839,7 +868,7 @@ class Worker:
             else None,
             # Each field for a formatter, and all of them as one for a consumer
             # (fleetstore worker's lines and JSON).
-            extra={**fields, "failure": fields},
+            extra={**fields, "event": "effect_failed", "failure": fields},
         )
 
     # -- leases -------------------------------------------------------------------------------
@@ -877,7 +906,9 @@ class Worker:
                 )
                 continue
             self.stats["lost"] += 1
-            log.warning("%s %s: %s", claim.effect.kind, claim.id, result)
+            log.warning(
+                "%s %s: %s", claim.effect.kind, claim.id, result, extra=lost_fields(claim, result)
+            )
             job.interrupted = True
             self._jobs.pop(claim.id, None)
             if job.task is not None:

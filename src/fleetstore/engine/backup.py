@@ -19,20 +19,24 @@ import os
 import apsw
 
 from fleetstore import errors
+from fleetstore.engine import cipher
 from fleetstore.engine.translate import translate
 
 
-def copy_database(source: str, dest: str, *, busy_ms: int = 60_000) -> int:
+def copy_database(
+    source: str, dest: str, *, busy_ms: int = 60_000, key: bytes | None = None
+) -> int:
     """Copy the SQLite database *source* (a live store: its -wal and -shm are read as
     any reader reads them) to the new file *dest* (created 0600; ``FileExistsError``
     if it exists), as of one commit.  Returns the pages copied.  Nothing is written
-    to *source*: the connection is ``query_only``."""
-    src = _connect(source, apsw.SQLITE_OPEN_READWRITE, busy_ms)
+    to *source*: the connection is ``query_only``.  *key*: the source is encrypted
+    with it, and so is the copy (page by page, under the same key)."""
+    src = _connect(source, apsw.SQLITE_OPEN_READWRITE, busy_ms, key)
     try:
         src.execute("PRAGMA query_only=ON")
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         os.close(fd)
-        dst = _connect(dest, apsw.SQLITE_OPEN_READWRITE, busy_ms)
+        dst = _connect(dest, apsw.SQLITE_OPEN_READWRITE, busy_ms, key)
         try:
             with dst.backup("main", src, "main") as copy:
                 while not copy.done:
@@ -48,11 +52,11 @@ def copy_database(source: str, dest: str, *, busy_ms: int = 60_000) -> int:
     return pages
 
 
-def check_database(path: str) -> list[str]:
+def check_database(path: str, key: bytes | None = None) -> list[str]:
     """``PRAGMA integrity_check`` and ``PRAGMA foreign_key_check`` of the file *path*
     (a copy of ours: opened read-write, so that SQLite removes the -wal and -shm it
     makes once the connection closes): the problems found, ``[]`` if none."""
-    conn = _connect(path, apsw.SQLITE_OPEN_READWRITE, 0)
+    conn = _connect(path, apsw.SQLITE_OPEN_READWRITE, 0, key)
     try:
         conn.execute("PRAGMA query_only=ON")
         found = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
@@ -66,9 +70,9 @@ def check_database(path: str) -> list[str]:
         conn.close()
 
 
-def query(path: str, sql: str) -> list[tuple[object, ...]]:
+def query(path: str, sql: str, key: bytes | None = None) -> list[tuple[object, ...]]:
     """The rows of *sql* read from the file *path* (a copy of ours, as above)."""
-    conn = _connect(path, apsw.SQLITE_OPEN_READWRITE, 0)
+    conn = _connect(path, apsw.SQLITE_OPEN_READWRITE, 0, key)
     try:
         conn.execute("PRAGMA query_only=ON")
         return [tuple(r) for r in conn.execute(sql)]
@@ -78,9 +82,9 @@ def query(path: str, sql: str) -> list[tuple[object, ...]]:
         conn.close()
 
 
-def _connect(path: str, flags: int, busy_ms: int) -> apsw.Connection:
+def _connect(path: str, flags: int, busy_ms: int, key: bytes | None) -> apsw.Connection:
     try:
-        conn = apsw.Connection(path, flags=flags | apsw.SQLITE_OPEN_NOFOLLOW)
+        conn = cipher.connect(path, flags | apsw.SQLITE_OPEN_NOFOLLOW, key)
     except apsw.CantOpenError as exc:
         raise errors.NotFound(f"{path}: cannot open: {exc}") from exc
     except apsw.Error as exc:

@@ -62,6 +62,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleetstore.core import liveness
 from fleetstore.engine.gate import (
     BOARD_OFFSET,
     BOARD_SLOTS,
@@ -101,6 +102,8 @@ REQUEST_AT = DECISIONS_AT + MAX_ITEMS
 RESULTS_AT = 48 * 1024
 REQUEST_CAP = RESULTS_AT - REQUEST_AT
 RESULTS_CAP = SLOT_BYTES - RESULTS_AT
+#: What sealing adds to a request or results (an encrypted store's: nonce and tag).
+SEAL_BYTES = 12 + 16
 _COUNT = struct.Struct("<I")
 _ITEM = struct.Struct("<dI")  # deadline, length
 _RESULT = struct.Struct("<BI")  # kind, length
@@ -185,23 +188,35 @@ class Taken:
     items: list[tuple[float, bytes]]
 
 
+#: A slot's owner word: the PID in the high 32 bits (as in every version), and in the
+#: low 32, with bit 31 set, the low ``START_BITS`` bits of the process's start time
+#: (core/liveness.py: a reused PID is not taken for the owner) above a 12-bit instance
+#: number.  Bit 31 clear: the word of an older version (an instance number only), whose
+#: owner is alive while its PID runs.
+STARTED = 1 << 31
+START_BITS = 19
+_INSTANCE_BITS = 12
+
+
+def owner_word(pid: int, start: int | None, instance: int) -> int:
+    """The owner word of instance number *instance* of process *pid* started at *start*
+    (None: not known, recorded as an older version's word)."""
+    if start is None:
+        return (pid << 32) | (instance & 0x7FFFFFFF)
+    low = (start & ((1 << START_BITS) - 1)) << _INSTANCE_BITS
+    return (pid << 32) | STARTED | low | (instance & ((1 << _INSTANCE_BITS) - 1))
+
+
 def owner_alive(owner: int) -> bool:
     """Whether the process of a slot's *owner* word still runs (same process: yes, an
     instance frees its slot when it closes)."""
     pid = owner >> 32
-    if pid <= 0:
-        return False
     if pid == os.getpid():
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, ValueError):
-        return False  # not a pid at all: a damaged owner word
-    return True
+    if not owner & STARTED:
+        return liveness.alive(pid)
+    start = (owner >> _INSTANCE_BITS) & ((1 << START_BITS) - 1)
+    return liveness.alive(pid, start, bits=START_BITS)
 
 
 class Board:
@@ -224,6 +239,9 @@ class Board:
         self.ticket = 0
         self._allocate = allocate
         self.full_barrier = barrier
+        #: An encrypted store's AEAD (``cipher.board_cipher``): requests and results
+        #: are sealed in the gate file, which is on disk like the database.
+        self.aead: Any = None
 
     def detach(self) -> None:
         """Drop the views of the mapping (before it is unmapped)."""
@@ -240,6 +258,20 @@ class Board:
 
     def _store_head(self, i: int, fmt: str, rel: int, *values: int) -> None:
         self._store(self._at(i) + rel, struct.pack(fmt, *values))
+
+    def _seal(self, data: bytes) -> bytes:
+        if self.aead is None:
+            return data
+        nonce = os.urandom(12)
+        return nonce + bytes(self.aead.encrypt(nonce, data, None))
+
+    def _unseal(self, data: bytes) -> bytes | None:
+        if self.aead is None:
+            return data
+        try:
+            return bytes(self.aead.decrypt(data[:12], data[12:], None))
+        except Exception:  # InvalidTag, or too short: not ours to apply
+            return None
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -340,6 +372,7 @@ class Board:
         """Post *request* (``encode_request``) in our slot; returns its ticket."""
         self.ticket += 1
         at = self._at(self.slot)
+        request = self._seal(request)
         self._store(at + REQUEST_AT, request)
         self._store(
             at + 8,
@@ -365,9 +398,8 @@ class Board:
         if res_ticket != ticket or length > RESULTS_CAP:
             return None
         data = bytes(self._mm[at + RESULTS_AT : at + RESULTS_AT + length])
-        if zlib.crc32(data) != crc:
-            return None
-        return decode_results(data, count)
+        opened = self._unseal(data) if zlib.crc32(data) == crc else None
+        return None if opened is None else decode_results(opened, count)
 
     def decisions(self, i: int, ticket: int, count: int) -> list[bool] | None:
         """Which items of slot *i*'s post *ticket* its holder put in its COMMIT (None:
@@ -388,7 +420,10 @@ class Board:
         data = bytes(self._mm[at : at + length])
         if zlib.crc32(data) != crc:
             raise BadSlot("its request does not match its checksum")
-        return ticket, decode_request(data, count)
+        opened = self._unseal(data)
+        if opened is None:
+            raise BadSlot("its request does not open with the store's key")
+        return ticket, decode_request(opened, count)
 
     def max_level(self, tag: int) -> int:
         """The highest durability asked for by a slot of *tag* now posted or orphaned
@@ -451,7 +486,7 @@ class Board:
 
     def put_results(self, t: Taken, results: Sequence[tuple[int, bytes]]) -> bool:
         """Write *t*'s results in their own area (False: they do not fit)."""
-        data = encode_results(results)
+        data = self._seal(encode_results(results))
         if len(data) > RESULTS_CAP:
             return False
         at = self._at(t.slot)
@@ -545,6 +580,7 @@ __all__ = [
     "encode_request",
     "encode_results",
     "owner_alive",
+    "owner_word",
     "read_board",
     "tag_of",
 ]

@@ -36,14 +36,16 @@ import ctypes
 import json
 import os
 import platform
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from fleetstore import errors
+from fleetstore.core import liveness
+from fleetstore.core.crash import crash_point
 from fleetstore.engine import board as bd
+from fleetstore.engine import cipher
 from fleetstore.engine.base import Applier, Item, Tx
 from fleetstore.engine.board import Board, Taken
 from fleetstore.engine.gate import (
@@ -71,8 +73,6 @@ _MAX_BATCH = 256
 #: A write that met a full disk tries again after this long, doubling up to the cap.
 _FULL_PAUSE, _FULL_PAUSE_MAX = 0.005, 0.25
 _WEAK_ORDER = platform.machine() not in ("x86_64", "AMD64", "i686")
-#: Test hook: makes the process SIGKILL itself at that point of serving others' items.
-CRASH_ENV = "FLEETSTORE_TEST_CRASH_COMBINE"
 
 _instances = 0
 _instances_lock = threading.Lock()
@@ -187,16 +187,6 @@ class _Full(Exception):
         self.error = error
 
 
-def _crash_point(name: str) -> None:
-    """Test hook (``CRASH_ENV``): ``name`` SIGKILLs this process there, ``stop:name``
-    SIGSTOPs it (a holder frozen by a debugger or a cgroup)."""
-    point = os.environ.get(CRASH_ENV)
-    if point == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif point == "stop:" + name:
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
 class _Waiting:
     """A leader's post on the board, while it waits."""
 
@@ -248,7 +238,7 @@ class Combiner:
             global _instances
             with _instances_lock:
                 _instances += 1
-                owner = (os.getpid() << 32) | (_instances & 0xFFFFFFFF)
+                owner = bd.owner_word(os.getpid(), liveness.start_time(os.getpid()), _instances)
             self._barrier_word = ctypes.c_uint32.from_buffer(mm, BARRIER_AT)
             self._barrier_addr = ctypes.c_void_p(ctypes.addressof(self._barrier_word))
             #: Every waiter sleeps on this one word, with its slot's bit (slot mod 32),
@@ -259,6 +249,8 @@ class Combiner:
             self._rung = int.from_bytes(os.urandom(4), "little")
             board = self.board_class(mm, owner, gate.allocate, self._full_barrier)
             board.weak_order = _WEAK_ORDER
+            key = getattr(self._db, "_key", None)
+            board.aead = None if key is None else cipher.board_cipher(key)
             self._board = board
             gate.board = self
         return self._board
@@ -544,7 +536,7 @@ class Combiner:
         request = bd.encode_request(
             [(r.deadline, p) for r, p in zip(reqs, payloads, strict=True) if p is not None]
         )
-        if len(request) > bd.REQUEST_CAP:
+        if len(request) + bd.SEAL_BYTES > bd.REQUEST_CAP:
             return None
         ticket = board.post(request, len(reqs), self._tag, self._level)
         return _Waiting(list(reqs), ticket, started)
@@ -813,7 +805,7 @@ class Combiner:
                     r.fail(exc)
             if taken:
                 results = self._apply_taken(tx, taken)
-                _crash_point("before-commit")
+                crash_point("before-commit")
             ended = True
             if not savepoints and any(r.error is not None for r in own):
                 # One item, no savepoint: it failed, so nothing of it may commit.
@@ -829,14 +821,14 @@ class Combiner:
                 raise
             return
         if taken:
-            _crash_point("after-commit")
+            crash_point("after-commit")
         self._resolve_all(own)
         assert board is not None or not taken
         for t, out in zip(taken, results, strict=True):
             assert board is not None
             try:
                 if board.put_results(t, out):
-                    _crash_point("mid-results")
+                    crash_point("mid-results")
                     board.mark_done(t)
                 else:  # too large for the slot: its owner applies it again (found there)
                     board.set_state(t.slot, bd.RETRY)
@@ -845,7 +837,7 @@ class Combiner:
                 board.set_state(t.slot, bd.RETRY)
             self._to_wake.append(t.slot)
         if taken:
-            _crash_point("after-results")
+            crash_point("after-results")
         db._committed(started, acquired, count, count - len(own))
 
     def _apply_taken(self, tx: Tx, taken: list[Taken]) -> list[list[tuple[int, bytes]]]:
@@ -968,4 +960,4 @@ class Combiner:
         return value
 
 
-__all__ = ["CRASH_ENV", "GRACE", "Combiner", "Request"]
+__all__ = ["GRACE", "Combiner", "Request"]

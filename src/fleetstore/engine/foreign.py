@@ -54,10 +54,12 @@ class ForeignFile:
     ``empty`` (0 bytes).  ``mode`` is None, and ``why`` says why, when the file cannot
     be read without creating a side file."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, key: bytes | None = None) -> None:
         if not os.path.isfile(path):
             raise errors.NotFound(f"{path}: no such file")
         self.path = path
+        #: Given to every connection first (a store encrypted at rest).
+        self.key = key
         # SQLite puts the -wal and -shm beside the file a symlink names.
         real = os.path.realpath(path)
         self._sides = (real + "-wal", real + "-shm")
@@ -67,6 +69,12 @@ class ForeignFile:
         if header is None:
             raise InspectFailed(f"{path}: empty file (0 bytes): no SQLite header yet", "empty")
         self.header: Header = header
+        if header.encrypted and key is None:
+            raise errors.KeyMissing(
+                f"{path}: an encrypted SQLite database, and no key was given; nothing was "
+                "read (a fleetstore store's keyring: encryption_key_file, "
+                "FLEETSTORE_ENCRYPTION_KEY_FILE or fleetstore --key-file)"
+            )
         self.mode, self.why = choose_open_mode(
             header.wal, FileFacts.of(self._sides[0]), FileFacts.of(self._sides[1])
         )
@@ -82,7 +90,7 @@ class ForeignFile:
                 "wal-without-shm",
             )
         try:
-            with open_readonly(self.path, self.mode, busy_ms=busy_ms) as db:
+            with open_readonly(self.path, self.mode, busy_ms=busy_ms, key=self.key) as db:
                 result = read(db)
         except Exception as exc:
             if self.changed():
@@ -108,11 +116,15 @@ class ForeignFile:
 
 
 def read_foreign(
-    path: str | os.PathLike[str], read: Callable[[ReadOnlyDatabase], T], *, busy_ms: int = 2000
+    path: str | os.PathLike[str],
+    read: Callable[[ReadOnlyDatabase], T],
+    *,
+    busy_ms: int = 2000,
+    key: bytes | None = None,
 ) -> T:
     """``read(db)`` on the SQLite file *path*, opened strictly read-only, and its
-    result: ``ForeignFile(path).read(read)`` (see both for the errors)."""
-    return ForeignFile(os.fspath(path)).read(read, busy_ms=busy_ms)
+    result: ``ForeignFile(path, key).read(read)`` (see both for the errors)."""
+    return ForeignFile(os.fspath(path), key).read(read, busy_ms=busy_ms)
 
 
 __all__ = ["FileChanged", "ForeignFile", "read_foreign"]

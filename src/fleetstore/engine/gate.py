@@ -179,6 +179,31 @@ def announce_moved(gate_path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def wipe_board(gate_path: str | os.PathLike[str]) -> None:
+    """Zero the board of the gate file *gate_path* (its slot states and every slot
+    holding data), for a caller that has the store to itself (``fleetstore rekey``):
+    the slots kept the last operations posted in them, in the clear on a store that was
+    not encrypted (tests/store/test_encryption.py, rekey of a plain store).  Holes stay
+    holes."""
+    try:
+        fd = os.open(gate_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_size < GATE_FILE_BYTES:
+            return
+        os.pwrite(fd, bytes(4 * BOARD_SLOTS), STATES_AT)
+        for at in range(BOARD_OFFSET, GATE_FILE_BYTES, SLOT_BYTES):
+            try:
+                if os.lseek(fd, at, os.SEEK_DATA) < at + SLOT_BYTES:
+                    os.pwrite(fd, bytes(SLOT_BYTES), at)
+            except OSError:  # ENXIO: no data from here on
+                break
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class GateTimeout(Exception):
     """The gate was not obtained before the deadline."""
 

@@ -41,6 +41,7 @@ from typing import Any
 import apsw
 
 from fleetstore import errors
+from fleetstore.engine import cipher
 from fleetstore.engine.proclocks import _command, parse_proc_locks, process_state
 
 Row = tuple[Any, ...]
@@ -141,6 +142,9 @@ class Header:
     application_id: int
     #: The SQLite library that last wrote this header, e.g. "3.40.1" (None if not known).
     writer_version: str | None
+    #: Encrypted (SQLite3 Multiple Ciphers): only the page size and the journal mode
+    #: are plain; every other field here is 0 or unknown.
+    encrypted: bool = False
 
 
 def read_header(path: str) -> Header | None:
@@ -150,6 +154,20 @@ def read_header(path: str) -> Header | None:
         data = f.read(HEADER_BYTES)
     if not data:
         return None
+    if len(data) >= HEADER_BYTES and cipher.looks_encrypted(data):
+        return Header(
+            page_size=cipher.page_size(data),
+            wal=data[18] == 2 and data[19] == 2,
+            change_counter=0,
+            page_count=0,
+            freelist_pages=0,
+            auto_vacuum="unknown",
+            text_encoding="unknown",
+            user_version=0,
+            application_id=0,
+            writer_version=None,
+            encrypted=True,
+        )
     if len(data) < HEADER_BYTES or not data.startswith(SQLITE_MAGIC):
         raise InspectFailed(f"{path}: not a SQLite database (no SQLite header)", "not-a-database")
     (raw_page,) = struct.unpack_from(">H", data, 16)
@@ -319,13 +337,16 @@ def _failed(exc: apsw.Error, path: str) -> InspectFailed:
 
 
 @contextlib.contextmanager
-def open_readonly(path: str, mode: str, *, busy_ms: int = 2000) -> Iterator[ReadOnlyDatabase]:
+def open_readonly(
+    path: str, mode: str, *, busy_ms: int = 2000, key: bytes | None = None
+) -> Iterator[ReadOnlyDatabase]:
     """A read-only connection to *path* (``mode`` from ``choose_open_mode``) inside one
-    read transaction, closed on leaving.  ``InspectFailed`` if SQLite refuses."""
+    read transaction, closed on leaving, given *key* first (an encrypted store).
+    ``InspectFailed`` if SQLite refuses."""
     query = "immutable=1" if mode == "immutable" else "mode=ro&readonly_shm=1"
     uri = f"file:{urllib.parse.quote(path, safe='/')}?{query}"
     try:
-        conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+        conn = cipher.connect(uri, apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI, key)
     except apsw.Error as exc:
         raise _failed(exc, path) from exc
     try:
@@ -593,10 +614,6 @@ def command_line(pid: int) -> str:
     return _command(pid)
 
 
-def process_alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
-
-
 @dataclass(frozen=True, slots=True)
 class SqliteLibrary:
     """A SQLite library mapped into a process, and the version found in its file."""
@@ -678,7 +695,6 @@ __all__ = [
     "open_by_processes",
     "open_readonly",
     "parse_version",
-    "process_alive",
     "read_header",
     "read_shm_index",
     "read_wal_header",

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import apsw
 
 from fleetstore import errors
+from fleetstore.engine import cipher
 from fleetstore.engine.proclocks import lock_holders
 from fleetstore.engine.translate import translate
 from fleetstore.engine.tx import ReadTx, WriteTx
@@ -31,14 +32,19 @@ _BUSY_NAP = 0.001
 
 @contextlib.contextmanager
 def outside_write_lock(
-    path: str, *, exclusive: bool = False, wait: float = 30.0, stop: Callable[[], bool] = bool
+    path: str,
+    *,
+    exclusive: bool = False,
+    wait: float = 30.0,
+    stop: Callable[[], bool] = bool,
+    key: bytes | None = None,
 ) -> Iterator[None]:
     """Hold ``BEGIN IMMEDIATE`` (``BEGIN EXCLUSIVE`` if *exclusive*) on *path* for the
     body of the ``with`` block, then roll back.  Never creates a database:
     ``FileNotFoundError`` if *path* cannot be opened.  ``StoreBusy`` if the lock is
     not taken within *wait* seconds or *stop()* turns true while waiting."""
     try:
-        conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READWRITE)
+        conn = cipher.connect(path, apsw.SQLITE_OPEN_READWRITE, key)
     except apsw.CantOpenError as exc:
         raise FileNotFoundError(f"{path}: cannot open: {exc}") from exc
     except apsw.Error as exc:
@@ -88,7 +94,7 @@ class OutsideFile:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str, *, wait: float = 60.0) -> None:
+    def __init__(self, path: str, *, wait: float = 60.0, key: bytes | None = None) -> None:
         self.path = os.path.abspath(path)
         self.wait = wait
         try:
@@ -98,8 +104,8 @@ class OutsideFile:
         if not stat.S_ISREG(st.st_mode):
             raise errors.UnsafeFile(f"{self.path}: not a regular file; it was not opened")
         try:
-            self._conn = apsw.Connection(
-                self.path, flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
+            self._conn = cipher.connect(
+                self.path, apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW, key
             )
         except apsw.Error as exc:
             raise translate(exc, self.path) from exc

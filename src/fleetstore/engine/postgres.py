@@ -346,7 +346,7 @@ class PgDatabase:
         self._listen_lock = threading.Lock()
         #: Each channel heard: a connection of its own that LISTENs (engine/notify.py).
         self._hearings: dict[str, Hearing] = {}
-        self._metrics = WriteMetrics()
+        self._metrics = WriteMetrics("postgresql")
         self._pid = os.getpid()
         self._write_owner: set[int] = set()
         #: The pool's last failed connection attempt (None since one succeeded).
@@ -447,7 +447,7 @@ class PgDatabase:
         self._hearings = {}
         self._lock = threading.Lock()
         self._listen_lock = threading.Lock()
-        self._metrics = WriteMetrics()
+        self._metrics = WriteMetrics("postgresql")
         self._pid = os.getpid()
         self._write_owner = set()
         self._refused = None

@@ -12,7 +12,6 @@ The write path (DESIGN.md, "The write path (SQLite)")::
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import stat
 import threading
@@ -25,9 +24,12 @@ import apsw
 
 from fleetstore import errors
 from fleetstore.core.files import check_private_file, private_dirs
+from fleetstore.core.keys import keyring_of
+from fleetstore.core.logs import logger
 from fleetstore.core.metrics import WriteMetrics
 from fleetstore.core.settings import Settings
 from fleetstore.core.validate import check_bool, check_path, check_str
+from fleetstore.engine import cipher
 from fleetstore.engine.base import (
     Applier,
     Item,
@@ -49,7 +51,7 @@ from fleetstore.engine.tx import ReadTx, WriteTx, _Tx
 
 T = TypeVar("T")
 
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 _MIGRATIONS_TABLE = "fleetstore_migrations"
 _BEGIN_RETRY_SLEEP = 0.001
@@ -78,16 +80,12 @@ _guard = GUARD
 _live: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
-def _own_file(path: str, foreign: bool) -> os.stat_result:
-    """Make or check the database file at *path* before anything else is made beside
-    it (the gate, SQLite's journals): its ``fstat``.
-
-    Sessions carry secrets: the file is created 0600 here, before SQLite would create
-    it 0644 (SQLite gives -wal and -shm the database's mode), in directories made 0700.
-    A file that exists must be empty or a SQLite database (a text file given by
-    mistake is refused as it is: SQLite left a gate and a journal beside one, and took
-    a 1-byte file for an empty database and wrote over it), and this user's alone
-    (``check_private_file``: another user may have planted it, issue 23)."""
+def _own_file(path: str, foreign: bool) -> tuple[os.stat_result, bytes]:
+    """Make or check the file at *path* before anything is made beside it: its
+    ``fstat`` and its header (page 1 if encrypted: the key is tried on a copy).  Made
+    0600 (SQLite would make it 0644, and -wal/-shm alike) in 0700 directories; one that
+    exists must be empty or a SQLite database (SQLite wrote over a 1-byte file, and left
+    a gate and journal beside a text file) and this user's alone (issue 23)."""
     try:
         found: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:
@@ -112,9 +110,12 @@ def _own_file(path: str, foreign: bool) -> os.stat_result:
     try:
         st = os.fstat(fd)
         head = os.pread(fd, HEADER_BYTES, 0) if st.st_size else b""
+        if cipher.looks_encrypted(head):
+            head = os.pread(fd, cipher.page_size(head), 0)
     finally:
         os.close(fd)
-    if st.st_size and not head.startswith(SQLITE_MAGIC) and not os.path.lexists(path + "-journal"):
+    known = head.startswith(SQLITE_MAGIC) or cipher.looks_encrypted(head)
+    if st.st_size and not known and not os.path.lexists(path + "-journal"):
         # (A -journal beside it: a first write was cut short, page 1 perhaps torn;
         # SQLite rolls it back, or says what the file is.)
         raise errors.CorruptStore(
@@ -122,7 +123,7 @@ def _own_file(path: str, foreign: bool) -> os.stat_result:
             f"{head[:16]!r}); it was not opened and nothing was made beside it"
         )
     check(st)  # what was opened: another process may have made it
-    return st
+    return st, head
 
 
 def _after_fork_in_child() -> None:
@@ -180,6 +181,8 @@ class Database(Checkpoints, Notifications):
         #: synchronous as a number (OFF 0 .. EXTRA 3): group commit carries it with each
         #: item, and a holder commits at the most durable level of its batch.
         self._level = _LEVELS[settings.synchronous.upper()]
+        #: The raw key every connection is given first (None: not encrypted).
+        self._key: bytes | None = None
         self._reset_process_state()
         _live.add(self)
 
@@ -243,12 +246,18 @@ class Database(Checkpoints, Notifications):
             raise errors.ConfigError(
                 f"a file path is required, not {path!r}: processes share files"
             )
-        st = _own_file(path, foreign)
+        keyring = keyring_of(config.encryption_key_file)
+        st, head = _own_file(path, foreign)
+        # Before the gate or anything else is made beside it: a wrong key changes nothing.
+        key = cipher.choose_key(path, head, keyring, lambda: _own_file(path, foreign)[1])
         db = cls(path, config)
         db._identity = (st.st_dev, st.st_ino)
+        db._key = key
         try:
             fresh = st.st_size == 0
             db._wait_for_space(lambda: db._prepare(fresh, migrations))
+            if fresh and key is not None:
+                cipher.check_encrypted(db.path)
         except BaseException:
             db.close()
             raise
@@ -334,8 +343,8 @@ class Database(Checkpoints, Notifications):
         conn: apsw.Connection | None = None
         try:
             with _guard.inside():
-                conn = apsw.Connection(
-                    self.path, flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
+                conn = cipher.connect(
+                    self.path, apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW, self._key
                 )
                 self._configure(conn, role)
         except apsw.Error as exc:
@@ -525,6 +534,12 @@ class Database(Checkpoints, Notifications):
             what,
             type(exc).__name__,
             exc,
+            extra={
+                "event": "checkpoint_failed" if what == "checkpoint" else "post_commit_error",
+                "store": self.path,
+                "step": what,
+                "error": f"{type(exc).__name__}: {exc}",
+            },
         )
 
     def before_checkpoint(self, fn: Callable[[], None]) -> None:

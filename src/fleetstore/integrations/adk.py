@@ -42,7 +42,6 @@ import binascii
 import copy
 import dataclasses
 import json
-import logging
 import os
 import threading
 import time
@@ -55,8 +54,9 @@ from typing import Any, TypeVar
 from fleetstore import errors
 from fleetstore.core.extras import requires
 from fleetstore.core.ids import new_id
+from fleetstore.core.logs import logger
 from fleetstore.core.validate import check_text, dump_json
-from fleetstore.domain.codec import decode_value, encode_payload
+from fleetstore.domain.codec import decode_value, encode_payload, redacted_copy
 from fleetstore.domain.frameworks.adk import adk_fs_id, adk_message_id
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.ports import Tx
@@ -80,7 +80,7 @@ with requires("adk", "fleetstore's ADK support"):
     from pydantic_core import to_jsonable_python
 
 T = TypeVar("T")
-log = logging.getLogger("fleetstore.adk")
+log = logger("fleetstore.adk")
 
 #: Threads per service: store calls run there, so the event loop never waits on a lock.
 DEFAULT_THREADS = 4
@@ -578,7 +578,7 @@ class FleetstoreSessionService(BaseSessionService):
                     "author": event.author,
                     "timestamp": event.timestamp,
                     "event": encode_payload(self.store, raw, "bytes"),
-                    "text": _text_of(event),
+                    "text": redacted_copy(self.store, _text_of(event)),
                     "state": self._encode_state(deltas),
                 }
                 pending = _Pending(

@@ -36,7 +36,7 @@ from fleetstore import errors
 from fleetstore.core.extras import requires
 from fleetstore.core.ids import is_valid_id, new_id
 from fleetstore.core.validate import dump_json
-from fleetstore.domain.codec import decode_value, encode_payload
+from fleetstore.domain.codec import decode_value, encode_payload, redacted_copy
 from fleetstore.domain.frameworks.adk import adk_message_id
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.ports import Tx
@@ -86,7 +86,7 @@ def _event_args(store: Store, fs_id: str, event: Event) -> dict[str, Any]:
         "author": event.author,
         "timestamp": event.timestamp,
         "event": encode_payload(store, raw, "bytes"),
-        "text": _text_of(event),
+        "text": redacted_copy(store, _text_of(event)),
     }
 
 

@@ -48,7 +48,6 @@ import asyncio
 import concurrent.futures
 import copy
 import dataclasses
-import logging
 import os
 import threading
 import weakref
@@ -59,6 +58,7 @@ from typing import Any, Final, TypeVar, cast
 
 from fleetstore import errors
 from fleetstore.core.extras import requires
+from fleetstore.core.logs import logger
 from fleetstore.domain.frameworks import openai_agents as agents_ops
 from fleetstore.domain.frameworks.openai_agents import AgentSession, SessionPage
 from fleetstore.integrations import adopt_store
@@ -71,7 +71,7 @@ with requires("openai-agents", "fleetstore's OpenAI Agents SDK support"):
     from agents.memory.session_settings import SessionSettings
 
 T = TypeVar("T")
-log = logging.getLogger("fleetstore.agents")
+log = logger("fleetstore.agents")
 
 #: Threads per store for the sessions' calls (see ``fleetstore.store.aio``).
 DEFAULT_THREADS = 4

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from fleetstore import errors
 from fleetstore.core.ids import derived_id, new_id
 from fleetstore.domain.frameworks import openai_agents as agents_ops
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.transfer.frameworks.openai_agents import (
     AgentsSession,
     AgentsSource,
@@ -192,7 +192,7 @@ def _write(
         created_at=times,
         expect_last=last,
         session_created_at=session.created_at,
-        spool=False,
+        delivery=Delivery.NOW,
     )
     return ids[-1]
 
@@ -207,7 +207,7 @@ def _create_empty(store: Store, session: AgentsSession) -> None:
     }
     if session.created_at is not None:
         args["created_at"] = session.created_at
-    store.submit(Operation("create_session", args, new_id()), spool=False)
+    store.submit(Operation("create_session", args, new_id()), Delivery.NOW)
 
 
 def _verify(store: Store, plans: Sequence[_Plan]) -> int:

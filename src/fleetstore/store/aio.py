@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 from fleetstore import errors
 from fleetstore.core.settings import Settings
 from fleetstore.domain.history import ITERATE_PAGE, Messages, Sessions, Stream, ToolCallHandle
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.outbox import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, Claim, Effects, Swept
 from fleetstore.domain.search import DEFAULT_LIMIT, Search
 from fleetstore.domain.state import State
@@ -202,17 +202,10 @@ class AsyncStore:
     # -- the Store's own calls -------------------------------------------------------------
 
     async def submit(
-        self,
-        op: Operation,
-        *,
-        spool: bool = True,
-        must_land: bool = False,
-        independent: bool = False,
+        self, op: Operation, delivery: Delivery = Delivery.SPOOLABLE
     ) -> dict[str, Any] | None:
         """``Store.submit``: apply *op* (None if it went to the spool)."""
-        return await self._run(
-            lambda: self.sync.submit(op, spool=spool, must_land=must_land, independent=independent)
-        )
+        return await self._run(lambda: self.sync.submit(op, delivery))
 
     async def apply(self, op: Operation) -> dict[str, Any]:
         """``Store.apply``: apply *op* now (``StoreBusy`` past the budget)."""
@@ -243,6 +236,10 @@ class AsyncStore:
     def metrics(self) -> dict[str, Any]:
         """``Store.metrics`` (in-memory figures: no I/O, so not a coroutine)."""
         return self.sync.metrics()
+
+    def histograms(self) -> dict[str, Any]:
+        """``Store.histograms`` (in-memory figures: no I/O, so not a coroutine)."""
+        return self.sync.histograms()
 
     async def close(self, timeout: float | None = None) -> None:
         """Wait for every call in flight (cancelled ones included), then

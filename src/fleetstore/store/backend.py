@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -81,6 +82,14 @@ def blobs_durable(settings: Settings) -> bool:
     return settings.synchronous.upper() in ("FULL", "EXTRA")
 
 
+def wal_file_bytes(path: str | os.PathLike[str]) -> int:
+    """The size of the database at *path*'s -wal file (0: there is none)."""
+    try:
+        return os.stat(os.fspath(path) + "-wal").st_size
+    except OSError:
+        return 0
+
+
 def migrations(dialect: str = "sqlite") -> list[Migration]:
     """The store's schema steps for *dialect*, in order."""
     return list(sql.migrations(dialect))
@@ -132,6 +141,10 @@ class Backend(Protocol):
 
     def metrics(self) -> dict[str, Any]:
         """The engine's figures for this process (every file of the layout)."""
+        ...
+
+    def wal_bytes(self) -> int:
+        """The bytes of the layout's -wal files on disk now (0 on PostgreSQL)."""
         ...
 
     def after_fork(self) -> None:
@@ -188,6 +201,9 @@ class OneDatabase:
     def metrics(self) -> dict[str, Any]:
         return self.db.metrics()
 
+    def wal_bytes(self) -> int:
+        return wal_file_bytes(self.db.path) if self.db.dialect == "sqlite" else 0
+
     def after_fork(self) -> None:
         pass  # the engine's own at-fork hook resets its connections
 
@@ -203,4 +219,5 @@ __all__ = [
     "blobs_durable",
     "migrations",
     "op_applier",
+    "wal_file_bytes",
 ]

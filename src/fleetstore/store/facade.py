@@ -11,16 +11,19 @@ queue behind it, so a process's writes land in the order it made them.
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetstore import errors, sql
+from fleetstore.core import telemetry
+from fleetstore.core.keys import Keyring, keyring_of
+from fleetstore.core.logs import logger
+from fleetstore.core.metrics import OutboxMetrics
+from fleetstore.core.redact import WriteRedaction, write_redaction
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import (
     CATALOG,
@@ -31,7 +34,6 @@ from fleetstore.core.targets import (
     resolve_target,
 )
 from fleetstore.core.validate import (
-    check_bool,
     check_int,
     check_opt_id,
     check_opt_timeout,
@@ -41,15 +43,18 @@ from fleetstore.core.validate import (
 from fleetstore.domain import registry, session_jobs
 from fleetstore.domain.blobs import BlobStore, DbBlobStore, referenced_shas
 from fleetstore.domain.history import Messages, Sessions
-from fleetstore.domain.operations import Operation
+from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.outbox import Effects
 from fleetstore.domain.ports import Flushable
 from fleetstore.domain.search import Search
 from fleetstore.domain.state import State
 from fleetstore.engine.base import Engine, Tx
+from fleetstore.engine.cipher import key_of_file
 from fleetstore.engine.foreign import read_foreign
 from fleetstore.engine.inspect import InspectFailed, read_header
+from fleetstore.store import observe
 from fleetstore.store.backend import Backend
+from fleetstore.store.drain import MAX_PAUSE, Drain
 from fleetstore.store.indexer import Indexer
 from fleetstore.store.procstats import Publisher
 from fleetstore.store.server import open_server
@@ -60,16 +65,14 @@ from fleetstore.store.spool import (
     REJECTED,
     Recovered,
     Spool,
-    is_rejectable,
-    journal_pid,
     journals,
     recover_journal,
-    reject,
     remove_stale_new_files,
 )
 
 T = TypeVar("T")
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
+_SPOOLABLE, _MUST_LAND, _INDEPENDENT = Delivery.SPOOLABLE, Delivery.MUST_LAND, Delivery.INDEPENDENT
 
 
 _live: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -82,33 +85,9 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-#: After a transient failure to replay (the lock), wait this long before the next
-#: attempt; the attempt itself already waited up to the write budget.
-_RETRY_PAUSE = 0.01
-#: After the store itself failed a replay (I/O error, disk full...): backoff cap.
-_MAX_PAUSE = 10.0
-#: The background thread waits this long for more work before it exits.
-_LINGER = 2.0
 #: Seconds between looks at forks that other live processes are copying (their
 #: process may die, and its fork must then be given up).
 _JOBS_POLL = 2.0
-
-
-def _process_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _due(stream: Flushable, now: float) -> bool:
-    due = stream.due()
-    return due is not None and due <= now
 
 
 class Store:
@@ -135,11 +114,21 @@ class Store:
         self.router: Router | None = backend if isinstance(backend, Router) else None
         self.blobs: BlobStore | DbBlobStore = backend.blobs
         self.spool_dir = Path(str(self.path) + ".spool")
-        self.spool = Spool(self.spool_dir)
+        #: The keys of a store encrypted at rest (None: not encrypted): its spool
+        #: journals, blob files, archives and exports are sealed with the current one.
+        self.keyring = keyring_of(settings.encryption_key_file)
+        #: What content passes through before it is stored (domain/codec.py; None: off).
+        self.redaction: WriteRedaction | None = (
+            write_redaction(settings.redaction_rules_file) if settings.redaction else None
+        )
+        self.spool = Spool(self.spool_dir, self.keyring)
         self.sessions = Sessions(self)
         self.messages = Messages(self)
         self.state = State(self)
         self.effects = Effects(self)
+        #: OpenTelemetry's ``db.namespace``: the store's file (or directory), or a
+        #: PostgreSQL store's database name.
+        self.namespace = observe.namespace(self)
         #: Full-text search of every session (docs/search.md).
         self.search = Search(self)
         self._closed = False
@@ -149,27 +138,24 @@ class Store:
     def _init_process(self) -> None:
         self._counts_lock = threading.Lock()
         self._op_counts: collections.Counter[str] = collections.Counter()
+        #: This process's outbox figures (enqueued, claimed, settled, waits, runs).
+        self.outbox_metrics = OutboxMetrics()
         self._rejected = 0
         #: Operations of dead processes' journals this process replayed.
         self._recovered = 0
-        self._failures = 0
-        # _cond guards _streams, _thread, _running and _stop, and is notified
-        # whenever the spool shrinks (flush() waits on it).
+        # _cond guards _stop, the jobs thread's fields and the drain's (store/drain.py),
+        # and is notified whenever the spool shrinks (flush() waits on it).
         self._cond = threading.Condition()
-        self._streams: set[Flushable] = set()
-        self._thread: threading.Thread | None = None
-        self._running = False
-        #: When the background thread plans to wake (monotonic; 0: not sleeping).
-        self._wake_at = 0.0
         self._stop = self._closed
+        #: The background thread: the spool drain and timed stream flushes.
+        self._drain = Drain(self, self._cond)
+        # Bound once: a stream's open costs no forwarding call (tests/store/test_cost.py).
+        #: *stream* has buffered something: flush it when it is due (``Drain.opened``).
+        self.streams_opened: Callable[[Flushable], None] = self._drain.opened
+        self.streams_closed: Callable[[Flushable], None] = self._drain.closed
         #: Set by a close() that found the background thread still inside the engine:
         #: the thread runs it as it leaves, so the engine never closes under it.
         self._last_out: Callable[[], None] | None = None
-        #: Journals of processes that died could not all be replayed at open (the store
-        #: was busy): this process's writes queue behind them, or a restarted agent's
-        #: new turns would land before its old spooled ones (found by `fleetstore stress
-        #: --kill-rate` with a short budget; tests/store/test_spool.py::test_writes_of_a_restarted_*).
-        self._behind = False
         # Started by the first write or read, not here: this also runs in a child
         # right after fork, where starting threads is best left to the child's own code.
         self._publisher: Publisher | None = None
@@ -195,57 +181,52 @@ class Store:
     # -- writing ---------------------------------------------------------------------------
 
     def submit(
-        self,
-        op: Operation,
-        *,
-        spool: bool = True,
-        must_land: bool = False,
-        independent: bool = False,
+        self, op: Operation, delivery: Delivery = Delivery.SPOOLABLE
     ) -> dict[str, Any] | None:
         """Apply *op*; returns its result, or None if it went to the spool.
 
-        Past the write budget the operation is spooled (``on_busy="spool"`` and
-        *spool*) or ``StoreBusy`` is raised.  Once anything is spooled, later
-        operations queue behind it; one that must not be spooled (*spool* False:
-        a conditional write, whose outcome the caller needs) raises
-        ``SpoolPending`` instead of overtaking them.  *must_land* (an effect's
-        settlement): spooled past the budget even with ``on_busy="raise"``.
-        *independent* (claims, heartbeats, sweeps): neither depends on this
-        process's spooled writes nor they on it: applied now even while the
-        spool holds writes, never spooled.  If the journal cannot be written
-        either, ``StorageFull`` (disk full) or ``StorageError``: nothing was written.
-        An operation the API made (``trusted``) is not checked again."""
+        Past the write budget the operation is spooled or ``StoreBusy`` is raised, as
+        *delivery* says (``Delivery``: ``SPOOLABLE``, the default, follows
+        ``on_busy``).  Once anything is spooled, later operations queue behind it.  If
+        the journal cannot be written either, ``StorageFull`` (disk full) or
+        ``StorageError``: nothing was written.  An operation the API made
+        (``trusted``) is not checked again."""
         if op.__class__ is not Operation or not op.trusted:
             op = check_operation(op)
-            for name, flag in (
-                ("spool", spool),
-                ("must_land", must_land),
-                ("independent", independent),
-            ):
-                check_bool(flag, name)
+        if delivery.__class__ is not Delivery:
+            raise errors.InvalidInput(
+                f"delivery must be a fleetstore.Delivery, not {delivery!r:.80}"
+            )
+        # An attribute read while no OpenTelemetry SDK is installed: no call
+        # (core/telemetry.py; tests/store/test_cost.py's ceilings).
+        if telemetry.ACTIVE is not None:
+            return observe.traced(self, op, delivery)
         blobs = self.blobs
         if blobs.__class__ is BlobStore and blobs._kept:
-            return self._settling(op, spool, must_land, independent)
-        return self._submit(op, spool, must_land, independent)
+            return self._settling(op, delivery)
+        return self._submit(op, delivery)
 
-    def _settling(
-        self, op: Operation, spool: bool, must_land: bool, independent: bool
-    ) -> dict[str, Any] | None:
+    def _dispatch(self, op: Operation, delivery: Delivery) -> dict[str, Any] | None:
+        """``submit`` once *op* is checked (observe.traced's inner call)."""
+        blobs = self.blobs
+        if blobs.__class__ is BlobStore and blobs._kept:
+            return self._settling(op, delivery)
+        return self._submit(op, delivery)
+
+    def _settling(self, op: Operation, delivery: Delivery) -> dict[str, Any] | None:
         # The blob files this write stored before it waited: see BlobStore.settle.
         blobs = self.blobs
         assert isinstance(blobs, BlobStore)
         shas = referenced_shas(op.args)
         try:
-            result = self._submit(op, spool, must_land, independent)
+            result = self._submit(op, delivery)
         except BaseException:
             blobs.settle(shas, written=False)
             raise
         blobs.settle(shas, written=True)
         return result
 
-    def _submit(
-        self, op: Operation, spool: bool, must_land: bool, independent: bool
-    ) -> dict[str, Any] | None:
+    def _submit(self, op: Operation, delivery: Delivery) -> dict[str, Any] | None:
         if self._closed:
             raise errors.StoreClosed(f"{self.path}: the store was closed")
         if self._publisher is None:
@@ -255,14 +236,16 @@ class Store:
             self._indexer.start()
         with self._counts_lock:
             self._op_counts[op.name] += 1
-        if independent:
+        if delivery is _INDEPENDENT:
             return self.backend.apply(op)
-        if self.spool._pending or self._behind:
-            may_spool = must_land or (spool and self.settings.on_busy == "spool")
+        may_spool = delivery is _MUST_LAND or (
+            delivery is _SPOOLABLE and self.settings.on_busy == "spool"
+        )
+        if self.spool._pending or self._drain.behind:
             if not may_spool:
                 raise errors.SpoolPending(
                     f"{len(self.spool)} earlier write(s) of this process wait in its spool"
-                    + (" behind the journals of processes that died" if self._behind else "")
+                    + (" behind the journals of processes that died" if self._drain.behind else "")
                     + "; "
                     f"a {op.name} that must not be spooled cannot overtake them; "
                     "retry after store.flush()"
@@ -272,14 +255,13 @@ class Store:
         try:
             return self.backend.apply(op)  # checked above
         except errors.StoreBusy as busy:
-            if not (must_land or (spool and self.settings.on_busy == "spool")):
+            if not may_spool:
                 raise
             self._spool(op, busy)
             return None
         except errors.CommitUncertain as unknown:
             # Not known within the budget whether it is in the file (its holder stopped
             # while committing): replayed from the spool it is found there, or written.
-            may_spool = must_land or (spool and self.settings.on_busy == "spool")
             if not may_spool or not registry.spec_of(op.name).retry_safe:
                 raise
             self._spool(op, unknown)
@@ -300,17 +282,10 @@ class Store:
                 f"{self.spool_dir}; nothing was written",
             ) from exc
         if busy is not None:
-            log.warning(
-                "%s: %s spooled (%d waiting in %s): %s",
-                self.path,
-                op.name,
-                len(self.spool),
-                self.spool.path,
-                busy,
-            )
+            observe.log_spooled(self, op, busy)
         else:
             log.debug("%s: %s queued in the spool behind earlier writes", self.path, op.name)
-        self._wake()
+        self._drain.wake()
 
     @property
     def notifies(self) -> bool:
@@ -377,24 +352,7 @@ class Store:
         (at most *timeout* seconds; default: the write budget).  True if it is."""
         check_opt_timeout(timeout)
         self._check_open()
-        return self._drain(timeout)
-
-    def _drain(self, timeout: float | None) -> bool:
-        with self._cond:
-            streams = list(self._streams)
-        for stream in streams:
-            stream.flush()
-        deadline = time.monotonic() + (self.settings.write_budget if timeout is None else timeout)
-        if threading.current_thread() is self._thread:
-            return not (len(self.spool) or self._behind)  # it cannot wait for itself
-        self._wake()
-        with self._cond:
-            while len(self.spool) or self._behind:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stop:
-                    return False
-                self._cond.wait(remaining)
-        return True
+        return self._drain.wait(timeout)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -447,9 +405,10 @@ class Store:
             self._publisher = Publisher(
                 str(self.path), self.settings.publish_interval, self._published_figures
             )
+        observe.watch(self)
         self._publisher.start()
 
-    # -- background work: the spool drain and timed stream flushes -------------------------
+    # -- background work: deletes and forks under way (the spool drain: store/drain.py) ----
 
     def finish_jobs(self) -> None:
         """Finish, in a thread of this store's, the deletes and forks under way that
@@ -489,7 +448,7 @@ class Store:
                 left = session_jobs.finish_jobs(self, stop=lambda: self._stop)
             except Exception as exc:  # the store busy, failing or closing: again later
                 log.warning("%s: finishing deletes and forks under way: %s", self.path, exc)
-                pause = min(_MAX_PAUSE, max(pause * 2, 0.5))
+                pause = min(MAX_PAUSE, max(pause * 2, 0.5))
                 continue
             with self._cond:
                 if not left and not self._jobs_again:
@@ -506,182 +465,15 @@ class Store:
             self.finish_jobs()
         return result
 
-    def streams_opened(self, stream: Flushable) -> None:
-        """*stream* has buffered something: flush it when it is due.  The background
-        thread is woken only if it would otherwise sleep past that (a reply written
-        whole within its flush window never wakes it: a wake-up per turn measured
-        about a tenth of a lone agent's turn)."""
-        due = stream.due()
-        with self._cond:
-            self._streams.add(stream)
-            if self._running and not self._stop and (due is None or due >= self._wake_at > 0):
-                return
-        self._wake()
-
-    def streams_closed(self, stream: Flushable) -> None:
-        with self._cond:
-            self._streams.discard(stream)
-
-    def _wake(self) -> None:
-        """Make sure the background thread runs and looks at the spool again."""
-        with self._cond:
-            if self._stop:
-                return
-            if not self._running:
-                # _running, not Thread.is_alive(): a thread that has decided to exit
-                # (below, under this lock) but not yet ended is alive, and a write
-                # spooled in that moment would wait for a thread that never looks.
-                thread = threading.Thread(
-                    target=self._background, name="fleetstore-background", daemon=True
-                )
-                thread.start()
-                self._thread, self._running = thread, True
-            self._cond.notify_all()
-
-    def _background(self) -> None:
-        try:
-            self._background_loop()
-        finally:
-            # Whatever ended it, the next _wake must be able to start another.
-            with self._cond:
-                if self._thread is threading.current_thread():
-                    self._running = False
-            self._left()
-
     def _left(self) -> None:
         """A background thread has ended: the last one out closes the store's engine if
         close() came while it was inside (see close)."""
         with self._cond:
-            if self._running or self._jobs_running or self._indexer.running:
+            if self._drain.running or self._jobs_running or self._indexer.running:
                 return
             last_out, self._last_out = self._last_out, None
         if last_out is not None:
             last_out()
-
-    def _background_loop(self) -> None:
-        """Replay the spool in order, one operation per transaction, and flush
-        streams when due; exit when there is neither (``_wake`` starts it again).
-        tests/store/test_spool.py::test_outside_lock_past_the_budget_spools_then_drains_in_order"""
-        pause_until = 0.0
-        idle_since: float | None = None
-        while True:
-            with self._cond:
-                while True:
-                    if self._stop:
-                        self._running = False
-                        return
-                    behind = self._behind
-                    op = self.spool.head()
-                    now = time.monotonic()
-                    if op is None and not self._streams and not behind:
-                        # Linger a while before exiting: a stream opened next turn
-                        # then needs no new thread.
-                        if idle_since is None:
-                            idle_since = now
-                        if now - idle_since >= _LINGER:
-                            self._running = False
-                            self._wake_at = 0.0
-                            return
-                        self._wake_at = idle_since + _LINGER
-                        self._cond.wait(self._wake_at - now)
-                        continue
-                    idle_since = None
-                    paused = now < pause_until
-                    dues = [d for s in self._streams if (d := s.due()) is not None]
-                    ready = [] if paused else [s for s in self._streams if _due(s, now)]
-                    replay = (op is not None or behind) and not paused
-                    if replay or ready:
-                        break
-                    waits = [d - now for d in dues if d > now]
-                    if paused:
-                        waits.append(pause_until - now)
-                    wait = min(waits) if waits else max(self.settings.stream_flush_interval, 0.01)
-                    self._wake_at = now + wait
-                    self._cond.wait(wait)
-                    self._wake_at = 0.0
-            for stream in ready:
-                try:
-                    stream.flush()
-                except Exception as exc:
-                    log.error("%s: timed flush of message %s failed: %s", self.path, stream.id, exc)
-            if replay and behind:
-                pause = self._catch_up()
-                pause_until = time.monotonic() + pause if pause else 0.0
-            elif replay and op is not None:
-                pause = self._replay(op)
-                pause_until = time.monotonic() + pause if pause else 0.0
-
-    def _replay(self, op: Operation) -> float:
-        """Apply the spool's head *op*; the seconds to wait before trying again
-        (0: it is done with, applied or rejected)."""
-        try:
-            self._noting_jobs(op)
-        except errors.TransientError:
-            return _RETRY_PAUSE  # still locked: the next attempt waits for the lock again
-        except Exception as exc:
-            if not is_rejectable(exc) or self._stop:
-                # (A failure met while closing may be the close's: never a rejection.)
-                # The store itself failed (I/O error, disk full, closed): the
-                # operation is fine and keeps its place; back off and retry.
-                self._failures += 1
-                pause = min(_MAX_PAUSE, 0.1 * 2.0 ** min(self._failures, 10))
-                log.error(
-                    "%s: replaying spooled %s failed (%s: %s); retrying in %.1fs",
-                    self.path,
-                    op.name,
-                    type(exc).__name__,
-                    exc,
-                    pause,
-                )
-                return pause
-            # It can never apply (e.g. its session was deleted meanwhile): keep it
-            # with the reason in rejected.jsonl, loudly; never drop it silently.
-            # tests/store/test_spool.py::test_spooled_write_that_cannot_apply_is_rejected_not_dropped
-            path = self.spool.path
-            try:
-                reject(self.spool_dir, op, exc, path.name if path else None)
-            except OSError as err:
-                log.error("%s: cannot record rejected %s: %s", self.path, op.name, err)
-                return _MAX_PAUSE
-            with self._counts_lock:
-                self._rejected += 1
-            log.error(
-                "%s: spooled %s (op %s) rejected on replay, kept in %s: %s: %s",
-                self.path,
-                op.name,
-                op.op_id,
-                self.spool_dir / REJECTED,
-                type(exc).__name__,
-                exc,
-            )
-        self._failures = 0
-        self.spool.done(op)
-        with self._cond:
-            self._cond.notify_all()
-        return 0.0
-
-    def _catch_up(self) -> float:
-        """Replay the journals of dead processes before anything of this process's
-        spool; the seconds to wait before trying again (0: caught up).  A damaged
-        journal (kept for a person) does not hold this process back."""
-        try:
-            results = self.recover()
-        except Exception as exc:
-            log.error("%s: replaying journals of dead processes failed: %s", self.path, exc)
-            return _RETRY_PAUSE
-        waiting = [
-            r
-            for r in results
-            if r.status == "unfinished"
-            # "busy" with its owner dead: another process is replaying it right now
-            or (r.status == "busy" and not _process_alive(journal_pid(Path(r.journal))))
-        ]
-        if waiting:
-            return _RETRY_PAUSE
-        with self._cond:
-            self._behind = False
-            self._cond.notify_all()
-        return 0.0
 
     def recover(self) -> list[Recovered]:
         """Replay the journals of processes that died with writes in their spool
@@ -703,11 +495,15 @@ class Store:
                 continue
             # Stops between two operations once close() begins: the rest waits for the
             # next open or `fleetstore recover` (issue 23, cause 7).
-            result = recover_journal(path, self._noting_jobs, self._check_blobs, lambda: self._stop)
+            result = recover_journal(
+                path, self._noting_jobs, self._check_blobs, lambda: self._stop, self.keyring
+            )
             if result.status == "unfinished":
                 stopped = f"the replay of {path.name} stopped"
             with self._counts_lock:
                 self._recovered += result.replayed
+            if result.replayed:
+                observe.log_recovered(self, path, result.replayed, result.status)
             if result.rejected:
                 with self._counts_lock:
                     self._rejected += result.rejected
@@ -747,12 +543,24 @@ class Store:
             "replayed": self.spool.replayed_total,
             "recovered": recovered,
             "rejected": rejected,
-            "open_streams": len(self._streams),
+            "open_streams": len(self._drain.streams),
+            "outbox": self.outbox_metrics.snapshot(),
+            # Secrets replaced by their markers before they were stored, by kind.
+            "redacted": dict(self.redaction.counts) if self.redaction is not None else {},
             **self._indexer.figures(),
         }
 
+    def histograms(self) -> dict[str, Any]:
+        """The raw histograms of ``metrics()`` (lock wait and hold, checkpoints, effect
+        waits and runs), to be merged with other processes'
+        (``fleetstore.core.metrics.Histogram.from_buckets``)."""
+        return {**self.db.histograms(), **self.outbox_metrics.export()}
+
     def _published_figures(self) -> dict[str, Any]:
-        return {"metrics": self.metrics(), "histograms": self.db.histograms()}
+        # With every publish (about once a second): an SDK installed after the store
+        # was opened is found within one interval.
+        telemetry.refresh()
+        return {"metrics": self.metrics(), "histograms": self.histograms()}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -769,7 +577,7 @@ class Store:
             return
         drained = False
         try:
-            drained = self._drain(timeout)
+            drained = self._drain.wait(timeout)
             if not drained:
                 log.error(
                     "%s: closing with %d write(s) still in the spool journal %s%s; "
@@ -777,20 +585,23 @@ class Store:
                     self.path,
                     len(self.spool),
                     self.spool.path,
-                    " and journals of processes that died not all replayed" if self._behind else "",
+                    " and journals of processes that died not all replayed"
+                    if self._drain.behind
+                    else "",
                 )
         finally:
             with self._cond:
                 self._stop = True  # the replay stops before its next operation
                 self._cond.notify_all()
-            here = threading.current_thread() in (self._thread, self._jobs)
+            here = threading.current_thread() in (self._drain.thread, self._jobs)
             self._indexer.stop(self.settings.write_budget + 5)
-            for thread in (self._thread, self._jobs):
+            for thread in (self._drain.thread, self._jobs):
                 if thread is not None and thread is not threading.current_thread():
                     # The operation under way ends within one write budget.
                     # tests/store/test_spool.py::test_close_while_locked_*
                     thread.join(self.settings.write_budget + 5)
             self._closed = True
+            telemetry.unwatch(self)
             if self._publisher is not None:
                 self._publisher.stop()
             # A sharded store's index refresh may wait for the catalog's lock: not when
@@ -807,7 +618,9 @@ class Store:
                 # thread closes it as it leaves.  Closing it here met the operation in
                 # flight with a closed gate, and it went to rejected.jsonl as a bug
                 # (issue 23, cause 7; tests/store/test_spool.py::test_close_during_the_*).
-                inside = (self._running or self._jobs_running or self._indexer.running) and not here
+                inside = (
+                    self._drain.running or self._jobs_running or self._indexer.running
+                ) and not here
                 if inside:
                     self._last_out = last_out
             if inside:
@@ -881,9 +694,7 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
         if journals(store.spool_dir):
             results = store.recover()
             if any(r.status == "unfinished" for r in results):
-                with store._cond:
-                    store._behind = True
-                store._wake()
+                store._drain.fall_behind()
             for result in results:
                 if result.status in ("damaged", "unfinished"):
                     log.error(
@@ -902,7 +713,7 @@ def open(url_or_path: str | os.PathLike[str] | None = None, **settings: Any) -> 
     return store
 
 
-def check_store_file(path: Path) -> None:
+def check_store_file(path: Path, keyring: Keyring | None = None) -> None:
     """``CorruptStore`` unless *path* is a fleetstore store's file, read without
     changing it (recover must not make a store of whatever file it is pointed at)."""
     try:
@@ -921,6 +732,7 @@ def check_store_file(path: Path) -> None:
             lambda db: {
                 r[0] for r in db.query("SELECT name FROM sqlite_schema WHERE type='table'")
             },
+            key=key_of_file(str(path), keyring),
         )
     except errors.FleetstoreError:
         return  # cannot tell now (busy, a WAL without its index...): the open decides
@@ -947,7 +759,7 @@ def recover_journals(
         if not path.is_file():
             raise errors.NotFound(f"no store at {target}")
     if not isinstance(target, str):
-        check_store_file(path)
+        check_store_file(path, keyring_of(config.encryption_key_file))
     spool_dir = Path(str(path) + ".spool")
     if not journals(spool_dir) and kind != "sharded":
         remove_stale_new_files(spool_dir)

@@ -5,7 +5,7 @@ latency histograms) to ``<db>.procs/<pid>.json`` about once a second, from a
 daemon thread: one small file written and renamed into place, so a reader sees
 the whole previous snapshot or the whole new one, never half.  The file is
 removed when the store closes; one left by a process that died is recognised by
-its PID and the process start time (``same_process``: a PID reused by another
+its PID and the process start time (core/liveness.py: a PID reused by another
 process does not make it live again), shown as history, never judged as current,
 and removed by ``fleetstore maintain`` (``remove_gone``).
 
@@ -17,6 +17,7 @@ path (3,000 appends: 175 us each without the publisher, 167 us with, noise).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleetstore.core import liveness, telemetry
 from fleetstore.core.files import private_dirs
 from fleetstore.core.metrics import Histogram
 
@@ -36,29 +38,6 @@ STALE_AFTER = 5.0
 
 def procs_dir(db_path: str | os.PathLike[str]) -> Path:
     return Path(os.fspath(db_path) + ".procs")
-
-
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22):
-    with the PID, it names one process even after the PID is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may contain spaces.
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def same_process(pid: int, start_time: object) -> bool:
-    """Is the process that recorded (*pid*, *start_time*) still running?  The PID
-    alone is not enough: a PID is reused, and a dead process's leftover file would
-    pass for a live one (doctor, maintain, the sharded layout's intents)."""
-    return start_time is not None and process_start_time(pid) == start_time
 
 
 def _command_line(pid: int) -> str:
@@ -96,7 +75,7 @@ class Publisher:
     def _run(self) -> None:
         base = {
             "pid": self._pid,
-            "start_time": process_start_time(self._pid),
+            "start_time": liveness.start_time(self._pid),
             "command": _command_line(self._pid),
             "started_at": time.time(),
         }
@@ -108,7 +87,7 @@ class Publisher:
             self._stop.wait(self.interval)
 
     def publish_once(self, base: dict[str, Any] | None = None) -> None:
-        record = dict(base or {"pid": self._pid, "start_time": process_start_time(self._pid)})
+        record = dict(base or {"pid": self._pid, "start_time": liveness.start_time(self._pid)})
         record["published_at"] = time.time()
         record["interval"] = self.interval
         record.update(self._figures())
@@ -125,7 +104,16 @@ class Publisher:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(5)
+        started = self._thread is not None
         self._thread = None
+        if started:
+            # What this process counted stays in the store's totals (``retired``): a
+            # counter that fell when a process exits reads as a reset to Prometheus,
+            # whose rate() then counts every other process's total again.
+            try:
+                fold(self.dir, self._pid, liveness.start_time(self._pid), self._figures())
+            except Exception:
+                pass
         with contextlib.suppress(OSError):
             self.path.unlink()
 
@@ -161,11 +149,89 @@ def read_published(db_path: str | os.PathLike[str], now: float | None = None) ->
             pid = int(record["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        alive = same_process(pid, record.get("start_time"))
+        start = record.get("start_time")
+        # A file without its start time (none readable when it was written): the PID's answer.
+        alive = liveness.alive(pid, start if isinstance(start, int) else None)
         age = now - float(record.get("published_at", 0.0))
         found.append(Published(pid, str(record.get("command", "")), alive, age, record))
     found.sort(key=lambda p: (not p.alive, p.pid))
     return found
+
+
+#: The counters and histograms of the processes that closed the store (or died, once
+#: ``fleetstore maintain`` removed their files), added up: a store's totals are these
+#: plus the files of the processes there are (``totals``).
+RETIRED = "retired.json"
+#: A folded process is remembered this long after its file is gone (a reader that
+#: listed the file before it went reads this record after, and must not count it twice).
+_FOLDED_KEPT = 300.0
+
+
+def _key(pid: int, start_time: object) -> str:
+    return f"{pid}:{start_time}"
+
+
+def read_retired(folder: Path) -> dict[str, Any]:
+    """The retired totals in *folder* (``<db>.procs``), empty if there are none."""
+    try:
+        data = json.loads((folder / RETIRED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        data = {}
+    for part in ("counters", "histograms", "folded"):
+        if not isinstance(data.get(part), dict):
+            data[part] = {}
+    return data
+
+
+def fold(folder: Path, pid: int, start_time: object, figures: dict[str, Any]) -> bool:
+    """Add one process's *figures* (``{"metrics": ..., "histograms": ...}``, as
+    published) to the retired totals in *folder*, under a lock, once: False if that
+    process was folded before.  Call it before its file is removed."""
+    private_dirs(folder)
+    fd = os.open(folder / ".retired.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        retired = read_retired(folder)
+        key = _key(pid, start_time)
+        folded: dict[str, Any] = retired["folded"]
+        if key in folded:
+            return False
+        metrics = figures.get("metrics") if isinstance(figures.get("metrics"), dict) else {}
+        counters: dict[str, Any] = retired["counters"]
+        for name, labels, value in telemetry.samples(metrics or {}):
+            if telemetry.BY_NAME[name].kind == "counter" and value:
+                series = counters.setdefault(name, {})
+                label = json.dumps(list(labels))
+                series[label] = float(series.get(label, 0.0)) + value
+        raw = figures.get("histograms")
+        for name, data in (raw if isinstance(raw, dict) else {}).items():
+            if name in telemetry.HISTOGRAMS and isinstance(data, dict):
+                hist = Histogram.from_buckets(retired["histograms"].get(name))
+                hist.merge_export(data)
+                retired["histograms"][name] = hist.export()
+        now = time.time()
+        folded[key] = now
+        for other, at in list(folded.items()):
+            other_pid = other.split(":", 1)[0]
+            gone = not (folder / f"{other_pid}.json").exists()
+            if other != key and gone and now - float(at) > _FOLDED_KEPT:
+                del folded[other]
+        tmp = folder / f".{RETIRED}.{os.getpid()}.tmp"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(out, "w", encoding="utf-8") as f:
+            json.dump(retired, f, separators=(",", ":"))
+        os.replace(tmp, folder / RETIRED)
+        return True
+    finally:
+        os.close(fd)
+
+
+def is_folded(retired: dict[str, Any], published: Published) -> bool:
+    """Whether *published*'s figures are already in the retired totals (its process
+    closed the store, or maintain folded it, after the file was read)."""
+    return _key(published.pid, published.record.get("start_time")) in retired["folded"]
 
 
 #: A publisher's temporary file is renamed into place within milliseconds: one
@@ -192,6 +258,9 @@ def remove_gone(
     gone = [p for p in found if not p.alive]
     if not dry_run:
         for p in gone:
+            # Its counts stay in the store's totals (see RETIRED), then its file goes.
+            with contextlib.suppress(OSError):
+                fold(folder, p.pid, p.record.get("start_time"), p.record)
             with contextlib.suppress(FileNotFoundError):
                 (folder / f"{p.pid}.json").unlink()
         with contextlib.suppress(OSError):
@@ -206,11 +275,13 @@ def remove_gone(
 
 
 __all__ = [
+    "RETIRED",
     "Publisher",
     "Published",
+    "fold",
+    "is_folded",
     "procs_dir",
-    "process_start_time",
     "read_published",
+    "read_retired",
     "remove_gone",
-    "same_process",
 ]

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from fleetstore import errors, sql
+from fleetstore.core.keys import Keyring, keyring_of
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, parse_target, sharded_url
 from fleetstore.domain.blobs import BlobStore
 from fleetstore.domain.operations import Operation, Result
+from fleetstore.engine import cipher
 from fleetstore.engine.base import Tx, check_not_newer
 from fleetstore.engine.foreign import FileChanged, ForeignFile
 from fleetstore.engine.inspect import (
@@ -51,13 +53,22 @@ def _refusal(path: str, why: str) -> errors.NotAStore:
     return errors.NotAStore(f"{path}: not a fleetstore store ({why}); nothing was written to it")
 
 
-def check_store_file(path: str | os.PathLike[str], *, unless_open_here: bool = False) -> None:
+def check_store_file(
+    path: str | os.PathLike[str],
+    *,
+    unless_open_here: bool = False,
+    keyring: Keyring | None = None,
+    plain_ok: bool = False,
+) -> None:
     """Raise ``NotAStore`` unless *path* is a SQLite file holding fleetstore's tables,
     read strictly read-only (``NotFound`` if there is no such file).  A WAL file whose
     -shm is gone is judged by its main file (the tables are made by the first
     transaction a store ever commits, long checkpointed).  A file this process has
     open cannot be read here without dropping its SQLite locks: ``PermanentError``,
-    or, with *unless_open_here* (the caller opened it as a store), no check."""
+    or, with *unless_open_here* (the caller opened it as a store), no check.  An
+    encrypted file is read with the key of *keyring* that opens it (``KeyMissing``
+    without one, ``WrongKey``); a plain one with a keyring is ``NotEncrypted``, unless
+    *plain_ok* (a rekey that encrypts it)."""
     path = os.fspath(path)
     if unless_open_here:
         real = os.path.realpath(path)
@@ -65,8 +76,9 @@ def check_store_file(path: str | os.PathLike[str], *, unless_open_here: bool = F
             check_not_open_here([real, real + "-wal", real + "-shm"])
         except errors.PermanentError:
             return
+    key = cipher.key_of_file(path, keyring, strict=not plain_ok)
     try:
-        foreign = ForeignFile(path)
+        foreign = ForeignFile(path, key)
     except InspectFailed as exc:
         raise _refusal(path, "empty file" if exc.reason == "empty" else "not a database") from None
 
@@ -76,7 +88,7 @@ def check_store_file(path: str | os.PathLike[str], *, unless_open_here: bool = F
     for attempt in range(_ATTEMPTS):
         try:
             if foreign.mode is None:
-                with open_readonly(path, "immutable") as db:
+                with open_readonly(path, "immutable", key=key) as db:
                     found = tables(db)
             else:
                 found = foreign.read(tables)
@@ -84,7 +96,7 @@ def check_store_file(path: str | os.PathLike[str], *, unless_open_here: bool = F
         except FileChanged:
             if attempt == _ATTEMPTS - 1:
                 raise
-            foreign = ForeignFile(path)
+            foreign = ForeignFile(path, key)
         except InspectFailed as exc:
             if exc.reason in ("not-a-database", "corrupt"):
                 raise _refusal(path, str(exc)) from None
@@ -123,13 +135,18 @@ class ReadOnlyFile:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, keyring: Keyring | None = None) -> None:
         self.path = os.path.abspath(path)
+        self._keyring = keyring
+        self._key: bytes | None = None
+        self._keyed = keyring is None
 
     def read(self, fn: Callable[[Tx], T]) -> T:
+        if not self._keyed:  # which key of the ring opens this file: once
+            self._key, self._keyed = cipher.key_of_file(self.path, self._keyring), True
         for attempt in range(_ATTEMPTS):
             try:
-                foreign = ForeignFile(self.path)
+                foreign = ForeignFile(self.path, self._key)
             except InspectFailed as exc:
                 raise _refusal(self.path, str(exc)) from None
             try:
@@ -187,8 +204,13 @@ class _ReadOnlyBackend(OneDatabase):
     layout = "file"
 
     def __init__(self, path: Path, queries: Mapping[str, str], settings: Settings) -> None:
-        super().__init__(ReadOnlyFile(str(path)), queries, path)
-        self.blobs = BlobStore(str(path) + ".blobs", settings.max_payload_bytes)
+        keyring = keyring_of(settings.encryption_key_file)
+        super().__init__(ReadOnlyFile(str(path), keyring), queries, path)
+        self.blobs = BlobStore(
+            str(path) + ".blobs",
+            settings.max_payload_bytes,
+            keyring=keyring_of(settings.encryption_key_file),
+        )
 
     def apply(self, op: Operation) -> Result:
         raise errors.ReadOnlyError(f"{self.path}: opened read-only; {op.name} not written")
@@ -197,16 +219,17 @@ class _ReadOnlyBackend(OneDatabase):
 class _ReadOnlyShards(ShardSet):
     """A sharded store's files, each a ``ReadOnlyFile``; nothing is opened ahead."""
 
-    def __init__(self, root: Path) -> None:  # not ShardSet's: it opens and creates
+    def __init__(self, root: Path, keyring: Keyring | None) -> None:  # not ShardSet's
         self.root = root
-        self.catalog = cast(Database, ReadOnlyFile(str(root / CATALOG)))
+        self._keyring = keyring
+        self.catalog = cast(Database, ReadOnlyFile(str(root / CATALOG), keyring))
 
     @contextlib.contextmanager
     def use(self, key: str, *, create: bool = True) -> Iterator[Database]:
         path = self.path_of(key)
         if not path.is_file():
             raise errors.NotFound(f"no shard {key!r} in {self.root}")
-        yield cast(Database, ReadOnlyFile(str(path)))
+        yield cast(Database, ReadOnlyFile(str(path), self._keyring))
 
     def drop(self, key: str) -> None:
         pass
@@ -240,9 +263,10 @@ def open_read_only(url_or_path: str | os.PathLike[str] | None, **settings: Any) 
     catalog = target / CATALOG if kind == "sharded" else target
     if not catalog.is_file():
         raise errors.NotFound(f"no store at {target} (nothing was created)")
-    check_store_file(catalog)
+    keyring = keyring_of(config.encryption_key_file)
+    check_store_file(catalog, keyring=keyring)
     steps = migrations()
-    version = ReadOnlyFile(str(catalog)).schema_version
+    version = ReadOnlyFile(str(catalog), keyring).schema_version
     check_not_newer(str(catalog), version, steps)
     if version < steps[-1].version:
         raise errors.MigrationError(
@@ -252,7 +276,7 @@ def open_read_only(url_or_path: str | os.PathLike[str] | None, **settings: Any) 
         )
     queries = sql.queries("sqlite")
     if kind == "sharded":
-        router = Router(_ReadOnlyShards(target), queries, config)
+        router = Router(_ReadOnlyShards(target, keyring), queries, config)
         router.url = sharded_url(target)
         return Store(router, config)
     return Store(_ReadOnlyBackend(target, queries, config), config)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fleetstore.core.files import private_dirs
+from fleetstore.core.keys import keyring_of
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import local_base
 from fleetstore.domain.blobs import DbBlobStore
@@ -25,7 +26,9 @@ class ServerBackend(OneDatabase):
         self, db: Engine, queries: Mapping[str, str], settings: Settings, local: Path
     ) -> None:
         super().__init__(db, queries, local)
-        self.blobs = DbBlobStore(db, queries, settings.max_payload_bytes)
+        self.blobs = DbBlobStore(
+            db, queries, settings.max_payload_bytes, keyring_of(settings.encryption_key_file)
+        )
 
 
 def open_server(url: str, settings: Settings, queries: Mapping[str, str]) -> ServerBackend:

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -45,6 +43,10 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from fleetstore import errors
+from fleetstore.core import liveness
+from fleetstore.core.crash import crash_point
+from fleetstore.core.keys import keyring_of
+from fleetstore.core.logs import logger
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, sharded_url
 from fleetstore.domain import registry
@@ -52,35 +54,24 @@ from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Scope, earlier_result
 from fleetstore.domain.outbox_ops import check_effect_list, insert_effect
 from fleetstore.engine.base import Engine, Tx
-from fleetstore.engine.sharded import ShardSet, is_key, shard_key
+from fleetstore.engine.sharded import ShardSet, is_key, shard_files, shard_key
 from fleetstore.engine.sqlite import Database
-from fleetstore.store.backend import OPS_TAG, OpItem, blobs_durable, migrations, op_applier
-from fleetstore.store.procstats import process_start_time, same_process
+from fleetstore.store.backend import (
+    OPS_TAG,
+    OpItem,
+    blobs_durable,
+    migrations,
+    op_applier,
+    wal_file_bytes,
+)
 from fleetstore.store.spool import decode_line, encode_line, is_rejectable
 
 T = TypeVar("T")
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 #: Seconds between refreshes of the catalog's copy of sessions this process wrote.
 _SYNC_INTERVAL = 1.0
 _HOMES_CACHED = 4096
-#: Test hook: "after-intent" or "after-shard" makes the process SIGKILL itself there.
-CRASH_ENV = "FLEETSTORE_TEST_CRASH_SHARDED"
-
-
-def owner_alive(owner: str) -> bool:
-    """Is the process that wrote an intent (``PID:START``) still running?"""
-    pid_text, _, ticks = owner.partition(":")
-    try:
-        pid, start = int(pid_text), int(ticks)
-    except ValueError:
-        return False
-    return same_process(pid, start)
-
-
-def _crash_point(name: str) -> None:
-    if os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), 9)
 
 
 class Router:
@@ -102,6 +93,7 @@ class Router:
             settings.max_payload_bytes,
             durable=blobs_durable(settings),
             wait_for_space=settings.write_budget,
+            keyring=keyring_of(settings.encryption_key_file),
         )
         self.q = queries
         self._homes: collections.OrderedDict[str, str | None] = collections.OrderedDict()
@@ -110,7 +102,7 @@ class Router:
     def _init_process(self) -> None:
         """The state of this process (a forked child starts its own: threads, locks
         and writes under way do not survive a fork)."""
-        self.owner = f"{os.getpid()}:{process_start_time(os.getpid())}"
+        self.owner = liveness.token()
         self._lock = threading.Lock()
         self._dirty: set[str] = set()
         #: Shards whose refresh is under way (taken from _dirty, not yet committed).
@@ -268,7 +260,7 @@ class Router:
         try:
             new, reserved = self.catalog.run_write(begin)
             begun = True
-            _crash_point("after-intent")
+            crash_point("after-intent")
             existed = self.shards.exists(key)
             try:
                 result, applied = self._shard_part(key, op)
@@ -285,7 +277,7 @@ class Router:
                     self._abandon(key, op, existed, reserved)
                     begun = False  # nothing of it is left to finish
                 raise
-            _crash_point("after-shard")
+            crash_point("after-shard")
             self._catalog_part(key, op, applied)
         except BaseException:
             if begun:
@@ -524,6 +516,11 @@ class Router:
     def metrics(self) -> dict[str, Any]:
         return self.shards.metrics()
 
+    def wal_bytes(self) -> int:
+        root = self.shards.root
+        files = [root / CATALOG, *(path for _key, path in shard_files(root))]
+        return sum(wal_file_bytes(path) for path in files)
+
     def read(self, fn: Callable[[Tx], T], session_id: str | None) -> T:
         key = self.home(session_id)
         if key is None:
@@ -623,7 +620,7 @@ class Router:
             if owner == self.owner:
                 if not (own or all_owners) or op_id in active:
                     continue
-            elif not all_owners and owner_alive(str(owner)):
+            elif not all_owners and liveness.token_alive(owner):
                 continue
             op = decode_line(str(text).encode("utf-8"))
             existed = self.shards.exists(str(key))

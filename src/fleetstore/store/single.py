@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
+from fleetstore.core.keys import keyring_of
 from fleetstore.core.settings import Settings
 from fleetstore.domain.blobs import BlobStore
 from fleetstore.domain.operations import Operation, Result
@@ -33,6 +34,7 @@ class FileBackend(OneDatabase):
             settings.max_payload_bytes,
             durable=blobs_durable(settings),
             wait_for_space=settings.write_budget,
+            keyring=keyring_of(settings.encryption_key_file),
         )
         if not self.blobs.durable:
             db.before_checkpoint(self.blobs.sync)

@@ -16,10 +16,17 @@ not an operation this version knows is damage: the replay stops there and keeps
 the file.  So does an operation whose blob file is missing or damaged.  An
 operation that can never apply goes, with the reason, to ``rejected.jsonl`` in
 the same folder.
+
+A store with a keyring writes each line's JSON sealed (``!`` and the base64 of a
+``fleetstore.core.sealed`` file: AES-256-GCM under a key of its own, the key's id in
+its header), checksummed as a plain line is; ``rejected.jsonl`` too.  Each line is a
+sealed file of its own, so lines appended by many processes to one file never share a
+nonce.  The spool is the slow path (past the write budget): sealing costs there only.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import fcntl
@@ -35,7 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetstore import errors
+from fleetstore.core import sealed
 from fleetstore.core.files import private_dirs
+from fleetstore.core.keys import Keyring
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import fsync_dir
 from fleetstore.domain.operations import Operation
@@ -49,9 +58,35 @@ _NEW_SUFFIX = ".jsonl.new"
 REJECTED = "rejected.jsonl"
 
 
-def encode_line(op: Operation) -> bytes:
+#: A sealed line's JSON begins with this (a plain line's with "{").
+_SEALED = b"!"
+
+
+def encode_line(op: Operation, keyring: Keyring | None = None) -> bytes:
     text = json.dumps(op.to_json(), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if keyring is not None:
+        text = seal_text(text, keyring)
     return b"%08x %s\n" % (zlib.crc32(text), text)
+
+
+def seal_text(text: bytes, keyring: Keyring) -> bytes:
+    """A line's JSON sealed: ``!`` and the base64 of its sealed file."""
+    return _SEALED + base64.b64encode(sealed.seal(text, keyring))
+
+
+def unseal_text(text: bytes, keyring: Keyring | None, where: str) -> bytes:
+    """A line's JSON, unsealed if it is sealed (``KeyMissing`` without the key)."""
+    if not text.startswith(_SEALED):
+        return text
+    if keyring is None:
+        raise errors.KeyMissing(
+            f"{where}: the journal is encrypted and no key was given (encryption_key_file)"
+        )
+    try:
+        data = base64.b64decode(text[1:], validate=True)
+    except ValueError:
+        raise errors.InvalidInput("damaged sealed journal line") from None
+    return sealed.unseal(data, keyring, where)
 
 
 def _checked_body(line: bytes) -> bytes:
@@ -68,7 +103,11 @@ def _checked_body(line: bytes) -> bytes:
     return body
 
 
-def _operation(body: bytes) -> Operation:
+def _operation(body: bytes, keyring: Keyring | None = None, where: str = "journal") -> Operation:
+    try:
+        body = unseal_text(body, keyring, where)
+    except errors.SealedCorrupt as exc:
+        raise errors.InvalidInput(str(exc)) from None
     try:
         data = json.loads(body)
     except ValueError:
@@ -76,9 +115,9 @@ def _operation(body: bytes) -> Operation:
     return registry.envelope(data)
 
 
-def decode_line(line: bytes) -> Operation:
+def decode_line(line: bytes, keyring: Keyring | None = None) -> Operation:
     """One journal line → its operation (``InvalidInput`` if damaged)."""
-    return _operation(_checked_body(line))
+    return _operation(_checked_body(line), keyring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +134,10 @@ class JournalRead:
     reason: str = ""
 
 
-def read_journal(path: Path) -> JournalRead:
+def read_journal(path: Path, keyring: Keyring | None = None) -> JournalRead:
+    """The operations of a journal.  A sealed line without its key raises
+    ``KeyMissing`` (``WrongKey``): never read as damage, which would stop a replay
+    for good."""
     ops: list[Operation] = []
     data = path.read_bytes()
     pos = 0
@@ -110,7 +152,7 @@ def read_journal(path: Path) -> JournalRead:
             # and acknowledged: damage, even as the last line, never a torn append.
             return JournalRead(ops, len(data) - pos, True, str(exc))
         try:
-            ops.append(_operation(body))
+            ops.append(_operation(body, keyring, str(path)))
         except errors.InvalidInput as exc:
             # Written whole and acknowledged, so never dropped as a torn append.
             return JournalRead(ops, len(data) - pos, True, str(exc))
@@ -140,8 +182,10 @@ class Spool:
     applied, oldest first.  Thread-safe; the store's background thread drains it
     (``head`` / ``done``) while other threads ``append``."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], keyring: Keyring | None = None) -> None:
         self.directory = Path(directory)
+        #: Lines are sealed with its current key (None: plain).
+        self.keyring = keyring
         _live.add(self)
         self._reset()
 
@@ -178,7 +222,7 @@ class Spool:
     def append(self, op: Operation) -> None:
         """Write *op* to the journal, fsynced, and queue it for replay.  On an
         ``OSError`` (disk full...) nothing of *op* stays in the journal."""
-        line = encode_line(op)
+        line = encode_line(op, self.keyring)
         if self._pid != os.getpid():  # forked without the at-fork hook running
             self._after_fork()
         with self._lock:
@@ -376,7 +420,11 @@ def is_rejectable(exc: BaseException) -> bool:
 
 
 def reject(
-    directory: Path, op: Operation, exc: BaseException, journal: str | None = None
+    directory: Path,
+    op: Operation,
+    exc: BaseException,
+    journal: str | None = None,
+    keyring: Keyring | None = None,
 ) -> Rejection:
     """Keep an operation that can never apply (its session was deleted, a
     version moved on...) in ``rejected.jsonl`` with the reason: never dropped."""
@@ -389,7 +437,8 @@ def reject(
         "error": rejection.error,
         "record": op.to_json(),
     }
-    line = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    text = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    line = (text if keyring is None else seal_text(text, keyring)) + b"\n"
     fd = os.open(directory / REJECTED, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, line)
@@ -413,6 +462,7 @@ def recover_journal(
     apply: Callable[[Operation], object],
     check: Callable[[Operation], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    keyring: Keyring | None = None,
 ) -> Recovered:
     """Replay the journal at *path* if its process is gone, then delete it.
     An operation that fails for good goes to ``rejected.jsonl``; a store still
@@ -440,7 +490,7 @@ def recover_journal(
         # we took the lock: then there is nothing to do.
         if os.fstat(fd).st_nlink == 0 or not path.exists():
             return Recovered(name, 0, "replayed", "already replayed by another process")
-        read = read_journal(path)
+        read = read_journal(path, keyring)
         done = 0
         rejections: list[Rejection] = []
         for op in read.ops:
@@ -481,7 +531,7 @@ def recover_journal(
                         len(rejections),
                         tuple(rejections),
                     )
-                rejections.append(reject(path.parent, op, exc, path.name))
+                rejections.append(reject(path.parent, op, exc, path.name, keyring))
             done += 1
         if read.damaged:
             return Recovered(
@@ -513,6 +563,8 @@ __all__ = [
     "journal_pid",
     "journals",
     "read_journal",
+    "seal_text",
+    "unseal_text",
     "recover_journal",
     "reject",
     "rejected_records",

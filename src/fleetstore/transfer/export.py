@@ -12,12 +12,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 
 import zstandard
 
 from fleetstore import errors
+from fleetstore.core import sealed
 from fleetstore.core.ids import new_id
+from fleetstore.core.keys import Keyring
 from fleetstore.core.version import __version__
 from fleetstore.domain.blobs import fsync_dir
 from fleetstore.domain.imports import SESSION_FIELDS
@@ -83,10 +85,14 @@ class _Counting:
 
 
 class _Writer:
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: IO[bytes], keyring: Keyring | None = None) -> None:
         self.out = _Counting(raw)
+        #: An encrypted store's export is sealed whole (what zstd writes, sealed).
+        self._sealer = (
+            None if keyring is None else sealed.SealingWriter(cast(BinaryIO, self.out), keyring)
+        )
         self._z = zstandard.ZstdCompressor(level=3).stream_writer(
-            cast(IO[bytes], self.out), closefd=False
+            cast(IO[bytes], self.out if self._sealer is None else self._sealer), closefd=False
         )
         self._sha = hashlib.sha256()
         self.records = self.blobs = self.ops = 0
@@ -137,6 +143,8 @@ class _Writer:
         }
         self._line({"end": end}, hashed=False)
         self._z.flush(zstandard.FLUSH_FRAME)
+        if self._sealer is not None:
+            self._sealer.close()
 
 
 class _Exporter:
@@ -280,10 +288,14 @@ def export_store(
     session_ids: Sequence[str] | None = None,
     *,
     progress: Progress | None = None,
+    plain: bool = False,
 ) -> ExportSummary:
     """Write the store's sessions (all, or *session_ids* with their subagent trees),
     with their messages, state and blobs, to *out*: a path (written to a temporary
-    file and renamed, so a failed export leaves nothing) or a binary file."""
+    file and renamed, so a failed export leaves nothing) or a binary file.  An
+    encrypted store's export is sealed with its current key (any holder of the
+    keyring reads it), unless *plain* is asked for."""
+    keyring = None if plain else store.keyring
 
     order = session_order(store, session_ids)
     if isinstance(out, str | os.PathLike):
@@ -294,7 +306,7 @@ def export_store(
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 summary = _export(
-                    store, fh, order, session_ids is None, str(target), progress, __version__
+                    store, fh, order, session_ids is None, str(target), progress, keyring
                 )
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -305,7 +317,7 @@ def export_store(
                 tmp.unlink()
         return summary
     name = getattr(out, "name", "<stream>")
-    return _export(store, out, order, session_ids is None, str(name), progress, __version__)
+    return _export(store, out, order, session_ids is None, str(name), progress, keyring)
 
 
 def _export(
@@ -315,10 +327,10 @@ def _export(
     whole: bool,
     name: str,
     progress: Progress | None,
-    version: str,
+    keyring: Keyring | None,
 ) -> ExportSummary:
-    writer = _Writer(raw)
-    writer.header({"fleetstore": version, "sessions": len(order), "source": str(store.path)})
+    writer = _Writer(raw, keyring)
+    writer.header({"fleetstore": __version__, "sessions": len(order), "source": str(store.path)})
     exporter = _Exporter(store, writer)
     digests: dict[str, SessionDigest] = {}
     for i, sid in enumerate(order):

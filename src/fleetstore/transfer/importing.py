@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
+from fleetstore.core.keys import Keyring
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore, referenced_shas
 from fleetstore.domain.imports import (
@@ -145,11 +146,15 @@ class _Tally:
                 self.last = [item.parsed.id, action]
 
 
+#: What every Reader of one import is given: payload, line and total limits, keyring.
+_Limits = tuple[int, int, int, Keyring | None]
+
+
 def _write_whole(
     store: Store,
     file: Path,
     check: Reader,
-    limits: tuple[int, int, int],
+    limits: _Limits,
     tally: _Tally,
     progress: Progress | None,
 ) -> None:
@@ -205,7 +210,7 @@ def _write_whole(
     tally.counts, tally.kinds, tally.last = done.counts, done.kinds, done.last
 
 
-def _keep_blobs(blobs: BlobStore, file: Path, limits: tuple[int, int, int], shas: set[str]) -> None:
+def _keep_blobs(blobs: BlobStore, file: Path, limits: _Limits, shas: set[str]) -> None:
     """After the commit: the blob files the operations refer to made young while a
     collector runs, and any a collector took since they were written written again
     from the file (``BlobStore.settle`` does the same for one write)."""
@@ -235,7 +240,7 @@ def _write_op_by_op(
     store: Store,
     file: Path,
     check: Reader,
-    limits: tuple[int, int, int],
+    limits: _Limits,
     tally: _Tally,
     progress: Progress | None,
 ) -> None:
@@ -279,15 +284,19 @@ def import_file(
     progress: Progress | None = None,
     max_line: int = MAX_LINE,
     max_total: int = MAX_TOTAL,
+    keyring: Keyring | None = None,
 ) -> ImportSummary:
     """Import an export file into *store*: checked whole first (``InvalidArchive``,
     or ``AlreadyExists`` for a conflict with the store, and nothing is written),
     then blobs and operations written (one file or PostgreSQL: in one transaction,
     rolled back whole on a conflict written meanwhile).  Importing a file twice
-    changes nothing."""
+    changes nothing.  A sealed export (an encrypted store's) is read with *keyring*,
+    else the store's own.  What it holds is stored as it was exported: redaction is
+    of what the API writes (``fleetstore redact`` rewrites a store's content)."""
     file = Path(path)
     limit = store.settings.max_payload_bytes
-    check = Reader(file, limit, max_line, max_total)
+    limits: _Limits = (limit, max_line, max_total, keyring or store.keyring)
+    check = Reader(file, *limits)
     batch: list[OpItem] = []
     try:
         for item in check.items():
@@ -304,9 +313,9 @@ def import_file(
 
     tally = _Tally()
     if store.router is None:
-        _write_whole(store, file, check, (limit, max_line, max_total), tally, progress)
+        _write_whole(store, file, check, limits, tally, progress)
     else:
-        _write_op_by_op(store, file, check, (limit, max_line, max_total), tally, progress)
+        _write_op_by_op(store, file, check, limits, tally, progress)
     counts, kinds = tally.counts, tally.kinds
     return ImportSummary(
         path=str(file),

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetstore import errors
+from fleetstore.core.keys import keyring_of
+from fleetstore.core.settings import Settings
 from fleetstore.core.targets import resolve_target
 from fleetstore.store.facade import Store
 from fleetstore.store.facade import open as open_store
@@ -108,6 +110,7 @@ def merge(
         return (s.path if isinstance(s, Store) else resolve_target(s)).resolve()
 
     dest_path = target(dest)
+    keyring = keyring_of(Settings.load().encryption_key_file)
     for src in sources:
         path = target(src)
         if path == dest_path:
@@ -116,9 +119,9 @@ def merge(
             raise errors.NotFound(f"no store at {path} to merge from")
         if not isinstance(src, Store):
             # NotAStore before anything is opened or created.
-            check_store_file(path, unless_open_here=True)
+            check_store_file(path, unless_open_here=True, keyring=keyring)
     if not isinstance(dest, Store) and dest_path.is_file() and dest_path.stat().st_size:
-        check_store_file(dest_path, unless_open_here=True)
+        check_store_file(dest_path, unless_open_here=True, keyring=keyring)
     with contextlib.ExitStack() as stack:
         dst = dest if isinstance(dest, Store) else stack.enter_context(open_store(dest))
         results: list[SourceResult] = []
@@ -132,7 +135,8 @@ def merge(
                 os.close(fd)
                 inner.callback(_unlink, tmp)
                 exported = export_store(store, tmp, progress=progress)
-                imported = import_file(dst, tmp, progress=progress)
+                # (The temporary export is sealed under the source's key, if it has one.)
+                imported = import_file(dst, tmp, progress=progress, keyring=store.keyring)
                 problems.extend(_verify(store, dst, exported, str(store.path)))
                 results.append(SourceResult(str(store.path), exported, imported))
         return MergeReport(str(dst.path), tuple(results), tuple(problems))

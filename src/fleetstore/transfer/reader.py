@@ -13,7 +13,7 @@ import base64
 import hashlib
 import json
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -21,6 +21,8 @@ from typing import IO, Any
 import zstandard
 
 from fleetstore import errors
+from fleetstore.core import sealed
+from fleetstore.core.keys import Keyring
 from fleetstore.core.validate import check_int
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import check_sha
@@ -63,8 +65,18 @@ class Reader:
     """Reads an export file and checks it record by record, as it streams: at most
     one line (``max_line`` bytes) and one blob piece are held at a time."""
 
-    def __init__(self, path: Path, max_payload: int, max_line: int, max_total: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        max_payload: int,
+        max_line: int,
+        max_total: int,
+        keyring: Keyring | None = None,
+    ) -> None:
         self.path = path
+        #: Opens a sealed export (one written by an encrypted store).
+        self.keyring = keyring
+        self._tell: Callable[[], int] = lambda: 0
         self.max_payload = max_payload
         self.max_line = max_line
         self.max_total = max_total
@@ -93,7 +105,7 @@ class Reader:
                             0, "not a fleetstore export (not zstd-compressed)"
                         ) from None
                     raise self.fail(number + 1, f"damaged compressed data ({exc})") from None
-                self.position = raw.tell()
+                self.position = self._tell()
                 if not data:
                     break
                 total += len(data)
@@ -127,7 +139,22 @@ class Reader:
 
     def items(self) -> Iterator[BlobItem | OpItem]:
         with open(self.path, "rb") as raw:
-            yield from self._items(raw)
+            self._tell = raw.tell
+            if not sealed.is_sealed(raw.read(len(sealed.MAGIC))):
+                raw.seek(0)
+                yield from self._items(raw)
+                return
+            raw.seek(0)
+            if self.keyring is None:
+                raise errors.KeyMissing(
+                    f"{self.path}: an encrypted export, and no key was given; nothing was "
+                    "read (the keyring of the store that wrote it: encryption_key_file, "
+                    "FLEETSTORE_ENCRYPTION_KEY_FILE, fleetstore --key-file, or --export-key)"
+                )
+            try:
+                yield from self._items(sealed.open_reader(raw, self.keyring, str(self.path)))
+            except errors.SealedCorrupt as exc:
+                raise errors.InvalidArchive(str(exc)) from None
 
     def _items(self, raw: IO[bytes]) -> Iterator[BlobItem | OpItem]:
         sha = hashlib.sha256()

@@ -30,7 +30,6 @@ Moving one session tree out of a sharded store and back is fleetstore.transfer.a
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
+from fleetstore.core.logs import logger
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
 from fleetstore.engine.inspect import writers_of
 from fleetstore.engine.sqlite import Database
@@ -56,7 +56,7 @@ from fleetstore.transfer.migrate.report import (
 )
 from fleetstore.transfer.migrate.schema import PROGRESS_TABLE
 
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 #: Seconds between two looks for writers of SRC while the copy runs (each reads
 #: every process's descriptors in /proc: a few milliseconds).
@@ -82,7 +82,7 @@ def destination(dst: str | os.PathLike[str], src_kind: str) -> str:
     return f"sqlite://{path}"
 
 
-def _check_fresh(url: str, src_id: str) -> str | None:
+def _check_fresh(url: str, src_id: str, settings: dict[str, Any]) -> str | None:
     """DST must not exist, or be empty, or hold an interrupted reshard (migrate) of
     SRC; else ``DestinationNotEmpty``, before anything is opened or written.  The
     ``state`` of that interrupted reshard (None: DST is new or empty)."""
@@ -102,19 +102,19 @@ def _check_fresh(url: str, src_id: str) -> str | None:
                 f"DST {directory} holds other files; reshard into a new or empty directory. "
                 "Nothing was written."
             )
-        return _check_store(catalog, src_id, any((directory / "shards").glob("*/*.db")))
+        return _check_store(catalog, src_id, any((directory / "shards").glob("*/*.db")), settings)
     path = target
     if not path.exists() or (path.is_file() and path.stat().st_size == 0):
         return None
-    return _check_store(path, src_id, False)
+    return _check_store(path, src_id, False, settings)
 
 
-def _check_store(path: Path, src_id: str, shards: bool) -> str | None:
+def _check_store(path: Path, src_id: str, shards: bool, settings: dict[str, Any]) -> str | None:
     if not _fleetstore_file(path):
         raise DestinationNotEmpty(
             f"DST {path} exists and is not a fleetstore database; nothing was written"
         )
-    db = Database.open(path)  # no migrations: read only what is there
+    db = Database.open(path, **settings)  # no migrations: read only what is there
     try:
 
         def run(tx: Any) -> tuple[str | None, str | None, list[str]]:
@@ -246,7 +246,7 @@ def reshard(
     src_id = _migrate.identity(src)
     if _migrate.identity(url) == src_id:
         raise errors.InvalidInput(f"SRC and DST are the same store ({src_id}); nothing was done")
-    state = _check_fresh(url, src_id)
+    state = _check_fresh(url, src_id, settings or {})
     guard = _Writers(os.fspath(src))
     guard(True)
     guard.outcome = "what this run copied is thrown away then, and copied again"

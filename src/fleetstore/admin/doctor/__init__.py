@@ -49,6 +49,7 @@ from fleetstore.admin.doctor.report import (
     Severity,
     format_report,
 )
+from fleetstore.core.keys import Keyring
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
 from fleetstore.engine import inspect
 from fleetstore.engine.sharded import shard_path
@@ -61,8 +62,11 @@ def diagnose(
     quick_check: bool = True,
     sizes: bool = True,
     now: Callable[[], float] = time.time,
+    keyring: Keyring | None = None,
 ) -> Report:
-    """Look at the SQLite file *path* without changing it and return the report.  A
+    """Look at the SQLite file *path* without changing it and return the report.  An
+    encrypted store's contents and spool journals are read with *keyring* (without it
+    the report says they were not read, and why).  A
     sharded store (``sqlite+sharded:///DIR``, or its directory): its catalog as a
     file, plus the ``sharded`` section (every shard file checked, see
     ``_diagnose_sharded``).
@@ -74,16 +78,23 @@ def diagnose(
     if kind == "sharded":
         assert isinstance(target, Path)
         return _diagnose_sharded(
-            target, interval=interval, quick_check=quick_check, sizes=sizes, now=now
+            target,
+            interval=interval,
+            quick_check=quick_check,
+            sizes=sizes,
+            now=now,
+            keyring=keyring,
         )
     db = resolve(path)
     inspect.check_not_open_here([db, db + "-wal", db + "-shm"])
     found = probe.probe_file(db)
     looks = Looks.first_look(*found.watched())
-    found.contents = probe.read_contents(db, found.header, quick_check, now(), sizes=sizes)
+    found.contents = probe.read_contents(
+        db, found.header, quick_check, now(), sizes=sizes, keyring=keyring
+    )
     looks.second_look(interval)
     processes = looks.processes()
-    spool = _spool(found, looks)
+    spool = _spool(found, looks, keyring)
     report = Report(db, probe.file_data(found, processes, looks.waited, spool, now()))
     findings.file_findings(report, found, processes, looks.waited)
     return report
@@ -96,6 +107,7 @@ def _diagnose_sharded(
     quick_check: bool,
     sizes: bool,
     now: Callable[[], float],
+    keyring: Keyring | None,
 ) -> Report:
     """A sharded store: the catalog as one file (its report is the body of this one),
     then each shard file with the same per-file checks (pragmas, ``quick_check``, the
@@ -123,13 +135,13 @@ def _diagnose_sharded(
 
     checked_at = now()
     catalog.contents = probe.read_contents(
-        db, catalog.header, quick_check, checked_at, catalog=True, sizes=sizes
+        db, catalog.header, quick_check, checked_at, catalog=True, sizes=sizes, keyring=keyring
     )
-    shards.read_shards(found, quick_check, checked_at, db + ".blobs")
+    shards.read_shards(found, quick_check, checked_at, db + ".blobs", keyring)
     looks.second_look(interval)
 
     processes = looks.processes()
-    spool = _spool(catalog, looks)
+    spool = _spool(catalog, looks, keyring)
     data = probe.file_data(catalog, processes, looks.waited, spool, checked_at, layout="sharded")
     report = Report(db, data)
     findings.file_findings(report, catalog, processes, looks.waited)
@@ -141,10 +153,10 @@ def _diagnose_sharded(
     return report
 
 
-def _spool(found: Probe, looks: Looks) -> dict[str, Any] | None:
+def _spool(found: Probe, looks: Looks, keyring: Keyring | None) -> dict[str, Any] | None:
     if not found.contents.get("fleetstore"):
         return None
-    return probe.read_spool(found.db + ".spool", looks.second)
+    return probe.read_spool(found.db + ".spool", looks.second, keyring)
 
 
 def _shard_entries(

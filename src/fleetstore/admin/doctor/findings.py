@@ -237,6 +237,14 @@ def _read_findings(
                 + (f" by {', '.join(holders)}" if holders else ""),
                 "run doctor again once the long transaction ends",
             )
+        elif reason == "encrypted":
+            add(
+                Severity.WARNING,
+                "encrypted",
+                f"the contents were not checked: {not_read}",
+                "give the store's keyring: fleetstore --key-file FILE doctor, or "
+                "FLEETSTORE_ENCRYPTION_KEY_FILE (docs/secrets.md)",
+            )
         elif reason == "wal-without-shm":
             add(
                 Severity.WARNING,

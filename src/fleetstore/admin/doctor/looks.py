@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetstore.core import liveness
 from fleetstore.engine import inspect
 from fleetstore.engine.inspect import Lock, OpenFile, SqliteLibrary
 
@@ -117,7 +118,7 @@ def _processes(
             {
                 "pid": pid,
                 "command": inspect.command_line(pid),
-                "alive": inspect.process_alive(pid),
+                "alive": liveness.alive(pid),
                 "state": inspect.process_state(pid),
                 "open": sorted({f.role for f in files}),
                 "deleted_open": sorted({f.role for f in files if f.deleted}),

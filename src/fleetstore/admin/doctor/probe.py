@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors, sql
+from fleetstore.core.keys import Keyring
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import resolve_target
 from fleetstore.domain.blobs import referenced_shas
 from fleetstore.domain.worker import DEFAULT_HANDLER_TIMEOUT
-from fleetstore.engine import foreign, inspect
+from fleetstore.engine import cipher, foreign, inspect
 from fleetstore.engine.board import read_board
 from fleetstore.engine.inspect import FileFacts, Lock
 from fleetstore.store.procstats import read_published
@@ -186,6 +187,7 @@ def read_contents(
     catalog: bool = False,
     blob_dir: str | None = None,
     sizes: bool = False,
+    keyring: Keyring | None = None,
 ) -> dict[str, Any]:
     """The database's pragmas and, for a fleetstore store, its own figures, read in one
     read-only transaction (a sharded store's *catalog*: its index of shards and the
@@ -211,6 +213,7 @@ def read_contents(
         "sizes": None,
         "not_read": None,
         "not_read_reason": None,
+        "encrypted": bool(header and header.encrypted),
     }
     out: dict[str, Any] = {"database": database}
     if header is None:
@@ -221,7 +224,7 @@ def read_contents(
     database["journal_mode"] = "wal" if header.wal else "rollback"
     failed: inspect.InspectFailed | None = None
     try:
-        source = foreign.ForeignFile(db)
+        source = foreign.ForeignFile(db, cipher.key_of_file(db, keyring, strict=False))
         database["open_mode"], database["open_mode_reason"] = source.mode, source.why
         if source.mode is None:
             database["not_read"], database["not_read_reason"] = source.why, "wal-without-shm"
@@ -235,6 +238,8 @@ def read_contents(
         failed = exc
     except (errors.NotFound, OSError) as exc:  # gone since it was probed
         database["not_read"], database["not_read_reason"] = str(exc), "cannot-open"
+    except (errors.KeyMissing, errors.WrongKey) as exc:
+        database["not_read"], database["not_read_reason"] = str(exc), "encrypted"
     if failed is not None:
         database["not_read"], database["not_read_reason"] = str(failed), failed.reason
     pages = database["page_count"] or 0
@@ -412,7 +417,7 @@ def spool_idents(spool_dir: str) -> Idents:
     }
 
 
-def read_spool(spool_dir: str, locks: list[Lock]) -> dict[str, Any]:
+def read_spool(spool_dir: str, locks: list[Lock], keyring: Keyring | None = None) -> dict[str, Any]:
     """The spool journals beside a store: whose they are, whether that process still
     holds them (its flock, seen in /proc/locks), how many operations wait in each."""
     holders = {lk.file.removeprefix("spool:"): lk.pid for lk in locks if lk.kind == "FLOCK"}
@@ -434,10 +439,14 @@ def read_spool(spool_dir: str, locks: list[Lock]) -> dict[str, Any]:
         if pid is None:
             continue
         try:
-            read = read_journal(full)
+            read = read_journal(full, keyring)
             ops, damaged = len(read.ops), read.damaged
             size = full.stat().st_size
         except OSError:
+            continue
+        except (errors.KeyMissing, errors.WrongKey):
+            # Sealed under a key not given: its operations cannot be counted here.
+            journals.append({"journal": name, "pid": pid, "sealed": True, "operations": None})
             continue
         blobs = Path(spool_dir).with_suffix(".blobs")
         missing = sorted(

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore.admin.doctor.probe import Probe, probe_file, read_contents
+from fleetstore.core import liveness
+from fleetstore.core.keys import Keyring
 from fleetstore.engine import inspect, sharded
-from fleetstore.store.sharded import owner_alive
 from fleetstore.store.spool import decode_line
 
 #: Largest shards listed.
@@ -57,11 +58,18 @@ def watch(
                 paths[f"shard:{shard.key}:{role}"] = shard.probe.sides[role]
 
 
-def read_shards(shards: list[Shard], quick_check: bool, now: float, blob_dir: str) -> None:
+def read_shards(
+    shards: list[Shard], quick_check: bool, now: float, blob_dir: str, keyring: Keyring | None
+) -> None:
     for shard in shards:
         if shard.probe is not None:
             shard.probe.contents = read_contents(
-                shard.probe.db, shard.probe.header, quick_check, now, blob_dir=blob_dir
+                shard.probe.db,
+                shard.probe.header,
+                quick_check,
+                now,
+                blob_dir=blob_dir,
+                keyring=keyring,
             )
 
 
@@ -171,7 +179,7 @@ def _intents(
                 "operation": name,
                 "owner": str(owner),
                 "pid": int(pid_text) if pid_text.isdigit() else None,
-                "alive": owner_alive(str(owner)),
+                "alive": liveness.token_alive(owner),
                 "age": round(now - float(created), 3),
                 "shard_file": str(key) in on_disk,
             }

@@ -37,7 +37,7 @@ def prune_ops(
 ) -> None:
     """Prune every file's applied_ops (a sharded store: the catalog's and each
     shard's; its one spool beside the catalog bounds them all)."""
-    found = read_journals(store.spool_dir)
+    found = read_journals(store.spool_dir, store.keyring)
     step.detail["journals"] = found.count
     if found.doubt:
         step.status = "skipped"

@@ -106,7 +106,7 @@ def _collect(
     store: Any, step: Step, grace: float, dry_run: bool, progress: Progress | None
 ) -> None:
     started = time.time()
-    found = read_journals(store.spool_dir)
+    found = read_journals(store.spool_dir, store.keyring)
     step.detail.update(grace=grace, journals=found.count, protected=len(found.blobs))
     if found.doubt:
         step.status = "skipped"

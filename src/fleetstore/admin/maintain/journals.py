@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetstore import errors
+from fleetstore.core.keys import Keyring
 from fleetstore.domain.blobs import referenced_shas
 from fleetstore.store.spool import journals, read_journal
 
@@ -34,14 +36,15 @@ def _uuid7_time(op_id: str) -> float | None:
     return (value.int >> 80) / 1000.0
 
 
-def read_journals(spool_dir: Path) -> Journals:
+def read_journals(spool_dir: Path, keyring: Keyring | None = None) -> Journals:
     result = Journals()
     for path in journals(spool_dir):
         try:
-            read = read_journal(path)
+            read = read_journal(path, keyring)
         except FileNotFoundError:
             continue  # drained and deleted meanwhile: its operations were applied
-        except OSError as exc:
+        except (OSError, errors.KeyMissing, errors.WrongKey) as exc:
+            # (A journal sealed under a key not given: what it refers to is unknown.)
             result.doubt = f"{path.name}: {exc}"
             continue
         result.count += 1

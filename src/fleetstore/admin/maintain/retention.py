@@ -217,7 +217,9 @@ def verify_archive(store: Any, path: str, summary: Any) -> None:
     """Read the archive back whole, as ``fleetstore import`` would check it (every
     record, every blob's hash and size, the trailer's counts and checksum), and check
     it holds every exported session with its messages.  ``InvalidArchive`` if not."""
-    reader = Reader(Path(path), store.settings.max_payload_bytes, MAX_LINE, MAX_TOTAL)
+    reader = Reader(
+        Path(path), store.settings.max_payload_bytes, MAX_LINE, MAX_TOTAL, store.keyring
+    )
     sessions: set[str] = set()
     messages: dict[str, int] = {}
     for item in reader.items():

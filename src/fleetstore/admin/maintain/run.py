@@ -41,8 +41,10 @@ from fleetstore.admin.maintain.retention import archive, delete_old
 from fleetstore.admin.maintain.search import search_step
 from fleetstore.admin.maintain.shards import empty_shards
 from fleetstore.admin.maintain.writer import Writer
+from fleetstore.core.keys import keyring_of
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target, resolve_target
+from fleetstore.engine.inspect import InspectFailed, read_header
 from fleetstore.engine.outside import OutsideFile
 from fleetstore.engine.sharded import ShardSet
 from fleetstore.engine.sqlite import Database
@@ -53,18 +55,17 @@ from fleetstore.store.readonly import check_store_file
 from fleetstore.store.sharded import Router
 from fleetstore.store.single import FileBackend
 
-_HEADER = b"SQLite format 3\x00"
-
 
 def _check_file(path: str) -> bool:
     """Whether the SQLite file at *path* is in WAL mode (``CorruptStore`` if it is not
-    a SQLite database; the header says so without opening it)."""
-    with open(path, "rb") as fh:
-        header = fh.read(100)
-    if len(header) < 100 or not header.startswith(_HEADER):
+    a SQLite database, plain or encrypted; the header says so without opening it)."""
+    try:
+        header = read_header(path)
+    except InspectFailed:
+        header = None
+    if header is None:
         raise errors.CorruptStore(f"{path}: not a SQLite database")
-    # Bytes 18 and 19: the file format's write and read versions, 2 in WAL mode.
-    return header[18] == 2 and header[19] == 2
+    return header.wal
 
 
 def resolve(path: str | os.PathLike[str] | None) -> str:
@@ -75,12 +76,12 @@ def resolve(path: str | os.PathLike[str] | None) -> str:
     return str(target)
 
 
-def _is_store(path: str) -> bool:
+def _is_store(path: str, settings: Settings) -> bool:
     """Is the SQLite file at *path* a fleetstore store?  Read strictly read-only: a
     store's file must pass ``Database.open``'s checks before it is opened for writing,
     and another program's gets nothing of ours beside it."""
     try:
-        check_store_file(path)
+        check_store_file(path, keyring=keyring_of(settings.encryption_key_file))
     except errors.NotAStore:
         return False
     return True
@@ -101,7 +102,7 @@ def maintain(config: Config, progress: Progress | None = None) -> Report:
             "journal mode (a fleetstore store is always in WAL mode)"
         )
     settings = Settings.load(**config.settings)
-    if not _is_store(path):
+    if not _is_store(path, settings):
         report = Report(path, "foreign", config.dry_run)
         if not (config.yes or config.dry_run):
             raise NotConfirmed(

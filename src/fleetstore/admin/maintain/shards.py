@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 import time
 from dataclasses import dataclass
@@ -16,6 +15,8 @@ from fleetstore.admin.maintain.config import MIN_OPS_AGE
 from fleetstore.admin.maintain.journals import read_journals
 from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch
+from fleetstore.core.keys import keyring_of
+from fleetstore.core.logs import logger
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG
 from fleetstore.engine import foreign, inspect
@@ -24,7 +25,7 @@ from fleetstore.engine.gate import announce_moved
 from fleetstore.engine.sharded import shard_files
 from fleetstore.engine.sqlite import Database
 
-log = logging.getLogger("fleetstore")
+log = logger("fleetstore")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ def empty_shards(
 
     files = [_ShardFile(key, path) for key, path in shard_files(directory)]
     step.detail.update(files=len(files))
-    found = read_journals(directory / f"{CATALOG}.spool")
+    found = read_journals(directory / f"{CATALOG}.spool", keyring_of(settings.encryption_key_file))
     if found.doubt:
         step.status = "skipped"
         step.summary = f"empty shard files left: {found.doubt}"

@@ -43,7 +43,15 @@ from fleetstore.core.validate import (
     check_time,
 )
 from fleetstore.domain.codec import decode_value, encode_payload, encoded_body
-from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
+from fleetstore.domain.operations import (
+    Args,
+    Declarations,
+    Delivery,
+    Operation,
+    Queries,
+    Result,
+    Scope,
+)
 from fleetstore.domain.ports import StorePort
 from fleetstore.engine.base import Tx
 
@@ -269,7 +277,7 @@ class Checkpoints:
             return
         self._drain()
         self._store.submit(
-            Operation("ckpt_delete_runs", {"run_ids": ids}, new_id(), True), spool=False
+            Operation("ckpt_delete_runs", {"run_ids": ids}, new_id(), True), Delivery.NOW
         )
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:

@@ -68,7 +68,15 @@ from fleetstore.domain.history_ops import (
     check_create,
     create_session,
 )
-from fleetstore.domain.operations import Args, Declarations, Operation, Queries, Result, Scope
+from fleetstore.domain.operations import (
+    Args,
+    Declarations,
+    Delivery,
+    Operation,
+    Queries,
+    Result,
+    Scope,
+)
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Message, Text
 
@@ -336,7 +344,7 @@ def add_items(
     created_at: Sequence[float] | None = None,
     expect_last: str | _Keep | None = ANY_LAST,
     session_created_at: float | None = None,
-    spool: bool = True,
+    delivery: Delivery = Delivery.SPOOLABLE,
 ) -> dict[str, Any] | None:
     """Append *items* to the SDK session *session_id* in one transaction: all of
     them or none.  *ids* (default new ones) are the messages' ids, *created_at*
@@ -380,7 +388,7 @@ def add_items(
     if not isinstance(expect_last, _Keep):
         args["expect_last"] = expect_last
     op = Operation("agt_add_items", args, new_id(), True)
-    result = store.submit(op, spool=spool)
+    result = store.submit(op, delivery)
     if result is None:
         _remember(store, sid, _Pending(op.op_id, tuple(e.item for e in encoded)))
     return result
@@ -472,7 +480,7 @@ def pop_item(
             validate(copy.deepcopy(item))
         args = {"session_id": sid, "message_id": found[0].id, "now": time.time()}
         try:
-            store.submit(Operation("agt_pop_item", args, new_id(), True), spool=False)
+            store.submit(Operation("agt_pop_item", args, new_id(), True), Delivery.NOW)
         except errors.VersionConflict:
             continue  # another writer changed the end of the session: read it again
         return item
@@ -617,7 +625,7 @@ def replace_items(
         "messages": messages,
         "now": now,
     }
-    result = store.submit(Operation("agt_replace_items", args, new_id(), True), spool=False)
+    result = store.submit(Operation("agt_replace_items", args, new_id(), True), Delivery.NOW)
     assert result is not None  # never spooled
     return result
 

@@ -170,3 +170,53 @@ LIMIT :limit
 
 -- mnt_ops_old_count: applied_ops rows a prune would delete (id below ?, applied before ?)
 SELECT count(*) FROM applied_ops WHERE op_id < ? AND applied_at < ?
+
+-- red_part: a part's stored body, for fleetstore redact (domain/maintenance.py)
+SELECT enc, body, blob_sha FROM parts WHERE message_id = :message_id AND seq = :seq
+
+-- red_part_set: a part's body replaced by its redacted one
+UPDATE parts SET enc = :enc, body = :body, blob_sha = :blob_sha, size = :size
+WHERE message_id = :message_id AND seq = :seq
+
+-- red_chunks: a streamed part's chunks, in order
+SELECT seq, text FROM chunks WHERE message_id = :message_id AND part_seq = :part_seq ORDER BY seq
+
+-- red_chunks_clear: a streamed part's chunks, before its redacted text is put back as one
+DELETE FROM chunks WHERE message_id = :message_id AND part_seq = :part_seq
+
+-- red_chunk_put: a streamed part's redacted text, as one chunk
+INSERT INTO chunks (message_id, part_seq, seq, text) VALUES (:message_id, :part_seq, 0, :text)
+
+-- red_state: a state value as stored
+SELECT enc, value, blob_sha FROM state
+WHERE session_id = :session_id AND namespace = :namespace AND key = :key
+
+-- red_state_set: a state value replaced by its redacted one (its version kept)
+UPDATE state SET enc = :enc, value = :body, blob_sha = :blob_sha, size = :size
+WHERE session_id = :session_id AND namespace = :namespace AND key = :key
+
+-- red_effect: an effect's payload as stored, and its result
+SELECT enc, payload, blob_sha, result FROM effects WHERE id = :id
+
+-- red_effect_set: an effect's payload and result replaced by their redacted ones
+UPDATE effects SET enc = :enc, payload = :body, blob_sha = :blob_sha, size = :size,
+                   result = :result
+WHERE id = :id
+
+-- red_parts_page: the next :limit parts with a body of their own after (:m, :s), for redact
+SELECT message_id, seq, session_id, enc, body, blob_sha, size FROM parts
+WHERE enc <> 'chunks' AND (message_id, seq) > (:m, :s)
+ORDER BY message_id, seq LIMIT :limit
+
+-- red_streamed_page: the next :limit streamed parts of messages no longer streaming
+SELECT p.message_id, p.seq, p.session_id FROM parts p JOIN messages m ON m.id = p.message_id
+WHERE p.enc = 'chunks' AND m.status <> 'streaming' AND (p.message_id, p.seq) > (:m, :s)
+ORDER BY p.message_id, p.seq LIMIT :limit
+
+-- red_state_page: the next :limit state values after (:s, :n, :k)
+SELECT session_id, namespace, key, enc, value, blob_sha, size FROM state
+WHERE (session_id, namespace, key) > (:s, :n, :k)
+ORDER BY session_id, namespace, key LIMIT :limit
+
+-- red_effects_page: the next :limit effects after :id
+SELECT id, enc, payload, blob_sha, size, result FROM effects WHERE id > :id ORDER BY id LIMIT :limit

@@ -166,3 +166,9 @@ WHERE effect_kinds.replay_safe IS NOT excluded.replay_safe
 
 -- effect_kinds: the declared kinds
 SELECT kind, replay_safe, declared_at FROM effect_kinds ORDER BY kind
+
+-- effect_set_trace: the trace context an effect was enqueued in (trace_effects)
+UPDATE effects SET trace_context = ? WHERE id = ?
+
+-- effect_trace: the trace context an effect was enqueued in (NULL: none carried)
+SELECT trace_context FROM effects WHERE id = ?

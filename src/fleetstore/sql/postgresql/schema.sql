@@ -187,6 +187,8 @@ CREATE TABLE effects (
     claim_op         TEXT COLLATE "C",
     -- When its worker gives up on the attempt running now (migration 0009).
     deadline         DOUBLE PRECISION,
+    -- The trace context it was enqueued in, when carried (migration 0012).
+    trace_context    TEXT COLLATE "C",
     UNIQUE (thread_key, seq),
     CHECK ((state = 'running') = (lease_owner IS NOT NULL)),
     CHECK (is_head = 0 OR state IN ('pending', 'running'))

@@ -156,6 +156,8 @@ CREATE TABLE effects (
     claim_op         TEXT,
     -- When its worker gives up on the attempt running now (migration 0009).
     deadline         REAL,
+    -- The trace context it was enqueued in, when carried (migration 0012).
+    trace_context    TEXT,
     UNIQUE (thread_key, seq),
     CHECK ((state = 'running') = (lease_owner IS NOT NULL)),
     CHECK (is_head = 0 OR state IN ('pending', 'running'))

@@ -22,6 +22,12 @@ LAYOUT_TABLES = frozenset({"shard_sessions", "shard_intents"})
 #: through the blob stores, before the ``blobs`` rows that refer to them) and the
 #: sharded layout's map of its files.
 NOT_COPIED = frozenset({"fleetstore_migrations", PROGRESS_TABLE, "blob_chunks"}) | LAYOUT_TABLES
+#: The search index (migration 0011: its documents, queue, indexer state, and FTS5's
+#: tables with their shadow tables, which have no primary key) is derived from the
+#: rows copied: DST's own triggers queue each session and message as it is copied, and
+#: its indexer builds DST's index (a reshard or migrate refused every store once the
+#: index existed: "table search_grams has no primary key").
+DERIVED_PREFIX = "search_"
 _BLOBS = "blobs"
 _SESSIONS = "sessions"
 
@@ -103,7 +109,7 @@ def _read_schema(store: Any) -> dict[str, Table]:
         refs.setdefault(str(table), []).append((str(column), str(parent)))
     tables: dict[str, Table] = {}
     for name in names:
-        if name in NOT_COPIED or name.startswith("sqlite_"):
+        if name in NOT_COPIED or name.startswith(("sqlite_", DERIVED_PREFIX)):
             continue
         cols = columns[name]
         key = tuple(str(c[0]) for c in sorted((c for c in cols if c[2]), key=lambda c: int(c[2])))
