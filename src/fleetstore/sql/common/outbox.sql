@@ -1,3 +1,6 @@
+-- The outbox (fleetstore.domain.outbox): effects, their threads, claims, settling
+-- and sweeps, and the declared kinds.
+
 -- effect_get: one effect
 SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
        replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key, result,

@@ -54,7 +54,7 @@ ORDER BY m.name, f."from"
 -- mnt_blob_rows: every blob row (hash, stored size), in hash order, from a hash on
 SELECT sha256, stored_size FROM blobs WHERE sha256 > ? ORDER BY sha256 LIMIT ?
 
--- mnt_blob_delete: a blob row (its file goes after the commit)
+-- mnt_blob_delete: a blob row (its bytes go after the commit: the file, or the chunks on PostgreSQL)
 DELETE FROM blobs WHERE sha256 = ? RETURNING 1
 
 -- mnt_json_ids: the strings of a JSON array, as rows (a fragment: WHERE x IN (this))
@@ -146,9 +146,6 @@ SELECT sha256, stored_size, size FROM blobs
 SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM messages),
        (SELECT count(*) FROM parts), (SELECT count(*) FROM chunks),
        (SELECT count(*) FROM state), (SELECT count(*) FROM applied_ops)
-
--- mnt_stats_effects: outbox effects per state
-SELECT state, count(*) FROM effects GROUP BY state
 
 -- mnt_stats_langgraph: LangGraph checkpoints, channel values and pending writes, and their payload bytes
 SELECT (SELECT count(*) FROM ckpt_checkpoints), (SELECT count(*) FROM ckpt_channels),
