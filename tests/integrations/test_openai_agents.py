@@ -554,7 +554,7 @@ def test_integration_modules_import_without_loading_the_sdk_where_not_needed() -
         "import fleetstore.domain.openai_agents\n"
         "import fleetstore.integrations.openai_agents.reader\n"
         "import fleetstore.integrations.openai_agents.importer\n"
-        "import fleetstore.integrations.openai_agents_import\n"  # its path before issue 26
+        "import fleetstore.integrations.openai_agents.importer\n"  # its path before issue 26
         "assert 'agents' not in sys.modules, 'the SDK was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
