@@ -55,14 +55,12 @@ import contextlib
 import contextvars
 import functools
 import inspect
-import logging
 import os
 import random
 import signal
 import socket
 import threading
 import time
-import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -78,9 +76,9 @@ from fleetstore.core.validate import (
     check_number,
     check_str,
 )
-from fleetstore.domain import completer as completer_module
 from fleetstore.domain.completer import Completer, HandlerThreads, Landed, Wake, done_within
 from fleetstore.domain.effect_trace import carried_trace, lost_fields
+from fleetstore.domain.failures import Failed, handler_traceback, log_failure
 from fleetstore.domain.handlers import (
     DEFAULT_HANDLER_TIMEOUT,
     FailEffect,
@@ -115,35 +113,6 @@ EXIT_HARD = 3
 #: ``run()``'s result: every handler slot was held by a handler that ran past its
 #: timeout and had not returned (a thread cannot be stopped): restart the process.
 EXIT_HUNG = 4
-
-#: The worker's own files: a handler's frames start after theirs (the thread that ran it).
-_OWN_FILES = frozenset({__file__, completer_module.__file__})
-
-
-def _traceback(exc: BaseException | None) -> str | None:
-    """*exc*'s traceback as text, from the handler's frame: the worker's own frames
-    (the thread or the task that called it) say nothing about the failure."""
-    if exc is None:
-        return None
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
-def _where(exc: BaseException | None) -> str | None:
-    """Where *exc* was raised: ``file:line in function`` of its innermost frame."""
-    tb = None if exc is None else exc.__traceback__
-    if tb is None:
-        return None
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    code = tb.tb_frame.f_code
-    path = code.co_filename
-    with contextlib.suppress(ValueError):
-        relative = os.path.relpath(path)
-        path = relative if not relative.startswith("..") else path
-    return f"{path}:{tb.tb_lineno} in {code.co_name}"
 
 
 def default_owner() -> str:
@@ -858,13 +827,13 @@ class Worker:
                     failed = (error, raised, delay)
                     applied = await self._land(
                         claim,
-                        claim._retry(delay, error, _traceback(raised), policy.max_attempts),
+                        claim._retry(delay, error, handler_traceback(raised), policy.max_attempts),
                     )
                 elif how == "fail":
                     error, raised = value
                     failed = (error, raised, 0.0)
                     applied = await self._land(
-                        claim, claim._failure(error, traceback=_traceback(raised))
+                        claim, claim._failure(error, traceback=handler_traceback(raised))
                     )
                     self.stats["failed"] += 1
                 elif how == "release":
@@ -915,60 +884,9 @@ class Worker:
         finally:
             self._jobs.pop(claim.id, None)
 
-    def _failed(
-        self,
-        claim: Claim,
-        failed: tuple[str, BaseException | None, float],
-        unrecorded: str | None = None,
-    ) -> None:
-        """Log a failed attempt once, with what the store made of it: a WARNING for
-        one to run again, an ERROR for a dead effect (or an outcome not recorded);
-        an unexpected exception's record carries its traceback."""
-        error, exc, delay = failed
-        effect = claim.effect
-        state = claim.settled
-        retry_at: float | None = None
-        if unrecorded is not None:
-            step, then = "unknown", unrecorded
-        elif state is None:
-            step, then = "spooled", "its outcome waits in the spool"
-        elif state is EffectState.dead:
-            step, then = "dead", f"dead ({claim.dead_reason})"
-        else:
-            step, retry_at = "retry", time.time() + delay
-            then = f"retry in {delay:.3g}s"
-        limit = lower(effect.max_attempts, self.policies[effect.kind].max_attempts)
-        where = _where(exc)
-        fields = {
-            "effect_id": effect.id,
-            "kind": effect.kind,
-            "thread_key": effect.thread_key,
-            "attempt": effect.attempt,
-            "max_attempts": limit,
-            "error": error,
-            "where": where,
-            "next": step,
-            "retry_at": retry_at,
-            "dead_reason": claim.dead_reason if step == "dead" else None,
-        }
-        log.log(
-            logging.WARNING if step in ("retry", "spooled") else logging.ERROR,
-            "%s %s (thread %s) attempt %d of %d failed: %s%s; %s",
-            effect.kind,
-            effect.id,
-            effect.thread_key,
-            effect.attempt,
-            limit,
-            error,
-            f" (at {where})" if where else "",
-            then,
-            exc_info=exc
-            if exc is not None and not isinstance(exc, RetryEffect | FailEffect)
-            else None,
-            # Each field for a formatter, and all of them as one for a consumer
-            # (fleetstore worker's lines and JSON).
-            extra={**fields, "event": "effect_failed", "failure": fields},
-        )
+    def _failed(self, claim: Claim, failed: Failed, unrecorded: str | None = None) -> None:
+        limit = lower(claim.effect.max_attempts, self.policies[claim.effect.kind].max_attempts)
+        log_failure(log, claim, failed, limit, unrecorded)
 
     # -- leases -------------------------------------------------------------------------------
 

@@ -428,6 +428,7 @@ class AsyncClaim(_Part[Claim]):
     lease = attribute(Claim, lambda c: c.lease)
     lease_expires_at = attribute(Claim, lambda c: c.lease_expires_at)
     outcome = attribute(Claim, lambda c: c.outcome)
+    chained = attribute(Claim, lambda c: c.chained)
     id = attribute(Claim, lambda c: c.id)
     fence = attribute(Claim, lambda c: c.fence)
     settled = attribute(Claim, lambda c: c.settled)
