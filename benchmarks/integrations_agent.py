@@ -304,7 +304,7 @@ class AgentsSDK:
         if self.store == "async-sqlite":
             import agents.extensions.memory.async_sqlite_session  # noqa: F401
         elif self.store == "fleetstore":
-            import fleetstore.integrations.openai_agents  # noqa: F401
+            import fleetstore.integrations.openai_agents.adapter  # noqa: F401
 
     def session_class(self, clock: bool) -> type:
         if self.store == "sqlite":

@@ -6,7 +6,7 @@ plugin rebinds that name, in each selected test module, to ``SQLiteSessionOnFlee
 a ``FleetstoreSession`` taking ``SQLiteSession``'s arguments, whose *db_path* is a
 fleetstore store (``:memory:``: a fresh one in a temporary folder).  It rebinds
 ``EncryptedSession`` to fleetstore's subclass
-(``fleetstore.integrations.openai_agents_encrypted``), whose pop authenticates over
+(``fleetstore.integrations.openai_agents.encrypted``), whose pop authenticates over
 fleetstore as the SDK's does over SQLite.  The ``async-sqlite`` parameter of
 ``test_compaction_suffix.py``'s ``backend`` would run the same session again: it is
 deselected.  Nothing of the SDK's files is changed.
@@ -24,7 +24,7 @@ import pytest
 from expected import deselect, mark_expected
 
 from fleetstore.integrations.openai_agents import FleetstoreSession
-from fleetstore.integrations.openai_agents_encrypted import EncryptedSession
+from fleetstore.integrations.openai_agents.encrypted import EncryptedSession
 
 
 class SQLiteSessionOnFleetstore(FleetstoreSession):

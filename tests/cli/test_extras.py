@@ -71,7 +71,7 @@ def test_the_api_raises_missing_dependency_which_is_still_an_import_error() -> N
         "import sys; sys.modules['agents'] = None\n"
         "from fleetstore.errors import MissingDependency, ConfigError\n"
         "try:\n"
-        "    import fleetstore.integrations.openai_agents\n"
+        "    from fleetstore.integrations.openai_agents import FleetstoreSession\n"
         "except ImportError as exc:\n"
         "    assert isinstance(exc, MissingDependency) and isinstance(exc, ConfigError)\n"
         "    assert exc.name.startswith('agents'), exc.name\n"

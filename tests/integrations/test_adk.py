@@ -39,7 +39,7 @@ from fleetstore.integrations.adk import (
     SessionNotFound,
     StaleSession,
 )
-from fleetstore.integrations.adk_import import import_adk_sqlite
+from fleetstore.integrations.adk.importer import import_adk_sqlite
 from fleetstore.store.spool import journals
 from tests.agents import script
 from tests.fix_procs import Barrier, Proc, Spawn, start_lock
@@ -381,7 +381,7 @@ def test_events_are_fleetstore_messages_and_large_ones_blobs(tmp_path: Path) -> 
 
     sid = run(go())
     with fleetstore.open(path) as store:
-        from fleetstore.domain.frameworks.adk import adk_fs_id
+        from fleetstore.domain.adk import adk_fs_id
 
         messages = store.messages.list(adk_fs_id("app", "u", sid))
         assert [m.role for m in messages] == ["user"]
@@ -559,13 +559,15 @@ def test_import_of_a_contradicting_file_writes_nothing(tmp_path: Path) -> None:
 
         async def drop_one() -> None:
             svc = FleetstoreSessionService(store)
-            await svc.delete_session(app_name="app2", user_id="ann", session_id="s3")
+            await svc.delete_session(app_name="app1", user_id="ann", session_id="s1")
             await svc.close()
 
         run(drop_one())
         with pytest.raises(errors.AlreadyExists, match="other contents"):
             import_adk_sqlite(store, edited)
-        # s3 (absent now, unchanged in the edited file) was not brought back: nothing written.
+        # s1 (absent now, first in the file, before the sessions that contradict the
+        # store) was not brought back: nothing written.  With s3, the last, this passed
+        # without the importer's check of the whole file first (issue 26's hand mutation).
         assert len(store.sessions.list()) == 2
 
 

@@ -472,7 +472,7 @@ def test_checkpoints_module_imports_without_langgraph() -> None:
         "import sys\n"
         "sys.modules['langgraph'] = None\n"
         "sys.modules['langchain_core'] = None\n"
-        "import fleetstore, fleetstore.domain.frameworks.langgraph\n"
+        "import fleetstore, fleetstore.domain.langgraph\n"
         "from fleetstore.domain.registry import REGISTRY\n"
         "print(sorted(n for n in REGISTRY if n.startswith('ckpt_')))\n"
     )

@@ -24,13 +24,13 @@ from agents.memory import Session as SessionProtocol
 import fleetstore
 from agents import Agent, Runner, SQLiteSession, set_tracing_disabled
 from fleetstore import errors
-from fleetstore.domain.frameworks import openai_agents as agents_ops
+from fleetstore.domain import openai_agents as agents_ops
 from fleetstore.integrations.openai_agents import (
     FleetstoreSession,
     alist_sessions,
     list_sessions,
 )
-from fleetstore.integrations.openai_agents_import import (
+from fleetstore.integrations.openai_agents.importer import (
     ImportSummary,
     import_sqlite,
     imported_id,
@@ -551,9 +551,10 @@ def test_cli_import_from_openai_agents_sqlite(tmp_path: Path) -> None:
 def test_integration_modules_import_without_loading_the_sdk_where_not_needed() -> None:
     code = (
         "import sys\n"
-        "import fleetstore.domain.frameworks.openai_agents\n"
-        "import fleetstore.transfer.frameworks.openai_agents\n"
-        "import fleetstore.integrations.openai_agents_import\n"
+        "import fleetstore.domain.openai_agents\n"
+        "import fleetstore.integrations.openai_agents.reader\n"
+        "import fleetstore.integrations.openai_agents.importer\n"
+        "import fleetstore.integrations.openai_agents.importer\n"  # its path before issue 26
         "assert 'agents' not in sys.modules, 'the SDK was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

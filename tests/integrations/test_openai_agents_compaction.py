@@ -32,7 +32,7 @@ from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 import fleetstore
 from agents import Agent, RunConfig, Runner, set_tracing_disabled
 from fleetstore import errors
-from fleetstore.domain.frameworks import openai_agents as agents_ops
+from fleetstore.domain import openai_agents as agents_ops
 from fleetstore.integrations.openai_agents import (
     CompactionConflict,
     FleetstoreSession,
@@ -40,7 +40,7 @@ from fleetstore.integrations.openai_agents import (
     InvalidSessionSettings,
     SessionClosed,
 )
-from fleetstore.integrations.openai_agents_encrypted import EncryptedSession
+from fleetstore.integrations.openai_agents.encrypted import EncryptedSession
 from tests.agents import script
 from tests.fix_procs import Barrier, Proc
 from tests.fix_stores import OpenStore

@@ -70,7 +70,7 @@ def change_before(monkeypatch: pytest.MonkeyPatch, path: Path, table: str, sql: 
 
 
 def adk_file(path: Path) -> Callable[[fleetstore.Store, Path], object]:
-    from fleetstore.integrations.adk_import import import_adk_sqlite
+    from fleetstore.integrations.adk.importer import import_adk_sqlite
 
     make = [sys.executable, script("adk_make_db.py"), str(path), "--kind", "database"]
     subprocess.run(make, check=True, capture_output=True, timeout=120)
@@ -79,8 +79,8 @@ def adk_file(path: Path) -> Callable[[fleetstore.Store, Path], object]:
 
 
 def langgraph_file(path: Path) -> Callable[[fleetstore.Store, Path], object]:
-    from fleetstore.integrations.langgraph_import import import_langgraph_sqlite
-    from tests.transfer.test_langgraph_import import make_source
+    from fleetstore.integrations.langgraph.importer import import_langgraph_sqlite
+    from tests.integrations.test_langgraph_import import make_source
 
     make_source(path)  # SqliteSaver writes in WAL mode
     return import_langgraph_sqlite
@@ -129,7 +129,7 @@ def test_the_agents_sdk_import_of_a_file_changed_meanwhile_asks_for_a_rerun(
 ) -> None:
     # It writes while it reads (a transaction per batch): what it wrote is whole per
     # batch, and importing again continues from there.
-    from fleetstore.integrations.openai_agents_import import import_sqlite
+    from fleetstore.integrations.openai_agents.importer import import_sqlite
 
     source = tmp_path / "sdk.db"
     sqlite3_process(

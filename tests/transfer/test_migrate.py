@@ -23,8 +23,8 @@ import pytest
 import fleetstore
 from fleetstore import File, Reasoning, Text, ToolCall, ToolResult
 from fleetstore.core.ids import new_id
-from fleetstore.domain.frameworks.adk import adk_fs_id
-from fleetstore.domain.frameworks.langgraph import ChannelValue, Checkpoints, version_key
+from fleetstore.domain.adk import adk_fs_id
+from fleetstore.domain.langgraph import ChannelValue, Checkpoints, version_key
 from fleetstore.domain.operations import Operation
 from fleetstore.errors import AlreadyExists, BlobCorrupt, InvalidInput, NotFound
 from fleetstore.store.facade import Store

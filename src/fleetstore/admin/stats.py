@@ -12,12 +12,12 @@ from typing import Any
 
 import fleetstore
 from fleetstore.admin.maintain.files import each_file, file_size
-from fleetstore.domain.frameworks.openai_agents import META_KEY as AGENTS_KEY
+from fleetstore.domain.openai_agents import META_KEY as AGENTS_KEY
 from fleetstore.engine.base import Tx
 from fleetstore.models import EffectState
 
 #: The session metadata key under which an ADK session keeps its names
-#: (domain/frameworks/adk.py writes it with the session).
+#: (domain/adk.py writes it with the session).
 ADK_KEY = "adk"
 
 

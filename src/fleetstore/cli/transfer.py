@@ -108,12 +108,12 @@ def _open_to_read(path: str) -> fleetstore.Store:
     return open_read_only(path)
 
 
-#: ``fleetstore import --from X``: the module of fleetstore.integrations whose
-#: run_cli imports X.
+#: ``fleetstore import --from X``: the framework whose importer
+#: (``fleetstore.integrations.<framework>.importer``; its run_cli) imports X.
 _FOREIGN_IMPORTERS = {
-    "adk-sqlite": "adk_import",
-    "openai-agents-sqlite": "openai_agents_import",
-    "langgraph-sqlite": "langgraph_import",
+    "adk-sqlite": "adk",
+    "openai-agents-sqlite": "openai_agents",
+    "langgraph-sqlite": "langgraph",
 }
 
 
@@ -196,7 +196,9 @@ def import_command(
 
         if file == "-":
             raise click.UsageError(f"--from {source} reads a file, not standard input")
-        importer = importlib.import_module(f"fleetstore.integrations.{_FOREIGN_IMPORTERS[source]}")
+        importer = importlib.import_module(
+            f"fleetstore.integrations.{_FOREIGN_IMPORTERS[source]}.importer"
+        )
         try:
             code = importer.run_cli(file, store, as_json=as_json)
         except ConfigError as exc:

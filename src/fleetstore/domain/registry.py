@@ -15,8 +15,17 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.validate import check_time
-from fleetstore.domain import history_ops, imports, maintenance, outbox_ops, state, streams
-from fleetstore.domain.frameworks import adk, langgraph, openai_agents
+from fleetstore.domain import (
+    adk,
+    history_ops,
+    imports,
+    langgraph,
+    maintenance,
+    openai_agents,
+    outbox_ops,
+    state,
+    streams,
+)
 from fleetstore.domain.operations import (
     Declarations,
     Operation,

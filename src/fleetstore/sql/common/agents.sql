@@ -1,4 +1,4 @@
--- OpenAI Agents SDK sessions (fleetstore.domain.frameworks.openai_agents): one fleetstore session per
+-- OpenAI Agents SDK sessions (fleetstore.domain.openai_agents): one fleetstore session per
 -- SDK session, one message per item.  The sessions are told apart by their
 -- metadata key "openai_agents".
 

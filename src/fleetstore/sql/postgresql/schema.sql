@@ -231,7 +231,7 @@ CREATE TRIGGER effects_notify AFTER INSERT OR UPDATE ON effects
 
 -- ---- from migrations/0003_checkpoints.sql
 
--- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.domain.frameworks.langgraph),
+-- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.domain.langgraph),
 -- the PostgreSQL mirror of sql/sqlite/migrations/0003_checkpoints.sql:
 -- a checkpoint row per (thread, namespace, checkpoint id), its channel values
 -- stored once per channel version and shared by the checkpoints that did not

@@ -183,7 +183,7 @@ CREATE TABLE effect_kinds (
 
 -- ---- from migrations/0003_checkpoints.sql
 
--- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.domain.frameworks.langgraph):
+-- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.domain.langgraph):
 -- a checkpoint row per (thread, namespace, checkpoint id), its channel values
 -- stored once per channel version and shared by the checkpoints that did not
 -- change them, and the pending writes of the tasks run from a checkpoint.

@@ -1,4 +1,4 @@
--- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.domain.frameworks.langgraph),
+-- Graph checkpoints (LangGraph's checkpoint saver contract; fleetstore.domain.langgraph),
 -- the PostgreSQL mirror of sql/sqlite/migrations/0003_checkpoints.sql:
 -- a checkpoint row per (thread, namespace, checkpoint id), its channel values
 -- stored once per channel version and shared by the checkpoints that did not

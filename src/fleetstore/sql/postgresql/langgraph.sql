@@ -1,4 +1,4 @@
--- PostgreSQL's text of the queries of sql/common/checkpoints.sql that differ here: the
+-- PostgreSQL's text of the queries of sql/common/langgraph.sql that differ here: the
 -- same names, parameters and result columns.
 -- Parameters are positional in the order the
 -- callers pass them: where SQLite numbers them (?1, ?2, ?3) the statements here are

@@ -328,7 +328,7 @@ def _append_event(tx: Tx, q: Queries, a: Args) -> Result:
     return {"revision": revision, "update_time": ev.timestamp, "seq": seq}
 
 
-# -- import (fleetstore.integrations.adk_import) ---------------------------------------------
+# -- import (fleetstore.integrations.adk.importer) ---------------------------------------------
 
 
 @OPERATIONS.declare("adk_import_session", scope=Scope.CATALOG)

@@ -1,6 +1,6 @@
 """Reading an ADK SQLite database (the file of ADK's ``DatabaseSessionService`` or
 ``SqliteSessionService``) into plain records, for ``fleetstore import --from
-adk-sqlite`` (``fleetstore.integrations.adk_import``, which imports them).
+adk-sqlite`` (``fleetstore.integrations.adk.importer``, which imports them).
 
 Reads the schema ADK's ``DatabaseSessionService`` writes (schema version 1: tables
 ``sessions``, ``events`` with an ``event_data`` JSON column, ``app_states``,
@@ -28,7 +28,7 @@ from typing import Any
 from fleetstore import errors
 from fleetstore.core.extras import requires
 from fleetstore.core.validate import dump_json
-from fleetstore.domain.frameworks.adk import adk_fs_id
+from fleetstore.domain.adk import adk_fs_id
 from fleetstore.engine import foreign, inspect
 
 with requires("adk", "reading an ADK session file"):

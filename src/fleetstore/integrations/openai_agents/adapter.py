@@ -14,7 +14,7 @@ After::
 
 It implements the SDK's ``Session`` protocol (``get_items``, ``add_items``,
 ``pop_item``, ``clear_session``, ``session_settings``) over fleetstore history
-(see ``fleetstore.domain.frameworks.openai_agents`` for what is stored how), so a whole fleet of
+(see ``fleetstore.domain.openai_agents`` for what is stored how), so a whole fleet of
 processes may share one store: writes go through fleetstore's write path (the
 writer gate, the write budget, the spool) and none fails with "database is
 locked".  ``list_sessions`` / ``alist_sessions`` page through the stored sessions.
@@ -59,8 +59,8 @@ from typing import Any, Final, TypeVar, cast
 from fleetstore import errors
 from fleetstore.core.extras import requires
 from fleetstore.core.logs import logger
-from fleetstore.domain.frameworks import openai_agents as agents_ops
-from fleetstore.domain.frameworks.openai_agents import AgentSession, SessionPage
+from fleetstore.domain import openai_agents as agents_ops
+from fleetstore.domain.openai_agents import AgentSession, SessionPage
 from fleetstore.integrations import adopt_store
 from fleetstore.store.aio import AsyncStore, _bridge
 from fleetstore.store.facade import Store
@@ -262,7 +262,7 @@ class FleetstoreSession:
     ) -> TResponseInputItem | None:
         """``pop_item``, but *validate(item)* runs first and, if it raises, nothing is
         removed (``EncryptedSession`` authenticates there: see
-        ``fleetstore.integrations.openai_agents_encrypted``)."""
+        ``fleetstore.integrations.openai_agents.encrypted``)."""
         check = cast(Callable[[dict[str, Any]], None] | None, validate)
         item = await self._call(
             lambda: agents_ops.pop_item(

@@ -1,7 +1,7 @@
 """Conversation items of the OpenAI Agents SDK, kept as fleetstore history.
 
 The storage behind ``fleetstore.integrations.openai_agents`` and
-``fleetstore.integrations.openai_agents_import``; it imports neither the SDK
+``fleetstore.integrations.openai_agents.importer``; it imports neither the SDK
 nor anything that needs it, so every process that may replay a spool journal
 (``fleetstore recover`` included) registers these operations.
 

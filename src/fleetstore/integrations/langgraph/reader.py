@@ -1,5 +1,5 @@
 """Reading a LangGraph ``SqliteSaver`` checkpoint file into plain records, for
-``fleetstore import --from langgraph-sqlite`` (``fleetstore.integrations.langgraph_import``,
+``fleetstore import --from langgraph-sqlite`` (``fleetstore.integrations.langgraph.importer``,
 which deserialises and imports them).
 
 Reads the schema ``langgraph-checkpoint-sqlite`` writes: tables ``checkpoints``
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.domain.frameworks.langgraph import Typed
+from fleetstore.domain.langgraph import Typed
 from fleetstore.engine import foreign, inspect
 
 _TABLES = ("checkpoints", "writes")

@@ -1,4 +1,4 @@
--- LangGraph's checkpoints (fleetstore.domain.frameworks.langgraph), prefixed ckpt_;
+-- LangGraph's checkpoints (fleetstore.domain.langgraph), prefixed ckpt_;
 -- tables in migration 0003.
 
 -- ckpt_upsert: store a checkpoint (a retried or repeated put replaces it whole)

@@ -105,7 +105,7 @@ def make_source(path: Path, *extra: str) -> dict[str, Any]:
 def test_import_gives_what_sqlitesaver_gives_verified_and_idempotent(tmp_path: Path) -> None:
     import fleetstore
     from fleetstore.integrations.langgraph import FleetstoreSaver
-    from fleetstore.integrations.langgraph_import import import_langgraph_sqlite
+    from fleetstore.integrations.langgraph.importer import import_langgraph_sqlite
 
     source = tmp_path / "lg.db"
     expected = make_source(source)
@@ -133,7 +133,7 @@ def test_import_gives_what_sqlitesaver_gives_verified_and_idempotent(tmp_path: P
 def test_a_bad_file_is_refused_and_nothing_written(tmp_path: Path) -> None:
     import fleetstore
     from fleetstore import errors
-    from fleetstore.integrations.langgraph_import import import_langgraph_sqlite
+    from fleetstore.integrations.langgraph.importer import import_langgraph_sqlite
 
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"not sqlite" * 100)
@@ -158,8 +158,41 @@ def test_a_bad_file_is_refused_and_nothing_written(tmp_path: Path) -> None:
         assert list(fleetstore_checkpoints(store)) == []
 
 
+def test_a_checkpoint_stored_under_another_id_is_refused_and_nothing_written(
+    tmp_path: Path,
+) -> None:
+    """A row whose checkpoint says another id is a bad file, refused before anything is
+    written (the importer's check of each checkpoint; without it the rows were imported
+    and the import failed only in its verification, issue 26's hand mutation)."""
+    import fleetstore
+    from fleetstore import errors
+    from fleetstore.integrations.langgraph.importer import import_langgraph_sqlite
+
+    source = tmp_path / "lg.db"
+    make_source(source)
+    edited = tmp_path / "edited.db"
+    script = (
+        "import sqlite3, sys\n"
+        "from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer\n"
+        "src, dst = sys.argv[1:3]\n"
+        "a = sqlite3.connect(src); b = sqlite3.connect(dst); a.backup(b); a.close()\n"
+        "s = JsonPlusSerializer()\n"
+        'row = b.execute("SELECT thread_id, checkpoint_id, type, checkpoint FROM checkpoints "\n'
+        "    \"WHERE thread_id = 't-plain' ORDER BY checkpoint_id DESC LIMIT 1\").fetchone()\n"
+        "cp = s.loads_typed((row[2], row[3])); cp['id'] = 'another-id'\n"
+        "t, body = s.dumps_typed(cp)\n"
+        "b.execute('UPDATE checkpoints SET type = ?, checkpoint = ? WHERE thread_id = ? '\n"
+        "    'AND checkpoint_id = ?', (t, body, row[0], row[1])); b.commit()\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(source), str(edited)], check=True, timeout=60)
+    with fleetstore.open(tmp_path / "store.db") as store:
+        with pytest.raises(errors.InvalidInput, match="not a checkpoint with that id"):
+            import_langgraph_sqlite(store, edited)
+        assert fleetstore_checkpoints(store) == []
+
+
 def fleetstore_checkpoints(store: Any) -> list[Any]:
-    from fleetstore.domain.frameworks.langgraph import Checkpoints
+    from fleetstore.domain.langgraph import Checkpoints
 
     return list(Checkpoints(store).list())
 
@@ -168,7 +201,7 @@ def fleetstore_checkpoints(store: Any) -> list[Any]:
 def test_a_file_contradicting_the_store_writes_nothing(tmp_path: Path) -> None:
     import fleetstore
     from fleetstore import errors
-    from fleetstore.integrations.langgraph_import import import_langgraph_sqlite
+    from fleetstore.integrations.langgraph.importer import import_langgraph_sqlite
 
     # Checkpoint ids differ between runs; copy one file and change a value in place
     # (in a process of its own) so the ids stay and the contents differ.

@@ -56,8 +56,8 @@ from fleetstore.core.extras import requires
 from fleetstore.core.ids import new_id
 from fleetstore.core.logs import logger
 from fleetstore.core.validate import check_text, dump_json
+from fleetstore.domain.adk import adk_fs_id, adk_message_id
 from fleetstore.domain.codec import decode_value, encode_payload, redacted_copy
-from fleetstore.domain.frameworks.adk import adk_fs_id, adk_message_id
 from fleetstore.domain.operations import Operation
 from fleetstore.domain.ports import Tx
 from fleetstore.integrations import adopt_store, check_threads

@@ -1,6 +1,6 @@
 """Reading an Agents SDK ``SQLiteSession`` file (tables ``agent_sessions`` and
 ``agent_messages``), for ``fleetstore import --from openai-agents-sqlite``
-(``fleetstore.integrations.openai_agents_import``, which imports what it reads).
+(``fleetstore.integrations.openai_agents.importer``, which imports what it reads).
 
 Does not need the SDK installed.  The file is read strictly read-only, in one
 read transaction (``fleetstore.engine.foreign``: no journal mode switch, no
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fleetstore import errors
-from fleetstore.domain.frameworks import openai_agents as agents_ops
+from fleetstore.domain import openai_agents as agents_ops
 from fleetstore.engine import foreign, inspect
 
 T = TypeVar("T")

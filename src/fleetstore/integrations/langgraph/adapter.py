@@ -20,7 +20,7 @@ so none fails with "database is locked".  The saver implements the whole
 run in a small thread pool of the saver's, so the event loop never waits on
 the lock), including ``delete_for_runs``, ``copy_thread`` and ``prune``.
 
-What is stored how (see ``fleetstore.domain.frameworks.langgraph``): the checkpoint without
+What is stored how (see ``fleetstore.domain.langgraph``): the checkpoint without
 its channel values, serialised by the saver's ``serde``; each channel value
 once per version, shared by the checkpoints that did not change it; pending
 writes per (checkpoint, task, index); metadata as JSON, which ``list(filter=)``
@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 
 from fleetstore import errors
 from fleetstore.core.extras import requires
-from fleetstore.domain.frameworks.langgraph import (
+from fleetstore.domain.langgraph import (
     ChannelValue,
     Checkpoints,
     StoredCheckpoint,
