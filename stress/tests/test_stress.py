@@ -469,7 +469,9 @@ def test_bytes_rows_are_the_files_on_disk(tmp_path: Path) -> None:
         assert b["per_turn"] == round(on_disk / by[name]["acknowledged"])
         assert b["after_checkpoint"]["db"] == paths[0].stat().st_size
     assert by["fleetstore"]["bytes"]["after_run"]["blobs"] > 0
-    assert by["fleetstore"]["bytes"]["vs_compressed_payload"] <= 3
+    # The search index (FTS5 words and trigrams, about 1.3x the text it covers:
+    # docs/benchmarks.md) is part of what fleetstore keeps: 3.4x here with it, 1.1x without.
+    assert by["fleetstore"]["bytes"]["vs_compressed_payload"] <= 4.5
     # Whole parts rewritten with a full snapshot logged per update: many times more.
     assert by["opencode"]["bytes"]["per_turn"] > 5 * by["fleetstore"]["bytes"]["per_turn"]
 
