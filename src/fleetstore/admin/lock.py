@@ -5,7 +5,7 @@ fleetstore's writer gate), runs ``BEGIN IMMEDIATE`` (or ``BEGIN EXCLUSIVE``),
 prints ``locked PATH pid=PID``, holds the lock, rolls back and prints
 ``released PATH after X.XXs``.  SIGTERM and SIGINT release the lock early.
 
-The lock itself is taken by ``fleetstore.engine.outside``: only ``engine/``
+The lock itself is taken by ``fleetstore.files.outside``: only ``engine/``
 knows the SQLite driver.
 """
 
@@ -29,8 +29,8 @@ from fleetstore.core.keys import keyring_of
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, SHARDS, sharded_root
 from fleetstore.engine.cipher import key_of_file
-from fleetstore.engine.outside import outside_write_lock
 from fleetstore.errors import FleetstoreError, StoreBusy
+from fleetstore.files.outside import outside_write_lock
 
 EXIT_OK = 0
 EXIT_ERROR = 1

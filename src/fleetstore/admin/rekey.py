@@ -47,9 +47,10 @@ from fleetstore.core.crash import crash_point
 from fleetstore.core.keys import Key, Keyring, write_keyring
 from fleetstore.core.targets import CATALOG, parse_target
 from fleetstore.domain.blobs import COLLECTING, fsync_dir
-from fleetstore.engine import cipher, inspect
+from fleetstore.engine import cipher
 from fleetstore.engine.gate import GateTimeout, WriterGate, announce_moved, wipe_board
-from fleetstore.engine.sharded import shard_files
+from fleetstore.files import inspect
+from fleetstore.store.sharded.shards import shard_files
 from fleetstore.store.spool import REJECTED, journals, seal_text, unseal_text
 
 _SUFFIX = ".rekey.tmp"

@@ -4,7 +4,7 @@ layout shares (the spool, the background thread, streams, figures) and hands eac
 write, read and lifecycle step to its backend.
 
 * ``store/single.py``: one SQLite file;
-* ``store/sharded.py``: a catalog plus one SQLite file per session tree;
+* ``store/sharded/``: a catalog plus one SQLite file per session tree;
 * ``store/server.py``: a PostgreSQL database.
 """
 

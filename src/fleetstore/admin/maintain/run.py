@@ -44,15 +44,15 @@ from fleetstore.admin.maintain.writer import Writer
 from fleetstore.core.keys import keyring_of
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target, resolve_target
-from fleetstore.engine.inspect import InspectFailed, read_header
-from fleetstore.engine.outside import OutsideFile
-from fleetstore.engine.sharded import ShardSet
 from fleetstore.engine.sqlite import Database
+from fleetstore.files.inspect import InspectFailed, read_header
+from fleetstore.files.outside import OutsideFile
 from fleetstore.store.backend import migrations
 from fleetstore.store.facade import Store
 from fleetstore.store.facade import open as open_store
 from fleetstore.store.readonly import check_store_file
-from fleetstore.store.sharded import Router
+from fleetstore.store.sharded.router import Router
+from fleetstore.store.sharded.shards import ShardSet
 from fleetstore.store.single import FileBackend
 
 

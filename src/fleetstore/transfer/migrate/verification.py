@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.engine.sharded import shard_key
+from fleetstore.store.sharded.shards import shard_key
 from fleetstore.transfer.digest import session_digest
 from fleetstore.transfer.migrate.report import DEFAULT_BATCH_ROWS, MigrateReport, Progress
 from fleetstore.transfer.migrate.schema import _BLOBS, _SESSIONS, Table, _normal

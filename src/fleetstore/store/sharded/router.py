@@ -54,7 +54,6 @@ from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Scope, earlier_result
 from fleetstore.domain.outbox_ops import check_effect_list, insert_effect
 from fleetstore.engine.base import Engine, Tx
-from fleetstore.engine.sharded import ShardSet, is_key, shard_files, shard_key
 from fleetstore.engine.sqlite import Database
 from fleetstore.store.backend import (
     OPS_TAG,
@@ -64,6 +63,7 @@ from fleetstore.store.backend import (
     op_applier,
     wal_file_bytes,
 )
+from fleetstore.store.sharded.shards import ShardSet, is_key, shard_files, shard_key
 from fleetstore.store.spool import decode_line, encode_line, is_rejectable
 
 T = TypeVar("T")
