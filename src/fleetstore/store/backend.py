@@ -10,10 +10,12 @@ write, read and lifecycle step to its backend.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -139,6 +141,31 @@ class Backend(Protocol):
         """``fn(db)`` with file *key*'s database."""
         ...
 
+    # -- the files, for the tools that work file by file (admin, transfer) ----------------
+
+    #: Whether the store is more than one database, so that no transaction spans it
+    #: (a sharded store): the tools then work file by file.
+    spans_files: bool
+
+    def file_keys(self) -> list[str | None]:
+        """The key of each database file: None (the store's own database: the file,
+        the catalog or the server's), then a sharded store's shards on disk, by key."""
+        ...
+
+    def use(self, key: str | None, *, create: bool = False) -> AbstractContextManager[Engine]:
+        """File *key*'s database while the ``with`` block lasts (*create*: a shard that
+        is not there yet is made; else ``NotFound``)."""
+        ...
+
+    def each(self, fn: Callable[[str | None, Any], None]) -> None:
+        """``fn(key, database)`` for every database file, in ``file_keys`` order, one open
+        at a time (linear in shards)."""
+        ...
+
+    def home(self, session_id: str | None) -> str | None:
+        """The key of the file holding *session_id*'s tree (None: the store's own)."""
+        ...
+
     def metrics(self) -> dict[str, Any]:
         """The engine's figures for this process (every file of the layout)."""
         ...
@@ -161,6 +188,7 @@ class OneDatabase:
     """A layout of one database: every write and read goes to it."""
 
     layout = "file"
+    spans_files = False
 
     def __init__(self, db: Engine, queries: Mapping[str, str], path: Path) -> None:
         self.db = db
@@ -197,6 +225,19 @@ class OneDatabase:
 
     def with_file(self, key: str | None, fn: Callable[[Engine], T]) -> T:
         return fn(self.db)
+
+    def file_keys(self) -> list[str | None]:
+        return [None]
+
+    @contextlib.contextmanager
+    def use(self, key: str | None, *, create: bool = False) -> Iterator[Engine]:
+        yield self.db
+
+    def each(self, fn: Callable[[str | None, Any], None]) -> None:
+        fn(None, self.db)
+
+    def home(self, session_id: str | None) -> str | None:
+        return None
 
     def metrics(self) -> dict[str, Any]:
         return self.db.metrics()

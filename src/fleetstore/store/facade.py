@@ -297,7 +297,7 @@ class Store:
     @property
     def spans_files(self) -> bool:
         """Whether the catalog's index and the sessions live in different files."""
-        return self.layout == "sharded"
+        return self.backend.spans_files
 
     def notify_token(self, channel: str) -> int:
         """The token of ``notify_wait``: take it before looking for what a ring of
