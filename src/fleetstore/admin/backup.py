@@ -53,6 +53,7 @@ from fleetstore.core.version import __version__
 from fleetstore.domain.blobs import COLLECTING, BlobStore, check_sha, fsync_dir
 from fleetstore.engine.cipher import key_of_file
 from fleetstore.files import backup as copies
+from fleetstore.store.backend import store_files
 from fleetstore.store.sharded.shards import shard_files
 
 MANIFEST = "backup.json"
@@ -124,14 +125,8 @@ def _source(store: str | None) -> _Layout:
             "(one consistent snapshot of the database, blobs included: they are rows of "
             "blob_chunks) or pg_basebackup with WAL archiving (docs/backup.md)"
         )
-    if kind == "sharded":
-        if not (target / CATALOG).is_file():
-            raise errors.NotFound(f"no sharded store at {target} (no {CATALOG})")
-        return _Layout(target.absolute(), "sharded", CATALOG)
-    if not target.is_file():
-        raise errors.NotFound(f"no store at {target}")
-    target = target.absolute()
-    return _Layout(target.parent, "file", target.name)
+    found = store_files(kind, target)
+    return _Layout(found.root, found.layout, found.main.name)
 
 
 # -- the blob collection lock ----------------------------------------------------------------

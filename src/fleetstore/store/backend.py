@@ -16,16 +16,19 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fleetstore import sql
+from fleetstore import errors, sql
 from fleetstore.core.settings import Settings
+from fleetstore.core.targets import CATALOG
 from fleetstore.core.version import __version__
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Result
 from fleetstore.engine.base import Applier, Engine, Migration, Tx
+from fleetstore.store.sharded.shards import shard_files
 
 T = TypeVar("T")
 
@@ -90,6 +93,51 @@ def wal_file_bytes(path: str | os.PathLike[str]) -> int:
         return os.stat(os.fspath(path) + "-wal").st_size
     except OSError:
         return 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFiles:
+    """What a SQLite store keeps on disk, found without opening it (``store_files``):
+    the tools that must not open a store (backup, rekey, top, lock) ask this rather
+    than knowing where each layout puts its files."""
+
+    layout: str  # "file" or "sharded"
+    #: The store file, or a sharded store's catalog.
+    main: Path
+    #: (key, path) of each shard file on disk, by key (``shards.shard_files``).
+    shards: tuple[tuple[str, Path], ...] = ()
+
+    @property
+    def root(self) -> Path:
+        """The directory the store's files are in (a sharded store: the store)."""
+        return self.main.parent
+
+    @property
+    def databases(self) -> list[Path]:
+        """Every database file: the main one, then each shard by key."""
+        return [self.main, *(path for _key, path in self.shards)]
+
+    @property
+    def blobs(self) -> Path:
+        return Path(f"{self.main}.blobs")
+
+    @property
+    def spool(self) -> Path:
+        return Path(f"{self.main}.spool")
+
+
+def store_files(kind: str, target: Path) -> StoreFiles:
+    """The files of the SQLite store *target* of *kind* ("sqlite" or "sharded", as
+    ``core.targets.parse_target`` says), absolute.  ``NotFound`` if there is none:
+    no file, or no catalog in the directory."""
+    target = target.absolute()
+    if kind == "sharded":
+        if not (target / CATALOG).is_file():
+            raise errors.NotFound(f"no sharded store at {target} (no {CATALOG})")
+        return StoreFiles("sharded", target / CATALOG, tuple(shard_files(target)))
+    if not target.is_file():
+        raise errors.NotFound(f"no store at {target}")
+    return StoreFiles("file", target)
 
 
 def migrations(dialect: str = "sqlite") -> list[Migration]:
@@ -257,8 +305,10 @@ __all__ = [
     "Backend",
     "OneDatabase",
     "OpItem",
+    "StoreFiles",
     "blobs_durable",
     "migrations",
     "op_applier",
+    "store_files",
     "wal_file_bytes",
 ]
