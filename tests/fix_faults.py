@@ -186,10 +186,16 @@ class FaultyFile(apsw.VFSFile):
         super().xUnlock(level)
 
 
+#: The default VFS before any test replaced it: with apsw-sqlite3mc, its encrypting
+#: "multipleciphers-unix" over "unix" (a default set back to plain "unix" made every later
+#: encrypted store in the process fail: "Encryption is not supported by the VFS").
+_DEFAULT_VFS = apsw.vfs_names()[0]
+
+
 class FaultyVFS(apsw.VFS):
     def __init__(self, faults: Faults) -> None:
         self.faults = faults
-        super().__init__(_VFS_NAME, "unix", makedefault=True)
+        super().__init__(_VFS_NAME, _DEFAULT_VFS, makedefault=True)
 
     def xOpen(self, name: Any, flags: list[int]) -> FaultyFile:
         return FaultyFile(self.faults, name, flags)
@@ -217,7 +223,7 @@ def install() -> Faults:
 def uninstall() -> None:
     if _VFS_NAME in apsw.vfs_names():
         apsw.unregister_vfs(_VFS_NAME)
-    apsw.set_default_vfs("unix")
+    apsw.set_default_vfs(_DEFAULT_VFS)
 
 
 @pytest.fixture

@@ -117,6 +117,7 @@ def test_the_library_wheel_carries_neither_the_stress_harness_nor_the_peer_patte
     code = [n for n in names if n.startswith("fleetstore/")]
     assert "fleetstore/__init__.py" in code and "fleetstore/py.typed" in code
     assert any(n.startswith("fleetstore/sql/sqlite/") and n.endswith(".sql") for n in code)
+    assert "fleetstore/sql/common/queries.sql" in code  # the queries both dialects share
     assert len(code) > 100  # the listing sees the package
     assert [n for n in names if "stress" in n or "peers" in n] == []
 

@@ -69,6 +69,9 @@ WRITING: dict[str, Argv | None] = {
     "sessions archive-tree": None,
     "sessions restore-tree": None,
     "stress": None,
+    # Rewrite rows holding secrets / every file under a new key: a store's own tools.
+    "redact": None,
+    "rekey": None,
 }
 
 

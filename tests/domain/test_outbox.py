@@ -34,6 +34,8 @@ from fleetstore import (
     errors,
 )
 from fleetstore.core.ids import new_id
+from fleetstore.domain.outbox import Chain
+from fleetstore.domain.outbox_ops import kinds_json, timeouts_json
 from tests.fix_procs import Spawn, start_lock
 from tests.fix_stores import OpenStore
 
@@ -593,6 +595,104 @@ def test_a_batch_is_applied_once_whatever_retries_happen(store: Store) -> None:
         assert (effect.state, [e.error for e in effect.errors]) == ("pending", ["once"])
 
 
+def applied(store: Store, op_id: str) -> list[Any]:
+    """The ``applied_ops`` rows of *op_id*: (name)."""
+    return rows(store, f"SELECT name FROM applied_ops WHERE op_id = '{op_id}'")
+
+
+def claim_ops(store: Store, *ids: str) -> list[Any]:
+    return [rows(store, f"SELECT claim_op FROM effects WHERE id = '{i}'")[0][0] for i in ids]
+
+
+def test_settle_and_claim_hands_each_thread_on_to_the_settling_worker(store: Store) -> None:
+    """A batch of settlements with a ``Chain`` claims, in its own transaction, the effect
+    each thread is handed on to, for the settling worker: only one that can run now
+    (not a delayed one), of the worker's kinds, and no more than it has room for; the
+    claim carries the settlement's operation id, logged once in applied_ops, and is an
+    ordinary claim (lease, token, settled like any).  The others are left pending and
+    rung for, as without a chain."""
+    e = store.effects
+    a1, a2 = e.enqueue("a", "k"), e.enqueue("a", "k", {"n": 2})
+    d1, d2 = e.enqueue("d", "k"), e.enqueue("d", "k")
+    b1, b2 = e.enqueue("b", "k"), e.enqueue("b", "other")
+    c1, c2 = e.enqueue("c", "k"), e.enqueue("c", "k", delay=60)
+    by_id = {c.id: c for c in e.claim("w", limit=10)}
+    claims = [by_id[i] for i in (a1, b1, c1, d1)]
+    chain = Chain("w2", 1, 30.0, kinds_json(["k"]), timeouts_json({"k": 60}))
+    token = e.wake_token()
+    outcome = e._settle_batch(claims, [c._success(None) for c in claims], chain)
+    assert outcome == ["succeeded"] * 4
+    (chained,) = chain.claimed
+    assert chained.id == a2 and chained.chained and not chain.unknown
+    assert (chained.owner, chained.effect.payload, chained.effect.attempt) == ("w2", {"n": 2}, 1)
+    got = e.get(a2)
+    assert (got.state, got.lease_owner, got.fence) == ("running", "w2", chained.fence)
+    assert chain.op_id is not None and applied(store, chain.op_id) == [("settle_effects",)]
+    assert claim_ops(store, a2) == [chain.op_id]
+    assert rows(store, f"SELECT deadline - started_at FROM effects WHERE id = '{a2}'") == [(60.0,)]
+    # d2 (no room left), b2 (not of its kinds), c2 (delayed): handed on, rung for.
+    assert [e.get(i).state for i in (d2, b2, c2)] == ["pending"] * 3
+    assert e.wait_for_work(5.0, token=token)
+    assert {c.id for c in e.claim("w3", limit=10, kinds=["k", "other"])} == {d2, b2}
+    assert chained.succeed({"ok": 1}) is True
+    assert e.get(a2).state == "succeeded"
+
+
+def test_a_replayed_settle_and_claim_is_applied_once_and_its_claims_are_found(
+    store: Store,
+) -> None:
+    """Applied again (a spool replay, a commit whose outcome was lost), a settle-and-claim
+    is found in applied_ops: it claims nothing more and changes nothing, and the claims
+    it made are found by its operation id, whatever became of its answer.  One applied
+    past its ``until`` (replayed from the spool after the worker stopped waiting for
+    it) claims nothing: the thread is rung for, as without a chain."""
+    e = store.effects
+    ids = [e.enqueue("t", "k", {"i": i}) for i in range(3)]
+    c = claim_one(store)
+    op_id = new_id()
+    chain = Chain("w", 5, 30.0, kinds_json(["k"]), None).args(op_id, time.time() + 60)
+    op = fleetstore.Operation("settle_effects", {"items": [c._success(1)], "chain": chain}, op_id)
+    first = store.apply(op)  # from outside: checked
+    assert (first["states"], first["chained"]) == ("s", 1)
+    after = rows(store, "SELECT * FROM effects ORDER BY id")
+    again = store.apply(op)
+    assert again["duplicate"] is True and (again["states"], again["chained"]) == ("s", 1)
+    assert rows(store, "SELECT * FROM effects ORDER BY id") == after
+    assert applied(store, op_id) == [("settle_effects",)]
+    (found,) = e._chained(op_id, "w", 30.0)
+    assert (found.id, found.fence, found.effect.attempt) == (ids[1], e.get(ids[1]).fence, 1)
+    assert e.get(ids[2]).state == "pending"
+    # Past its until: claims nothing, rings for the next head.
+    late_id = new_id()
+    late = Chain("w", 5, 30.0, None, None).args(late_id, time.time() - 1)
+    token = e.wake_token()
+    items = [found._success(2)]
+    result = store.apply(
+        fleetstore.Operation("settle_effects", {"items": items, "chain": late}, late_id)
+    )
+    assert (result["states"], result["chained"]) == ("s", 0)
+    assert e.get(ids[2]).state == "pending" and e._chained(late_id, "w", 30.0) == []
+    assert e.wait_for_work(5.0, token=token)
+
+
+def test_a_worker_s_busy_lane_runs_each_next_effect_from_its_predecessor_s_settlement(
+    store: Store,
+) -> None:
+    """A lane of effects run by one worker: the first is claimed by a claim; every
+    later one by its predecessor's settlement (its claim_op is a settle_effects
+    operation in applied_ops), without a claim of its own; in order, once each."""
+    ids = [store.effects.enqueue("lane", "k", {"i": i}) for i in range(6)]
+    ran: list[int] = []
+    worker = Worker(store, {"k": lambda e: ran.append(e.payload["i"])}, until_idle=True)
+    assert worker.run() == 0
+    assert ran == list(range(6))
+    assert worker.stats["chained"] == 5 and worker.stats["succeeded"] == 6
+    ops = claim_ops(store, *ids)
+    assert [applied(store, op) for op in ops[1:]] == [[("settle_effects",)]] * 5
+    assert applied(store, ops[0]) == []  # a claim: not logged
+    assert len(set(ops)) == 6 and [e.attempt for e in store.effects.list()] == [1] * 6
+
+
 def test_bad_batches_from_outside_are_refused_whole(store: Store) -> None:
     eid = store.effects.enqueue("t", "k")
     (c,) = store.effects.claim("w")
@@ -605,6 +705,12 @@ def test_bad_batches_from_outside_are_refused_whole(store: Store) -> None:
         {"items": [{**good, "fence": 0}]},
         {"items": [{**good, "result": 5}]},
         {"items": [good] * 1001},
+        {"items": [good], "chain": "x"},
+        {"items": [good], "chain": {"owner": "w", "until": 1.0}},
+        {"items": [good], "chain": {"claim_op": new_id(), "owner": "", "until": 1.0}},
+        {"items": [good], "chain": {"claim_op": new_id(), "owner": "w"}},
+        {"items": [good], "chain": {"claim_op": new_id(), "owner": "w", "until": 1, "limit": 0}},
+        {"items": [good], "chain": {"claim_op": 5, "owner": "w", "until": 1.0}},
     ):
         with pytest.raises(errors.InvalidInput):
             store.apply(fleetstore.Operation("settle_effects", bad, new_id()))

@@ -588,6 +588,66 @@ def test_kill9_mid_effect_replays_a_replay_safe_one_and_buries_the_other(env: En
         assert runs(events, eid) == [("start", heir.pid, 1, None), ("end", heir.pid, 1, "ok")]
 
 
+@pytest.mark.slow
+def test_kill9_of_a_worker_holding_chained_claims_brings_them_back_after_the_lease_only(
+    env: Env,
+) -> None:
+    """Settle-and-claim: a worker's settlement of a lane's first effect claims the next
+    one for it in the same transaction (its claim_op is that settle_effects operation,
+    logged in applied_ops), and it starts.  The worker is killed (SIGKILL) while it
+    holds those chained claims: once their leases run out another worker runs the
+    replay-safe one again, once, and never while the dead worker's lease lasted; the
+    one that may not run twice is buried (``not_replay_safe``); each lane goes on."""
+    hold_s, safe_payload = env.hold("s2")
+    hold_u, unsafe_payload = env.hold("u2")
+    with fleetstore.open(env.path) as store:
+        s1 = store.effects.enqueue("safe", "fx", {})
+        s2 = store.effects.enqueue("safe", "fx", safe_payload)
+        s3 = store.effects.enqueue("safe", "fx", {})
+        u1 = store.effects.enqueue("unsafe", "fx", {})
+        u2 = store.effects.enqueue("unsafe", "unsafe", unsafe_payload)
+        u3 = store.effects.enqueue("unsafe", "fx", {})
+    victim = env.worker("--lease", "1.5", "--concurrency", "2", name="victim")
+    started = {victim.wait_line("started", timeout=WAIT)[1] for _ in range(4)}
+    assert {f"started {s2} 1", f"started {u2} 1"} <= started
+    with fleetstore.open(env.path) as store:
+        for first, held in ((s1, s2), (u1, u2)):
+            (op,) = store.read(
+                lambda tx, i=held: tx.execute("SELECT claim_op FROM effects WHERE id = ?", (i,))
+            )[0]
+            names = store.read(
+                lambda tx, o=op: tx.execute("SELECT name FROM applied_ops WHERE op_id = ?", (o,))
+            )
+            assert names == [("settle_effects",)], (held, op, names)  # chained, not claimed
+            assert states(store, first) == ["succeeded"]
+        kill9(victim)
+        killed = time.time()
+        env.clear_markers(victim.pid)
+        expiry = store.effects.get(s2).lease_expires_at
+        hold_s.touch()
+        hold_u.touch()
+        heir = env.worker("--lease", "1.5", "--concurrency", "2", name="heir")
+        wait_for("every effect final", lambda: all_final(store))
+        stored = finals(store)
+    rep = stop(heir)
+    assert rep["in_transaction"] == [] and rep["stats"].get("lost", 0) == 0, rep
+    events = env.read_events()
+    assert check_threads(events, stored, killed=frozenset({victim.pid})) == []
+    starts = [e for e in events if e["id"] == s2 and e["ev"] == "start"]
+    assert [(e["pid"], e["attempt"]) for e in starts] == [(victim.pid, 1), (heir.pid, 2)]
+    assert expiry is not None and expiry >= killed - 2.0
+    assert starts[1]["t"] >= expiry, (starts[1]["t"], expiry)  # not while its lease lived
+    assert runs(events, s2)[1:] == [("start", heir.pid, 2, None), ("end", heir.pid, 2, "ok")]
+    assert (stored[s2].state, stored[s2].attempt) == ("succeeded", 2)
+    assert (stored[u2].state, stored[u2].dead_reason) == ("dead", "not_replay_safe")
+    assert runs(events, u2) == [("start", victim.pid, 1, None)]
+    for eid in (s1, u1):
+        assert runs(events, eid) == [("start", victim.pid, 1, None), ("end", victim.pid, 1, "ok")]
+    for eid in (s3, u3):
+        assert stored[eid].state == "succeeded"
+        assert runs(events, eid) == [("start", heir.pid, 1, None), ("end", heir.pid, 1, "ok")]
+
+
 # -- a handler that hangs -----------------------------------------------------------------------
 
 
@@ -960,10 +1020,14 @@ def test_fleet_of_8_workers_runs_threads_in_order_one_at_a_time_exactly_once(
     assert counts["pending"] == counts["running"] == counts["expired"] == 0, counts
     planned_dead = sum(expected(*p)[0] == "dead" for p in plans.values())
     assert counts["dead"] == planned_dead and counts["succeeded"] == len(plans) - planned_dead
+    chained = 0
     for w in workers:
         rep = report(w)
         assert rep["in_transaction"] == [] and rep["spool"] == 0, rep
         assert rep["stats"].get("lost", 0) == 0, rep
+        chained += rep["stats"].get("chained", 0)
+    # Settlements claimed threads' next effects (settle-and-claim), and the order held.
+    assert chained > 0
     # The planned failures happened, and the work was shared between the processes.
     assert {e.get("outcome") for e in events} == {None, "ok", "error", "retry", "fail"}
     assert len({e["pid"] for e in events}) >= 2

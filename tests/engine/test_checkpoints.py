@@ -8,6 +8,8 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
+
 from fleetstore import Database, Migration
 
 #: 6,000 writes of 8 KiB: about 3 WAL frames (4 KiB pages, 24-byte headers) each.
@@ -21,6 +23,7 @@ def _write_without_pause(db: Database, writes: int, body: bytes) -> None:
             tx.execute("INSERT INTO t (body) VALUES (?)", (body,))
 
 
+@pytest.mark.timing  # the checkpoint thread keeping up with the writer is a race of speeds
 def test_a_writer_that_never_pauses_keeps_the_wal_bounded(tmp_path: Path) -> None:
     path = tmp_path / "c.db"
     line = 256 * 1024
@@ -37,6 +40,7 @@ def test_a_writer_that_never_pauses_keeps_the_wal_bounded(tmp_path: Path) -> Non
     assert wal < FRAMES_WRITTEN * 2 / 3, f"WAL {wal} bytes: it grew with the writes"
 
 
+@pytest.mark.timing
 def test_two_writer_threads_and_the_checkpoint_thread_keep_the_wal_bounded(
     tmp_path: Path,
 ) -> None:

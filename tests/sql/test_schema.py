@@ -5,7 +5,8 @@
 * Both dialects have the same tables, columns in the same order, and indexes
   (PostgreSQL adds blob_chunks, where blob bytes live).
 * Every named query exists in both dialects with the same parameters, and every
-  PostgreSQL query parses and type-checks (PREPARE) on a migrated database.
+  query of each dialect (common/ merged with its overrides) prepares on a database its
+  migrations built: SQLite without running it, PostgreSQL with PREPARE (types checked).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import apsw.ext
 import psycopg
 import pytest
 
@@ -29,10 +31,8 @@ from tests.pgserver import PgServer
 PG_ONLY_TABLES = {"blob_chunks", "search_text"}
 #: Tables only SQLite has: the FTS5 indexes of search (virtual tables and their own).
 SQLITE_ONLY_TABLE = re.compile(r"^search_(words|grams)(_|$)")
-#: Queries only PostgreSQL has: the blob bytes, migrate's server-side cursor, search's
-#: tsvector and trigram queries; only SQLite has: search's FTS5 queries.
-PG_ONLY_QUERY = re.compile(r"^(blobdata_|mig_scan_|tsv_)")
-SQLITE_ONLY_QUERY = re.compile(r"^fts5_")
+PG_ONLY_QUERY = sql.DIALECT_ONLY["postgresql"]
+SQLITE_ONLY_QUERY = sql.DIALECT_ONLY["sqlite"]
 
 
 def schema_text(dialect: str) -> str:
@@ -323,10 +323,10 @@ def test_dialects_have_the_same_tables_columns_and_indexes(
 
 def test_every_query_is_in_both_dialects_with_the_same_parameters() -> None:
     lite, pg = sql.queries("sqlite"), sql.queries("postgresql")
-    shared = sorted(n for n in lite if not SQLITE_ONLY_QUERY.match(n))
-    assert sorted(n for n in pg if not PG_ONLY_QUERY.match(n)) == shared
-    assert all(not PG_ONLY_QUERY.match(n) for n in lite)
-    assert all(not SQLITE_ONLY_QUERY.match(n) for n in pg)
+    shared = sorted(n for n in lite if not n.startswith(SQLITE_ONLY_QUERY))
+    assert sorted(n for n in pg if not n.startswith(PG_ONLY_QUERY)) == shared
+    assert all(not n.startswith(PG_ONLY_QUERY) for n in lite)
+    assert all(not n.startswith(SQLITE_ONLY_QUERY) for n in pg)
     for name in shared:
         text = lite[name]
         want, _ = scan(text)
@@ -372,6 +372,7 @@ _NAMED_TYPES = {
             "max_attempts",
             "replay_safe",
             "after_seq",
+            "part_seq",
             "upto",
             "lo",
             "hi",
@@ -404,6 +405,21 @@ def _preparable(name: str, text: str) -> bool:
 _FOREIGN_RESULT_TYPES = {1700: "numeric", 16: "boolean", 114: "json", 3802: "jsonb"}
 
 
+def _pg_prepare(conn: psycopg.Connection[Any], text: str) -> list[int]:
+    """PREPARE *text* (its ? and :name as $n, named ones typed by _NAMED_TYPES) and
+    give the type oids of its result columns."""
+    found, prepared = scan(text, replace=True)
+    types = ["unknown"] * found.positional
+    types += [_NAMED_TYPES.get(n, "text") for n in found.named]
+    head = f"PREPARE q ({', '.join(types)})" if types else "PREPARE q"
+    conn.execute(f"{head} AS {prepared}".encode())
+    try:
+        described = conn.pgconn.describe_prepared(b"q")
+        return [described.ftype(i) for i in range(described.nfields)]
+    finally:
+        conn.execute("DEALLOCATE q")
+
+
 def test_every_postgresql_query_prepares(pg_migrated: str) -> None:
     """Parse analysis on the real schema: a wrong column, table, function or type
     mismatch fails here, before any contract test runs the query; and no query
@@ -413,21 +429,15 @@ def test_every_postgresql_query_prepares(pg_migrated: str) -> None:
         for name, text in sorted(sql.queries("postgresql").items()):
             if not _preparable(name, text):
                 continue
-            found, prepared = scan(text, replace=True)
-            types = ["unknown"] * found.positional
-            types += [_NAMED_TYPES.get(n, "text") for n in found.named]
-            head = f"PREPARE q ({', '.join(types)})" if types else "PREPARE q"
             try:
-                conn.execute(f"{head} AS {prepared}".encode())
+                result = _pg_prepare(conn, text)
             except psycopg.Error as exc:
                 failed.append(f"{name}: {exc}".strip())
                 continue
-            described = conn.pgconn.describe_prepared(b"q")
-            for i in range(described.nfields):
-                foreign = _FOREIGN_RESULT_TYPES.get(described.ftype(i))
+            for i, oid in enumerate(result):
+                foreign = _FOREIGN_RESULT_TYPES.get(oid)
                 if foreign:
                     failed.append(f"{name}: result column {i + 1} is {foreign}")
-            conn.execute("DEALLOCATE q")
     assert not failed, "\n".join(failed)
     assert len(sql.queries("postgresql")) > 150
 
@@ -439,6 +449,65 @@ def test_prepare_catches_a_broken_query_and_a_foreign_result_type(pg_migrated: s
         conn.execute(b"PREPARE s AS SELECT sum(size), count(*) > 0 FROM parts")
         described = conn.pgconn.describe_prepared(b"s")
         assert [described.ftype(i) for i in range(2)] == [1700, 16]
+
+
+def _sqlite_prepare(conn: apsw.Connection, text: str) -> int:
+    """Prepare each statement of *text* on *conn* without running it (apsw's
+    query_info stops at the exec tracer, before the first step); the number of result
+    columns of the last one."""
+    rest: str | None = text
+    columns = 0
+    while rest and rest.strip():
+        info = apsw.ext.query_info(conn, rest)
+        rest, columns = info.query_remaining, len(info.description or ())
+    return columns
+
+
+def test_every_sqlite_query_prepares(
+    sqlite_pair: tuple[apsw.Connection, apsw.Connection],
+) -> None:
+    """The SQLite dict (common/ with sql/sqlite/'s overrides) on the migrated schema: a
+    wrong column, table or function, or a common text only PostgreSQL accepts, fails here."""
+    migrated, _whole = sqlite_pair
+    failed = []
+    for name, text in sorted(sql.queries("sqlite").items()):
+        if not _preparable(name, text):
+            continue
+        try:
+            _sqlite_prepare(migrated, text)
+        except apsw.Error as exc:
+            failed.append(f"{name}: {exc}")
+    assert not failed, "\n".join(failed)
+    assert len(sql.queries("sqlite")) > 150
+
+
+def test_sqlite_prepare_runs_nothing_and_sees_every_statement(
+    sqlite_pair: tuple[apsw.Connection, apsw.Connection],
+) -> None:
+    migrated, _whole = sqlite_pair
+    migrated.execute("CREATE TEMP TABLE t (x); INSERT INTO t VALUES (1)")
+    _sqlite_prepare(migrated, "DELETE FROM t; DELETE FROM t WHERE x = ?")
+    assert migrated.execute("SELECT count(*) FROM t").fetchall() == [(1,)]
+    with pytest.raises(apsw.SQLError, match="no_such_column"):
+        _sqlite_prepare(migrated, "SELECT 1; SELECT no_such_column FROM sessions")
+
+
+def test_a_dialect_s_own_text_returns_the_columns_of_the_common_one(
+    sqlite_pair: tuple[apsw.Connection, apsw.Connection], pg_migrated: str
+) -> None:
+    """Where PostgreSQL has its own text of a query, the caller reads as many result
+    columns from it as from SQLite's (the parameters are test_every_query_is_in_both_...'s)."""
+    migrated, _whole = sqlite_pair
+    lite, pg = sql.queries("sqlite"), sql.queries("postgresql")
+    own = [n for n in sorted(lite) if n in pg and lite[n] != pg[n] and _preparable(n, lite[n])]
+    assert len(own) > 50
+    with psycopg.connect(pg_migrated, autocommit=True) as conn:
+        differ = [
+            f"{n}: SQLite {a}, PostgreSQL {b}"
+            for n in own
+            if (a := _sqlite_prepare(migrated, lite[n])) != (b := len(_pg_prepare(conn, pg[n])))
+        ]
+    assert differ == []
 
 
 def test_schema_files_hold_no_named_queries() -> None:

@@ -396,15 +396,7 @@ TOOLS: dict[str, list[str]] = {
 }
 
 
-# main's search index (merged at 02:38) broke migrate and reshard on every SQLite store,
-# plain ones too: "table search_grams has no primary key".  Strict: fixed, this fails.
-_SEARCH_BROKE = pytest.mark.xfail(strict=True, reason="search_grams has no primary key")
-
-
-@pytest.mark.parametrize(
-    "tool",
-    [pytest.param(t, marks=_SEARCH_BROKE) if t in ("migrate", "reshard") else t for t in TOOLS],
-)
+@pytest.mark.parametrize("tool", list(TOOLS))
 def test_every_tool_works_on_an_encrypted_store_with_its_key_and_says_so_without(
     tmp_path: Path, tool: str
 ) -> None:

@@ -570,9 +570,15 @@ def test_an_encrypted_fleet_with_secrets_leaves_no_marker_and_no_secret_in_any_f
     skip = {keys, script}
     needles = [MARKER.encode()] + [s.secret[4:24].encode() for s in samples()]
 
+    from tests.fix_faults import importable_env
+
     def worker(wid: str, mode: str) -> subprocess.Popen[bytes]:
+        # The script imports tests.secret_samples: the repository on its PYTHONPATH
+        # (a script's own directory is its first path, not the working directory).
         argv = [sys.executable, str(script), str(path), wid, mode]
-        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            argv, env=importable_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
     # The test's own store keeps the WAL from being checkpointed away while it is searched.
     with fleetstore.open(path, checkpoint_bytes=1 << 30) as store:
@@ -611,3 +617,29 @@ def test_an_encrypted_fleet_with_secrets_leaves_no_marker_and_no_secret_in_any_f
     scanned: list[ScanFinding] = []
     report = scan(path, scanned.append, keyring=ring)
     assert scanned == [] and not report.errors
+
+
+def test_fleetstore_redact_rewrites_a_postgresql_store(pg_url: str) -> None:
+    """Its bytea columns take the redacted bodies through fleetstore_bytes(), as every
+    other write does (the statements were run on SQLite only)."""
+    import os
+    import subprocess
+    import sys
+
+    secret = f"out {GH.text} x"
+    with fleetstore.open(pg_url, redaction=False) as store:
+        sid = store.sessions.create().id
+        mid = store.messages.append(sid, "user", secret).id
+        store.state.put(sid, "env", {"GITHUB_TOKEN": GH.secret})
+        eid = store.effects.enqueue(sid, "notify", {"body": secret})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSTORE_")}
+    argv = [sys.executable, "-m", "fleetstore", "redact", "--store", pg_url, "--json"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with fleetstore.open(pg_url, redaction=False) as store:
+        kept = [
+            str(store.messages.get(mid).parts),
+            str(store.state.get(sid, "env").value),
+            str(store.effects.get(eid).payload),
+        ]
+    assert all(GH.secret not in k and "[REDACTED:" in k for k in kept), kept

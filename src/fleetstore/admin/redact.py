@@ -176,7 +176,7 @@ class _Run:
 
     def parts(self, read: Read) -> None:
         after: tuple[str, int] = ("", -1)
-        while rows := read("red_parts_page", {"m": after[0], "s": after[1], "limit": PAGE}):
+        while rows := read("red_parts_page", {"m": after[0], "after_seq": after[1], "limit": PAGE}):
             for mid, seq, sid, enc, body, sha, size in rows:
                 self._tick("parts")
                 old, new = self._value(enc, body, sha, size)
@@ -194,7 +194,9 @@ class _Run:
 
     def streamed(self, read: Read) -> None:
         after: tuple[str, int] = ("", -1)
-        while rows := read("red_streamed_page", {"m": after[0], "s": after[1], "limit": PAGE}):
+        while rows := read(
+            "red_streamed_page", {"m": after[0], "after_seq": after[1], "limit": PAGE}
+        ):
             for mid, seq, sid in rows:
                 self._tick("chunks")
                 chunks = read("red_chunks", {"message_id": mid, "part_seq": seq})

@@ -181,7 +181,7 @@ def _read_file(figures: _Figures, db: Any, q: dict[str, str], sessions_here: boo
         counts = tx.execute(q["mnt_stats_counts"])[0]
         blobs = tx.execute(q["mnt_stats_blob_rows"])
         pages = tx.execute(q["mnt_pages"])[0]
-        effects = tx.execute(q["mnt_stats_effects"])
+        effects = tx.execute(q["effect_counts"])
         langgraph = tx.execute(q["mnt_stats_langgraph"])[0]
         return per, counts, blobs, pages, effects, langgraph
 

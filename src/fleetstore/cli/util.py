@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -289,11 +290,12 @@ def _check_store(command: str, path: Path, hint: str = "", *, plain_ok: bool = F
 
 def settings_keyring() -> Keyring | None:
     """The keyring the settings name (``--key-file``, ``$FLEETSTORE_ENCRYPTION_KEY_FILE``):
-    for the commands that read files without opening a store (doctor, scan)."""
+    for the commands that read files without opening a store (doctor, scan).  Only that
+    variable is read: doctor reports the other settings' bad values as findings
+    (settings-invalid) rather than refuse to run."""
     from fleetstore.core.keys import keyring_of
-    from fleetstore.core.settings import Settings
 
-    return keyring_of(Settings.load().encryption_key_file)
+    return keyring_of(os.environ.get(KEY_FILE_ENV, ""))
 
 
 def open_existing(command: str, store: str | None) -> fleetstore.Store:

@@ -889,8 +889,10 @@ class Stream:
         if full:
             self.flush()
 
-    def usage(self, usage: Usage | None = None, **tokens: Any) -> None:
+    def usage(self, /, usage: Usage | None = None, **tokens: Any) -> None:
         """The model call's usage, recorded when the message completes."""
+        # (`self, /`: with **tokens, a ParamSpec can take the parameters after self
+        # only if self cannot be named; AsyncStream.usage is typed from this.)
         self._usage = usage_args(usage if usage is not None else tokens)
 
     def enqueue(self, effect: NewEffect) -> None:

@@ -641,7 +641,7 @@ def _apply_state(tx: Tx, q: Queries, s: StateIn, write: bool, now: float) -> str
     if write:
         enc, body, sha, size = encoded_body(tx, q, s.value.item, s.what, now)
         tx.execute(
-            q["transfer_state_write"],
+            q["state_upsert"],
             (s.session_id, s.namespace, s.key, s.version, enc, body, sha, size, s.updated_at),
         )
     return UPDATED if rows else INSERTED

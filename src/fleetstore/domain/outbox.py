@@ -289,6 +289,45 @@ def effects_args(
 # -- the API ------------------------------------------------------------------------------------
 
 
+class Chain:
+    """Settle-and-claim: what a worker asks of a batch of its settlements
+    (``Effects._settle_batch``): each thread a settlement hands on to an effect that can
+    run now (pending, available, of *kinds*) has it claimed for *owner* in the same
+    transaction, at most *limit* of them (the worker's free slots), as ``claim_effects``
+    would (*lease*; *timeouts* as their JSON text).  Afterwards ``claimed`` holds them;
+    ``unknown`` says the settlement's answer was not had (spooled, or the read of its
+    claims failed): the worker looks for them by ``op_id`` once it has landed
+    (``Effects._chained``), or their lease runs out."""
+
+    __slots__ = ("claimed", "kinds", "lease", "limit", "op_id", "owner", "timeouts", "unknown")
+
+    def __init__(
+        self, owner: str, limit: int, lease: float, kinds: str | None, timeouts: str | None
+    ) -> None:
+        self.owner = owner
+        self.limit = limit
+        self.lease = lease
+        self.kinds = kinds
+        self.timeouts = timeouts
+        self.op_id: str | None = None
+        self.claimed: builtins.list[Claim] = []
+        self.unknown = False
+
+    def args(self, op_id: str, until: float) -> dict[str, Any]:
+        """``settle_effects``'s ``chain`` argument: claim as *op_id*, not after *until*
+        (a settlement replayed from the spool after the worker stopped waiting for its
+        answer claims nothing: the thread is rung for instead)."""
+        return {
+            "claim_op": op_id,
+            "owner": self.owner,
+            "limit": self.limit,
+            "lease": self.lease,
+            "kinds": self.kinds,
+            "timeouts": self.timeouts,
+            "until": until,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Swept:
     """One effect a sweep took from a lost owner: now ``pending`` or ``dead``."""
@@ -480,17 +519,28 @@ class Effects:
         return claims
 
     def _settle_batch(
-        self, claims: Sequence[Claim], items: Sequence[dict[str, Any]]
+        self,
+        claims: Sequence[Claim],
+        items: Sequence[dict[str, Any]],
+        chain: Chain | None = None,
     ) -> builtins.list[str | errors.FleetstoreError] | None:
         """Settle *claims* with their *items* (``Claim._success`` and its siblings) as
         one logged operation that must land (``settle_effects``): per claim, the
         effect's new state once applied (``"applied"`` where a replay cannot tell), or
         the error that refused it alone (``LeaseLost``, ``NotFound``);
         None if the batch went to the spool (past the write budget, even with
-        ``on_busy="raise"``: it lands later, and the caller keeps the leases alive)."""
+        ``on_busy="raise"``: it lands later, and the caller keeps the leases alive).
+        *chain*: settle-and-claim (``Chain``): the threads handed on to an effect that
+        can run now have it claimed in the same transaction; ``chain.claimed`` holds
+        those claims afterwards."""
         if not 1 <= len(items) <= MAX_SETTLE_BATCH or len(claims) != len(items):
             raise errors.InvalidInput(f"a batch settles 1 to {MAX_SETTLE_BATCH} claims")
-        op = Operation("settle_effects", {"items": list(items)}, new_id(), True)
+        op_id = new_id()
+        args: dict[str, Any] = {"items": list(items)}
+        if chain is not None:
+            chain.op_id = op_id
+            args["chain"] = chain.args(op_id, time.time() + self._store.settings.write_budget)
+        op = Operation("settle_effects", args, op_id, True)
         for claim, item in zip(claims, items, strict=True):
             claim.outcome = item["outcome"]
         result = self._store.submit(op, Delivery.MUST_LAND)
@@ -498,7 +548,15 @@ class Effects:
         for item in items:
             settled[item["outcome"]] += 1
         if result is None:
+            if chain is not None:
+                chain.unknown = True  # the spool applies it: look for its claims then
             return None
+        if chain is not None and result.get("chained", 1):
+            # (1: a duplicate whose result was not kept may have claimed some.)
+            try:
+                chain.claimed = self._chained(op_id, chain.owner, chain.lease)
+            except errors.FleetstoreError:
+                chain.unknown = True
         states = result.get("states")
         if not isinstance(states, str) or len(states) != len(items):
             # A duplicate whose result was too long to keep: it was applied, each
@@ -514,6 +572,17 @@ class Effects:
             claim._answer = {"state": state, "dead_reason": dead_reason}  # (``settled``)
             outcome.append(state)
         return outcome
+
+    def _chained(self, op_id: str, owner: str, lease: float) -> builtins.list[Claim]:
+        """The claims that the settlement *op_id* made for its worker (settle-and-claim)
+        and that are still its: running under the token that settlement gave them."""
+        store = self._store
+        sql = store.queries["effect_claimed_by"]
+        rows = store.read(lambda tx: tx.execute(sql, (op_id,)))
+        claims = [Claim(store, claimed_effect(store, row), owner, lease) for row in rows]
+        for claim in claims:
+            claim.chained = True
+        return claims
 
     def sweep(self) -> builtins.list[Swept]:
         """Take effects whose lease expired from their lost owners: back to
@@ -587,6 +656,9 @@ class Claim:
         self.outcome: str | None = None
         #: The store's answer to the settlement (``settled``, ``dead_reason``).
         self._answer: dict[str, Any] | None = None
+        #: Claimed by its predecessor's settlement (settle-and-claim): its thread had
+        #: this effect waiting, and likely has more (``Completer``: no lingering).
+        self.chained = False
 
     @property
     def id(self) -> str:
@@ -764,6 +836,7 @@ class Claim:
 
 
 __all__ = [
+    "Chain",
     "DEFAULT_LEASE",
     "DEFAULT_MAX_ATTEMPTS",
     "MAX_ATTEMPTS_LIMIT",

@@ -49,6 +49,7 @@ from fleetstore.core.validate import (
     arg_number,
     arg_str,
     arg_time,
+    arg_when,
     check_number,
     check_str,
     check_strings,
@@ -383,7 +384,9 @@ def check_settlement(a: Args) -> dict[str, Any]:
     }
 
 
-def settle_one(tx: Tx, q: Queries, a: Args, now: float) -> tuple[str, str | None]:
+def settle_one(
+    tx: Tx, q: Queries, a: Args, now: float, chain: dict[str, Any] | None = None
+) -> tuple[str, str | None]:
     """A claim's outcome, applied only while the claim's token is current; the
     effect's new state and, if dead, why.  Raises ``LeaseLost`` (or ``NotFound``) before it writes
     anything, so an item of a batch that raises leaves nothing.
@@ -395,6 +398,10 @@ def settle_one(tx: Tx, q: Queries, a: Args, now: float) -> tuple[str, str | None
     tests/domain/test_outbox_fleet.py::test_settlement_spooled_past_its_lease_is_not_lost_to_a_sweep
     (a spooled success, delayed by an outside lock past its lease, used to be
     rejected and a replay-safe effect ran twice).
+
+    *chain* (settle-and-claim, ``settle_effects``): the thread's next head, if this
+    settlement hands the thread on to one that can run now, is claimed for the settling
+    worker in this transaction (``_claim_next``) instead of being rung for.
 
     ``timed_out``: the worker gave up on an attempt whose handler still runs (it
     cannot be stopped).  Replay-safe (as the sweep decides), the effect is retried
@@ -478,9 +485,36 @@ def settle_one(tx: Tx, q: Queries, a: Args, now: float) -> tuple[str, str | None
         # token is one a sweep gave back, head again): the head flag went with the
         # settlement above, so only the next head is to be set.
         made = tx.execute(q["effect_advance_head"], (thread,))
-        if made and made[0][0] == "pending":
+        if made and made[0][0] == "pending" and not _claim_next(tx, q, chain, made[0][1], now):
             tx.notify(CHANNEL)
     return state, dead_reason
+
+
+def _claim_next(tx: Tx, q: Queries, chain: dict[str, Any] | None, eid: str, now: float) -> bool:
+    """Settle-and-claim: claim *eid*, the head a settlement just handed its thread on
+    to, for the settling worker (*chain*: its claim's arguments, ``_check_chain``), if
+    the worker has room left, the settlement is applied before ``until`` (not replayed
+    from a spool long after: nobody would start the claim) and the effect is available
+    now and of its kinds; whether it was claimed.  The claim carries the settlement's
+    operation id (``claim_op``), so the worker finds what it took, whatever became of
+    the answer (``Effects._settle_batch``).  A lane's next effect then starts when its
+    predecessor's settlement commits, without a claim of its own to wait for the write
+    lock: tests/domain/test_outbox.py::test_settle_and_claim_*"""
+    if chain is None or chain["left"] <= 0 or now > chain["until"]:
+        return False
+    claim = {
+        "id": eid,
+        "owner": chain["owner"],
+        "lease": chain["lease"],
+        "kinds": chain["kinds"],
+        "timeouts": chain["timeouts"],
+        "claim_op": chain["claim_op"],
+        "now": now,
+    }
+    if not tx.execute(q["effect_claim_next"], claim):
+        return False
+    chain["left"] -= 1
+    return True
 
 
 def _check_settle(a: Args) -> dict[str, Any]:
@@ -502,7 +536,34 @@ def _check_settles(a: Args) -> dict[str, Any]:
     for item in items:
         if not isinstance(item, dict):
             raise errors.InvalidInput(f"each settlement must be an object, not {item!r:.80}")
-    return {"items": [check_settlement(i) for i in items], "now": arg_time(a, "now")}
+    chain = a.get("chain")
+    if chain is not None:
+        if not isinstance(chain, dict):
+            raise errors.InvalidInput(f"chain must be an object, not {chain!r:.80}")
+        chain = _check_chain(chain)
+    return {
+        "items": [check_settlement(i) for i in items],
+        "chain": chain,
+        "now": arg_time(a, "now"),
+    }
+
+
+def _check_chain(a: Args) -> dict[str, Any]:
+    """``settle_effects``'s ``chain`` from outside: the settling worker's claim
+    (``_check_claim``'s arguments, its ``claim_op`` the settlement's id), and ``until``,
+    the time past which the settlement claims nothing."""
+    if a.get("claim_op") is None:
+        raise errors.InvalidInput("a chain's claim_op must be an id")
+    claim = _check_claim({**a, "now": 0.0})
+    return {
+        "claim_op": claim["claim_op"],
+        "owner": claim["owner"],
+        "limit": claim["limit"],
+        "lease": claim["lease"],
+        "kinds": claim["kinds"],
+        "timeouts": claim["timeouts"],
+        "until": arg_when(a, "until"),
+    }
 
 
 @OPERATIONS.declare("settle_effects", scope=Scope.CATALOG, check=_check_settles)
@@ -512,19 +573,29 @@ def _settle_effects(tx: Tx, q: Queries, a: Args) -> Result:
     one whose lease is lost is refused alone, before it wrote anything, and the
     others land.  The result: ``states``, one character per item, the new state and a
     dead one's reason (``STATE_OF_CODE``; ``x``: refused), and ``refused``, each
-    refused id's error (``errors.to_wire``): short, so that a replay finds it whole."""
+    refused id's error (``errors.to_wire``): short, so that a replay finds it whole.
+
+    With ``chain`` (settle-and-claim): each thread a settlement hands on to an effect
+    that can run now has it claimed for the settling worker, up to ``limit`` of them
+    (``_claim_next``), and ``chained`` says how many; the worker reads them by
+    ``claim_op`` (the claims are found so after a replay too: the result keeps no rows)."""
     now = a["now"]
     codes = []
     refused: dict[str, Any] = {}
+    chain = a.get("chain")
+    if chain is not None:
+        chain = {**chain, "left": chain["limit"]}
     for item in a["items"]:
         try:
-            state, dead_reason = settle_one(tx, q, item, now)
+            state, dead_reason = settle_one(tx, q, item, now, chain)
         except (errors.LeaseLost, errors.NotFound) as exc:
             codes.append("x")
             refused[item["id"]] = errors.to_wire(exc)
             continue
         codes.append(_STATE_CODES.get((state, dead_reason)) or _STATE_CODES[(state, None)])
-    return {"states": "".join(codes), "refused": refused}
+    if chain is None:
+        return {"states": "".join(codes), "refused": refused}
+    return {"states": "".join(codes), "refused": refused, "chained": chain["limit"] - chain["left"]}
 
 
 # -- sweeps and operators -----------------------------------------------------------------------

@@ -32,7 +32,11 @@ Claims and settlements: an idle worker sleeps until a ring of ``fleetstore_effec
 (an effect became claimable in any process: engine/notify.py), the next effect's
 ``available_at``, or ``poll_interval`` (the fallback); it claims up to ``batch`` ready
 heads in one transaction, and settles finished effects in batches
-(domain/completer.py).
+(domain/completer.py).  A batch of settlements also claims, in its own transaction, the
+next effect of each thread it hands on, as far as the worker has room
+(settle-and-claim, ``_chain``): a busy lane's next effect starts when its
+predecessor's settlement commits, without a claim of its own waiting for the write
+lock (docs/outbox.md, "A busy lane").
 
 Shutdown: the first SIGINT/SIGTERM (or ``stop()``) stops claiming, gives
 claimed-but-not-started effects back without spending an attempt and lets the
@@ -51,14 +55,12 @@ import contextlib
 import contextvars
 import functools
 import inspect
-import logging
 import os
 import random
 import signal
 import socket
 import threading
 import time
-import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -74,9 +76,9 @@ from fleetstore.core.validate import (
     check_number,
     check_str,
 )
-from fleetstore.domain import completer as completer_module
 from fleetstore.domain.completer import Completer, HandlerThreads, Landed, Wake, done_within
 from fleetstore.domain.effect_trace import carried_trace, lost_fields
+from fleetstore.domain.failures import Failed, handler_traceback, log_failure
 from fleetstore.domain.handlers import (
     DEFAULT_HANDLER_TIMEOUT,
     FailEffect,
@@ -94,6 +96,7 @@ from fleetstore.domain.outbox import (
     MAX_CLAIM,
     MAX_KIND,
     MAX_LEASE,
+    Chain,
     Claim,
     Effects,
 )
@@ -110,35 +113,6 @@ EXIT_HARD = 3
 #: ``run()``'s result: every handler slot was held by a handler that ran past its
 #: timeout and had not returned (a thread cannot be stopped): restart the process.
 EXIT_HUNG = 4
-
-#: The worker's own files: a handler's frames start after theirs (the thread that ran it).
-_OWN_FILES = frozenset({__file__, completer_module.__file__})
-
-
-def _traceback(exc: BaseException | None) -> str | None:
-    """*exc*'s traceback as text, from the handler's frame: the worker's own frames
-    (the thread or the task that called it) say nothing about the failure."""
-    if exc is None:
-        return None
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
-def _where(exc: BaseException | None) -> str | None:
-    """Where *exc* was raised: ``file:line in function`` of its innermost frame."""
-    tb = None if exc is None else exc.__traceback__
-    if tb is None:
-        return None
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    code = tb.tb_frame.f_code
-    path = code.co_filename
-    with contextlib.suppress(ValueError):
-        relative = os.path.relpath(path)
-        path = relative if not relative.startswith("..") else path
-    return f"{path}:{tb.tb_lineno} in {code.co_name}"
 
 
 def default_owner() -> str:
@@ -284,7 +258,8 @@ class Worker:
         }
         self.owner = owner or default_owner()
         self.until_idle = until_idle
-        #: Counts: claimed, succeeded, retried (failed attempts to run again), failed
+        #: Counts: claimed (chained: of them, those a settlement claimed), succeeded,
+        #: retried (failed attempts to run again), failed
         #: (attempts failed for good: FailEffect, a result that cannot be stored),
         #: dead (effects this worker's settlements left dead, whatever the reason),
         #: cancelled, released, lost, interrupted, spooled (settlements that went to
@@ -308,6 +283,15 @@ class Worker:
         self._run_time = 0.0
         self._threads = HandlerThreads()
         self._completer: Completer | None = None
+        self._kinds_json = kinds_json(sorted(self.handlers))
+        self._timeouts_json = timeouts_json(self.timeouts)
+        #: Slots held for the claims a flush's settle-and-claim may bring: the claim loop
+        #: leaves them (a look under way may still claim some of them: its claims then
+        #: wait in ``_queued`` for a slot, like those claimed ahead).
+        self._chaining = 0
+        #: Settlements whose claims (settle-and-claim) are not known yet: spooled, or
+        #: their read failed; looked for by operation id once the spool has applied them.
+        self._unknown_chains: list[str] = []
 
     # -- control ----------------------------------------------------------------------------
 
@@ -363,7 +347,14 @@ class Worker:
         installed = self._install_signals(loop)
         self._threads = HandlerThreads()
         completer = self._completer = Completer(
-            self._effects, self._call, self.batch, self.settle_delay, lambda: self._busy > 0
+            self._effects,
+            self._call,
+            self.batch,
+            self.settle_delay,
+            lambda: self._busy > 0,
+            lambda: bool(self._queued),
+            self._chain,
+            self._chained,
         )
         completing = asyncio.create_task(completer.run())
         unlisten: Callable[[], None] = lambda: None  # noqa: E731
@@ -457,8 +448,6 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         kinds = sorted(self.handlers)
-        self._kinds_json = kinds_json(kinds)
-        self._timeouts_json = timeouts_json(self.timeouts)
         next_sweep = 0.0
         more = False  # the last claim took all it asked for: more may be ready
         while not self._stop_requested:
@@ -477,7 +466,7 @@ class Worker:
                 await self._maybe_sweep()
             self._start_queued()
             capacity = self.concurrency + self._ahead()
-            free = capacity - len(self._queued) - self._busy - len(self._abandoned)
+            free = capacity - len(self._queued) - self._busy - len(self._abandoned) - self._chaining
             if free <= 0 or (self._queued and free * 2 < min(capacity, self.batch)):
                 # Full, or claimed effects still wait to start: claim once half of it is
                 # free (claims of a few effects each cost a transaction a few effects).
@@ -581,6 +570,85 @@ class Worker:
             task = job.task = asyncio.create_task(self._run_job(job))
             # (Also when the task is cancelled before it began: a hard stop.)
             task.add_done_callback(functools.partial(self._task_ended, job))
+
+    def _chain(self) -> Chain | None:
+        """A flush's settle-and-claim (domain/completer.py): the threads its settlements
+        hand on to an effect that can run now have it claimed for this worker in the same
+        transaction, as many as it has room for (as a claim would take), so that a busy
+        lane's next effect starts without a claim transaction of its own.  None: no room,
+        or stopping."""
+        if self._stop_requested or self._hung:
+            return None
+        room = (
+            self.concurrency + self._ahead() - len(self._queued) - self._busy - len(self._abandoned)
+        )
+        if room <= 0:
+            return None
+        room = min(room, self.batch)
+        self._chaining = room
+        return Chain(self.owner, room, self.lease, self._kinds_json, self._timeouts_json)
+
+    def _chained(self, chain: Chain) -> None:
+        """A flush's settle-and-claim came back: its claims are this worker's jobs."""
+        self._chaining = 0
+        if chain.unknown and chain.op_id is not None:
+            self._unknown_chains.append(chain.op_id)
+        if chain.claimed:
+            self._adopt(chain.claimed)
+
+    def _adopt(self, claims: list[Claim]) -> None:
+        """Claims made for this worker (settle-and-claim) become its jobs: started at
+        once if a slot is free; given back (no attempt spent) if it is stopping."""
+        self.stats["claimed"] += len(claims)
+        self.stats["chained"] += len(claims)
+        for claim in claims:
+            job = _Job(claim)
+            self._jobs[claim.id] = job
+            if not self._stop_requested:
+                self._queued.append(job)
+                continue
+            # Queued with the completer now, in the flush that brought it: a completer
+            # closing meanwhile flushes it before it ends.
+            assert self._completer is not None
+            landing = self._completer.add(claim, claim._item("release"))
+            release = asyncio.ensure_future(self._given_back(job, landing))
+            self._late.add(release)
+            release.add_done_callback(self._late.discard)
+        self._start_queued()
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _given_back(self, job: _Job, landing: asyncio.Future[Landed]) -> None:
+        try:
+            if await landing:
+                self.stats["released"] += 1
+        except errors.FleetstoreError as exc:
+            log.warning("%s %s not given back: %s", job.claim.effect.kind, job.claim.id, exc)
+        finally:
+            self._jobs.pop(job.claim.id, None)
+
+    async def _look_for_chains(self) -> None:
+        """The claims of settlements whose answer was not had (``_unknown_chains``),
+        once the spool has applied them: this worker's jobs (or given back)."""
+        if not self._unknown_chains or self.store.spool_pending():
+            return
+        op_ids, self._unknown_chains = self._unknown_chains, []
+        for op_id in op_ids:
+            try:
+                claims = await self._call(self._effects._chained, op_id, self.owner, self.lease)
+            except errors.FleetstoreError as exc:
+                log.info("looking for the claims of settlement %s deferred: %s", op_id, exc)
+                self._unknown_chains.append(op_id)
+                continue
+            if not self._stop_requested:
+                self._adopt(claims)
+                continue
+            for claim in claims:  # (the completer may have closed: each given back alone)
+                try:
+                    await self._call(claim.release)
+                    self.stats["released"] += 1
+                except errors.FleetstoreError as exc:
+                    log.warning("%s %s not given back: %s", claim.effect.kind, claim.id, exc)
 
     def _task_ended(self, job: _Job, _task: asyncio.Task[None]) -> None:
         self._ran(job)
@@ -759,13 +827,13 @@ class Worker:
                     failed = (error, raised, delay)
                     applied = await self._land(
                         claim,
-                        claim._retry(delay, error, _traceback(raised), policy.max_attempts),
+                        claim._retry(delay, error, handler_traceback(raised), policy.max_attempts),
                     )
                 elif how == "fail":
                     error, raised = value
                     failed = (error, raised, 0.0)
                     applied = await self._land(
-                        claim, claim._failure(error, traceback=_traceback(raised))
+                        claim, claim._failure(error, traceback=handler_traceback(raised))
                     )
                     self.stats["failed"] += 1
                 elif how == "release":
@@ -816,60 +884,9 @@ class Worker:
         finally:
             self._jobs.pop(claim.id, None)
 
-    def _failed(
-        self,
-        claim: Claim,
-        failed: tuple[str, BaseException | None, float],
-        unrecorded: str | None = None,
-    ) -> None:
-        """Log a failed attempt once, with what the store made of it: a WARNING for
-        one to run again, an ERROR for a dead effect (or an outcome not recorded);
-        an unexpected exception's record carries its traceback."""
-        error, exc, delay = failed
-        effect = claim.effect
-        state = claim.settled
-        retry_at: float | None = None
-        if unrecorded is not None:
-            step, then = "unknown", unrecorded
-        elif state is None:
-            step, then = "spooled", "its outcome waits in the spool"
-        elif state is EffectState.dead:
-            step, then = "dead", f"dead ({claim.dead_reason})"
-        else:
-            step, retry_at = "retry", time.time() + delay
-            then = f"retry in {delay:.3g}s"
-        limit = lower(effect.max_attempts, self.policies[effect.kind].max_attempts)
-        where = _where(exc)
-        fields = {
-            "effect_id": effect.id,
-            "kind": effect.kind,
-            "thread_key": effect.thread_key,
-            "attempt": effect.attempt,
-            "max_attempts": limit,
-            "error": error,
-            "where": where,
-            "next": step,
-            "retry_at": retry_at,
-            "dead_reason": claim.dead_reason if step == "dead" else None,
-        }
-        log.log(
-            logging.WARNING if step in ("retry", "spooled") else logging.ERROR,
-            "%s %s (thread %s) attempt %d of %d failed: %s%s; %s",
-            effect.kind,
-            effect.id,
-            effect.thread_key,
-            effect.attempt,
-            limit,
-            error,
-            f" (at {where})" if where else "",
-            then,
-            exc_info=exc
-            if exc is not None and not isinstance(exc, RetryEffect | FailEffect)
-            else None,
-            # Each field for a formatter, and all of them as one for a consumer
-            # (fleetstore worker's lines and JSON).
-            extra={**fields, "event": "effect_failed", "failure": fields},
-        )
+    def _failed(self, claim: Claim, failed: Failed, unrecorded: str | None = None) -> None:
+        limit = lower(claim.effect.max_attempts, self.policies[claim.effect.kind].max_attempts)
+        log_failure(log, claim, failed, limit, unrecorded)
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -882,6 +899,7 @@ class Worker:
     async def _beat_once(self) -> None:
         if self._settling and not self.store.spool_pending():
             self._settling.clear()  # every spooled settlement has been applied (or rejected)
+        await self._look_for_chains()
         claims = [j.claim for j in self._jobs.values() if not j.buried]
         claims += list(self._settling.values())
         results = await asyncio.gather(
@@ -955,12 +973,13 @@ class Worker:
     async def _finish_settling(self) -> None:
         """Keep spooled settlements' leases alive until they land (bounded by the
         write budget: past it they stay in the journal for the next open)."""
-        if not self._settling:
+        if not self._settling and not self._unknown_chains:
             return
         deadline = time.monotonic() + self.store.settings.write_budget
-        while self._settling and time.monotonic() < deadline:
+        while (self._settling or self._unknown_chains) and time.monotonic() < deadline:
             if not self.store.spool_pending():
                 self._settling.clear()
+                await self._look_for_chains()  # (stopping: given back)
                 break
             await self._beat_once()
             await asyncio.sleep(min(self.lease / 3, 0.5))

@@ -75,7 +75,7 @@ Applier = Callable[[Tx, bytes], bytes]
 
 
 class Engine(Protocol):
-    #: "sqlite" or "postgresql": which folder of sql/ its queries come from.
+    #: "sqlite" or "postgresql": the dialect of sql/ its queries are in.
     dialect: str
     #: The file, or the URL without its password: what messages name.
     path: str

@@ -39,6 +39,12 @@ every call started before it, and ``close()`` waits for all of them.
 Concurrent calls from several coroutines have no defined order among
 themselves, as with threads; calls awaited one after the other land in order,
 and so do the calls on one stream, whoever makes them.
+
+Each member below names the sync member it forwards (``store/forward.py``): its
+parameters, return type and docstring are that member's, for ``help()`` and for
+type checkers alike.  What is written here by hand is only what differs: how calls
+run (the pool, a stream's order, waiting for calls in flight) and what a result
+becomes (a ``Stream`` an ``AsyncStream``, an iterator an async iterator).
 """
 
 from __future__ import annotations
@@ -48,39 +54,23 @@ import builtins
 import concurrent.futures
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 from fleetstore import errors
-from fleetstore.core.settings import Settings
-from fleetstore.domain.history import ITERATE_PAGE, Messages, Sessions, Stream, ToolCallHandle
-from fleetstore.domain.operations import Delivery, Operation
-from fleetstore.domain.outbox import DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, Claim, Effects, Swept
-from fleetstore.domain.search import DEFAULT_LIMIT, Search
+from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
+from fleetstore.domain.outbox import Claim, Effects
+from fleetstore.domain.search import Search
 from fleetstore.domain.state import State
-from fleetstore.engine.base import Tx
-from fleetstore.models import (
-    Effect,
-    EffectState,
-    Message,
-    NewEffect,
-    Page,
-    Part,
-    SearchHit,
-    SearchStatus,
-    Session,
-    StateValue,
-    ToolCall,
-    Usage,
-)
+from fleetstore.models import Message
 from fleetstore.store.facade import Store
 from fleetstore.store.facade import open as _open_sync
-from fleetstore.store.spool import Recovered
+from fleetstore.store.forward import Twin, attribute, coroutine, implements, plain
 
 T = TypeVar("T")
+S = TypeVar("S")
 _Job = concurrent.futures.Future[Any]
 
 #: Threads per AsyncStore.  Writes queue on the writer gate whatever the number;
@@ -129,11 +119,10 @@ def _check_threads(threads: object) -> int:
     return threads
 
 
-class AsyncStore:
+class AsyncStore(Twin[Store]):
     """An open store whose calls are coroutines; see the module docstring.
     ``sync`` is the underlying ``Store``, which this object owns."""
 
-    sync: Store
     sessions: AsyncSessions
     messages: AsyncMessages
     state: AsyncState
@@ -157,13 +146,8 @@ class AsyncStore:
         self.effects = AsyncEffects(self, store.effects)
         self.search = AsyncSearch(self, store.search)
 
-    @property
-    def path(self) -> Path:
-        return self.sync.path
-
-    @property
-    def settings(self) -> Settings:
-        return self.sync.settings
+    path = attribute(Store, lambda s: s.path)
+    settings = attribute(Store, lambda s: s.settings)
 
     # -- running calls in the pool ---------------------------------------------------------
 
@@ -201,49 +185,27 @@ class AsyncStore:
 
     # -- the Store's own calls -------------------------------------------------------------
 
-    async def submit(
-        self, op: Operation, delivery: Delivery = Delivery.SPOOLABLE
-    ) -> dict[str, Any] | None:
-        """``Store.submit``: apply *op* (None if it went to the spool)."""
-        return await self._run(lambda: self.sync.submit(op, delivery))
+    submit = coroutine(Store.submit)
+    apply = coroutine(Store.apply)
+    read = coroutine(Store.read)
+    read_first = coroutine(Store.read_first)
+    sync_catalog = coroutine(Store.sync_catalog)
+    recover = coroutine(Store.recover)
+    metrics = plain(Store.metrics)
+    histograms = plain(Store.histograms)
 
-    async def apply(self, op: Operation) -> dict[str, Any]:
-        """``Store.apply``: apply *op* now (``StoreBusy`` past the budget)."""
-        return await self._run(lambda: self.sync.apply(op))
+    @implements(Store.flush)
+    async def flush(self, *args: Any, **kwargs: Any) -> bool:
+        """Async: first waits for the calls started before this one, cancelled ones
+        included."""
+        return await self._run(lambda: self.sync.flush(*args, **kwargs), after=self._pending())
 
-    async def read(self, fn: Callable[[Tx], T], *, session_id: str | None = None) -> T:
-        """``Store.read``: ``fn(tx)`` in a read transaction, run in a worker thread (a
-        sharded store: in *session_id*'s file, else its catalog)."""
-        return await self._run(lambda: self.sync.read(fn, session_id=session_id))
-
-    async def read_first(self, fn: Callable[[Tx], list[T]]) -> list[T]:
-        """``Store.read_first``: a lookup by an id that does not name its session."""
-        return await self._run(lambda: self.sync.read_first(fn))
-
-    async def sync_catalog(self, timeout: float | None = None) -> bool:
-        """``Store.sync_catalog``: a sharded store's sessions index brought up to date."""
-        return await self._run(lambda: self.sync.sync_catalog(timeout))
-
-    async def flush(self, timeout: float | None = None) -> bool:
-        """Wait for the calls started before this one (cancelled ones included),
-        then ``Store.flush``: stream text written, the spool drained."""
-        return await self._run(lambda: self.sync.flush(timeout), after=self._pending())
-
-    async def recover(self) -> list[Recovered]:
-        """``Store.recover``: replay the journals of processes that died."""
-        return await self._run(self.sync.recover)
-
-    def metrics(self) -> dict[str, Any]:
-        """``Store.metrics`` (in-memory figures: no I/O, so not a coroutine)."""
-        return self.sync.metrics()
-
-    def histograms(self) -> dict[str, Any]:
-        """``Store.histograms`` (in-memory figures: no I/O, so not a coroutine)."""
-        return self.sync.histograms()
-
+    # Its parameters named (not *args): a misnamed one must fail here, at the call,
+    # not in the thread after the pool was marked closed.
+    @implements(Store.close)
     async def close(self, timeout: float | None = None) -> None:
-        """Wait for every call in flight (cancelled ones included), then
-        ``Store.close``.  Idempotent; new calls raise ``StoreClosed``."""
+        """Async: waits for every call in flight (cancelled ones included) first.
+        Idempotent; new calls raise ``StoreClosed``."""
         if self._close_job is None:
             pending = self._pending()
             self._close_job = self._executor.submit(self._close_in_thread, pending, timeout)
@@ -272,251 +234,100 @@ class AsyncStore:
         return f"<fleetstore.AsyncStore {str(self.sync.path)!r}{closed}>"
 
 
-class AsyncSessions:
+class _Part(Twin[S]):
+    """A part of an ``AsyncStore`` (``store.sessions``...): its calls run in the
+    store's pool."""
+
+    def __init__(self, owner: AsyncStore, sync: S) -> None:
+        self._owner = owner
+        self.sync = sync
+
+    def _run(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        return self._owner._run(fn)
+
+
+class AsyncSessions(_Part[Sessions]):
     """``store.sessions`` as coroutines; see ``fleetstore.Sessions``."""
 
-    def __init__(self, owner: AsyncStore, sessions: Sessions) -> None:
-        self._owner = owner
-        self.sync = sessions
-
-    async def create(
-        self,
-        title: str | None = None,
-        *,
-        project: str | None = None,
-        parent_id: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        id: str | None = None,
-        effects: Sequence[NewEffect] = (),
-    ) -> Session:
-        """``Sessions.create``."""
-        return await self._owner._run(
-            lambda: self.sync.create(
-                title,
-                project=project,
-                parent_id=parent_id,
-                metadata=metadata,
-                id=id,
-                effects=effects,
-            )
-        )
-
-    async def get(self, session_id: str) -> Session:
-        """``Sessions.get``."""
-        return await self._owner._run(lambda: self.sync.get(session_id))
-
-    async def list(
-        self,
-        *,
-        project: str | None = None,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        include_archived: bool = False,
-        limit: int = 100,
-        before: str | None = None,
-    ) -> Page[Session, str]:
-        """``Sessions.list``."""
-        return await self._owner._run(
-            lambda: self.sync.list(
-                project=project,
-                parent_id=parent_id,
-                root_id=root_id,
-                include_archived=include_archived,
-                limit=limit,
-                before=before,
-            )
-        )
-
-    async def children(self, session_id: str) -> builtins.list[Session]:
-        """``Sessions.children``."""
-        return await self._owner._run(lambda: self.sync.children(session_id))
-
-    async def update(
-        self,
-        session_id: str,
-        *,
-        title: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        expected_version: int | None = None,
-        effects: Sequence[NewEffect] = (),
-    ) -> Session:
-        """``Sessions.update``."""
-        return await self._owner._run(
-            lambda: self.sync.update(
-                session_id,
-                title=title,
-                metadata=metadata,
-                expected_version=expected_version,
-                effects=effects,
-            )
-        )
-
-    async def fork(
-        self,
-        session_id: str,
-        *,
-        at_message_id: str | None = None,
-        title: str | None = None,
-        id: str | None = None,
-    ) -> Session:
-        """``Sessions.fork``."""
-        return await self._owner._run(
-            lambda: self.sync.fork(session_id, at_message_id=at_message_id, title=title, id=id)
-        )
-
-    async def archive(self, session_id: str, archived: bool = True) -> Session:
-        """``Sessions.archive``."""
-        return await self._owner._run(lambda: self.sync.archive(session_id, archived))
-
-    async def delete(self, session_id: str) -> None:
-        """``Sessions.delete``."""
-        await self._owner._run(lambda: self.sync.delete(session_id))
-
-    async def usage(self, session_id: str) -> Usage:
-        """``Sessions.usage``."""
-        return await self._owner._run(lambda: self.sync.usage(session_id))
+    create = coroutine(Sessions.create)
+    get = coroutine(Sessions.get)
+    list = coroutine(Sessions.list)
+    children = coroutine(Sessions.children)
+    update = coroutine(Sessions.update)
+    fork = coroutine(Sessions.fork)
+    archive = coroutine(Sessions.archive)
+    delete = coroutine(Sessions.delete)
+    usage = coroutine(Sessions.usage)
 
 
-class AsyncMessages:
-    """``store.messages`` as coroutines; see ``fleetstore.Messages``."""
+class AsyncMessages(_Part[Messages]):
+    """``store.messages`` as coroutines; see ``fleetstore.Messages``.  Blob files are
+    written in the pool's threads too; ``stream()`` and ``iterate()`` are not
+    coroutines (an async context manager, an async iterator)."""
 
-    def __init__(self, owner: AsyncStore, messages: Messages) -> None:
-        self._owner = owner
-        self.sync = messages
-
-    async def append(
-        self,
-        session_id: str,
-        role: str,
-        parts: Sequence[Part] | str = (),
-        *,
-        model: str | None = None,
-        usage: Usage | Mapping[str, Any] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        id: str | None = None,
-        effects: Sequence[NewEffect] = (),
-    ) -> Message:
-        """``Messages.append`` (blob files are written in the worker thread too)."""
-        return await self._owner._run(
-            lambda: self.sync.append(
-                session_id,
-                role,
-                parts,
-                model=model,
-                usage=usage,
-                metadata=metadata,
-                id=id,
-                effects=effects,
-            )
-        )
-
-    def stream(
-        self,
-        session_id: str,
-        role: str = "assistant",
-        *,
-        model: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        id: str | None = None,
-    ) -> AsyncStream:
-        """``Messages.stream``, used as ``async with store.messages.stream(...) as reply``.
-        Not a coroutine: nothing is written until the block is entered."""
-        stream = self.sync.stream(session_id, role, model=model, metadata=metadata, id=id)
+    def _as_stream(self, stream: Stream) -> AsyncStream:
+        """Async: not a coroutine; used as ``async with store.messages.stream(...) as
+        reply`` (an ``AsyncStream``): nothing is written until the block is entered."""
         return AsyncStream(self._owner, stream)
 
-    async def get(self, message_id: str) -> Message:
-        """``Messages.get``."""
-        return await self._owner._run(lambda: self.sync.get(message_id))
-
-    async def list(
-        self,
-        session_id: str,
-        *,
-        after: int = 0,
-        limit: int | None = None,
-        last: int | None = None,
-    ) -> builtins.list[Message]:
-        """``Messages.list``."""
-        return await self._owner._run(
-            lambda: self.sync.list(session_id, after=after, limit=limit, last=last)
-        )
-
-    def iterate(
-        self, session_id: str, *, after: int = 0, page: int = ITERATE_PAGE
-    ) -> AsyncIterator[Message]:
-        """``Messages.iterate`` as an async iterator (``async for m in ...``): each
-        page, and each message's blobs, read in the worker thread.  Arguments are
-        checked at the call, as the sync method's are."""
-        return self._pages(self.sync.iterate(session_id, after=after, page=page))
-
     async def _pages(self, messages: Iterator[Message]) -> AsyncIterator[Message]:
+        """Async: an async iterator (``async for m in ...``); each page, and each
+        message's blobs, read in the pool.  Arguments are checked at the call."""
         end = object()
         while True:
-            found = await self._owner._run(lambda: next(messages, end))
+            found = await self._run(lambda: next(messages, end))
             if found is end:
                 return
             assert isinstance(found, Message)
             yield found
 
+    append = coroutine(Messages.append)
+    stream = plain(Messages.stream, then=_as_stream)
+    get = coroutine(Messages.get)
+    list = coroutine(Messages.list)
+    iterate = plain(Messages.iterate, then=_pages)
 
-class AsyncToolCallHandle:
+
+class AsyncToolCallHandle(Twin[ToolCallHandle]):
     """Returned by ``await reply.tool_call(...)``: ``await call.result(output)``."""
 
     def __init__(self, stream: AsyncStream, handle: ToolCallHandle) -> None:
         self._stream = stream
         self.sync = handle
 
-    @property
-    def call(self) -> ToolCall:
-        return self.sync.call
+    def _run(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        return self._stream._run(fn)
 
-    @property
-    def call_id(self) -> str:
-        return self.sync.call_id
-
-    async def result(self, output: str | bytes, *, is_error: bool = False) -> None:
-        """``ToolCallHandle.result``."""
-        await self._stream._chain(lambda: self.sync.result(output, is_error=is_error))
+    call = attribute(ToolCallHandle, lambda h: h.call)
+    call_id = attribute(ToolCallHandle, lambda h: h.call_id)
+    result = coroutine(ToolCallHandle.result)
 
 
-class AsyncStream:
+class AsyncStream(Twin[Stream]):
     """A message being written, as coroutines; see ``fleetstore.Stream``.
 
     A text or reasoning delta that does not fill the buffer stays on the loop (a
     list append); one that triggers a size flush, and every other call, runs in
     a worker thread.  Calls on one stream keep their order: each waits for the
-    previous one, even one whose caller was cancelled."""
+    previous one, even one whose caller was cancelled.  ``due()`` and ``usage()``
+    do no I/O, so they are not coroutines (usage is kept until the message
+    completes)."""
 
     def __init__(self, owner: AsyncStore, stream: Stream) -> None:
         self._owner = owner
         self.sync = stream
         self._last: _Job | None = None  # this stream's latest job in the pool
 
-    @property
-    def id(self) -> str:
-        return self.sync.id
-
-    @property
-    def session_id(self) -> str:
-        return self.sync.session_id
-
-    @property
-    def role(self) -> str:
-        return self.sync.role
-
-    @property
-    def model(self) -> str | None:
-        return self.sync.model
-
-    @property
-    def flushes(self) -> int:
-        """Transactions that appended this stream's text so far."""
-        return self.sync.flushes
+    id = attribute(Stream, lambda s: s.id)
+    session_id = attribute(Stream, lambda s: s.session_id)
+    role = attribute(Stream, lambda s: s.role)
+    model = attribute(Stream, lambda s: s.model)
+    flushes = attribute(Stream, lambda s: s.flushes)
 
     def _busy(self) -> bool:
         return self._last is not None and not self._last.done()
 
-    def _chain(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+    def _run(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Queue *fn* behind this stream's previous job; queued at once, not on await."""
         after = (self._last,) if self._last is not None and self._busy() else ()
         job = self._owner._submit(fn, after)
@@ -535,18 +346,30 @@ class AsyncStream:
     ) -> None:
         # Queued before the first await, so even a second cancellation arriving
         # here cannot leave the message `streaming`.
-        await self._chain(lambda: self.sync.__exit__(exc_type, exc, tb))
+        await self._run(lambda: self.sync.__exit__(exc_type, exc, tb))
 
-    async def open(self) -> None:
-        """``Stream.open``: store the message as ``streaming``."""
-        await self._chain(self.sync.open)
+    def _as_handle(self, handle: ToolCallHandle) -> AsyncToolCallHandle:
+        """Async: ``await call.result(output)`` records the output."""
+        return AsyncToolCallHandle(self, handle)
 
+    open = coroutine(Stream.open)
+    flush = coroutine(Stream.flush)
+    tool_call = coroutine(Stream.tool_call, then=_as_handle)
+    add = coroutine(Stream.add)
+    enqueue = coroutine(Stream.enqueue)
+    put_state = coroutine(Stream.put_state)
+    finish = coroutine(Stream.finish)
+    due = plain(Stream.due)
+    usage = plain(Stream.usage)
+
+    @implements(Stream.text)
     async def text(self, delta: str) -> None:
-        """``Stream.text``: append text (coalesced)."""
+        """Async: a delta that does not fill the buffer is appended on the loop."""
         await self._delta(self.sync.text, delta)
 
+    @implements(Stream.reasoning)
     async def reasoning(self, delta: str) -> None:
-        """``Stream.reasoning``: append reasoning text."""
+        """Async: a delta that does not fill the buffer is appended on the loop."""
         await self._delta(self.sync.reasoning, delta)
 
     async def _delta(self, write: Callable[[str], None], delta: str) -> None:
@@ -559,287 +382,77 @@ class AsyncStream:
         ):
             write(delta)
             return
-        await self._chain(lambda: write(delta))
-
-    def due(self) -> float | None:
-        """``Stream.due`` (no I/O, so not a coroutine)."""
-        return self.sync.due()
-
-    async def flush(self) -> None:
-        """``Stream.flush``: write the pending deltas now."""
-        await self._chain(self.sync.flush)
-
-    async def tool_call(
-        self, name: str, arguments: Any = None, *, call_id: str | None = None
-    ) -> AsyncToolCallHandle:
-        """``Stream.tool_call``; ``await handle.result(output)`` records the output."""
-        handle = await self._chain(lambda: self.sync.tool_call(name, arguments, call_id=call_id))
-        return AsyncToolCallHandle(self, handle)
-
-    async def add(self, part: Part) -> None:
-        """``Stream.add``: a whole part after what was streamed."""
-        await self._chain(lambda: self.sync.add(part))
-
-    def usage(self, usage: Usage | None = None, **tokens: Any) -> None:
-        """``Stream.usage`` (kept until the message completes: not a coroutine)."""
-        self.sync.usage(usage, **tokens)
-
-    async def enqueue(self, effect: NewEffect) -> None:
-        """``Stream.enqueue``: an effect committed with the message's completion."""
-        await self._chain(lambda: self.sync.enqueue(effect))
-
-    async def put_state(self, key: str, value: Any, *, namespace: str = "default") -> None:
-        """See ``Stream.put_state``: committed with the reply's end."""
-        await self._chain(lambda: self.sync.put_state(key, value, namespace=namespace))
-
-    async def finish(self, error: str | None = None) -> None:
-        """``Stream.finish``: flush and mark the message complete (or error)."""
-        await self._chain(lambda: self.sync.finish(error))
+        await self._run(lambda: write(delta))
 
 
-class AsyncState:
+class AsyncState(_Part[State]):
     """``store.state`` as coroutines; see ``fleetstore.State``."""
 
-    def __init__(self, owner: AsyncStore, state: State) -> None:
-        self._owner = owner
-        self.sync = state
-
-    async def get(
-        self, session_id: str, key: str, *, namespace: str = "default"
-    ) -> StateValue | None:
-        """``State.get``."""
-        return await self._owner._run(lambda: self.sync.get(session_id, key, namespace=namespace))
-
-    async def put(
-        self,
-        session_id: str,
-        key: str,
-        value: Any,
-        *,
-        namespace: str = "default",
-        expected_version: int | None = None,
-        effects: Sequence[NewEffect] = (),
-    ) -> StateValue:
-        """``State.put``."""
-        return await self._owner._run(
-            lambda: self.sync.put(
-                session_id,
-                key,
-                value,
-                namespace=namespace,
-                expected_version=expected_version,
-                effects=effects,
-            )
-        )
-
-    async def delete(
-        self,
-        session_id: str,
-        key: str,
-        *,
-        namespace: str = "default",
-        expected_version: int | None = None,
-        effects: Sequence[NewEffect] = (),
-    ) -> bool:
-        """``State.delete``."""
-        return await self._owner._run(
-            lambda: self.sync.delete(
-                session_id,
-                key,
-                namespace=namespace,
-                expected_version=expected_version,
-                effects=effects,
-            )
-        )
-
-    async def keys(self, session_id: str, *, namespace: str = "default") -> list[str]:
-        """``State.keys``."""
-        return await self._owner._run(lambda: self.sync.keys(session_id, namespace=namespace))
+    get = coroutine(State.get)
+    put = coroutine(State.put)
+    delete = coroutine(State.delete)
+    keys = coroutine(State.keys)
 
 
-class AsyncEffects:
+class AsyncEffects(_Part[Effects]):
     """``store.effects`` as coroutines; see ``fleetstore.domain.outbox.Effects``.  For a
-    worker loop see ``fleetstore.Worker``, which runs async handlers itself."""
+    worker loop see ``fleetstore.Worker``, which runs async handlers itself.  The
+    claims ``claim()`` returns are ``AsyncClaim``s, whose settlements are awaited."""
 
-    def __init__(self, owner: AsyncStore, effects: Effects) -> None:
-        self._owner = owner
-        self.sync = effects
-
-    async def enqueue(
-        self,
-        thread_key: str,
-        kind: str,
-        payload: Any = None,
-        *,
-        idempotency_key: str | None = None,
-        delay: float = 0.0,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        replay_safe: bool | None = None,
-    ) -> str:
-        """``Effects.enqueue``."""
-        return await self._owner._run(
-            lambda: self.sync.enqueue(
-                thread_key,
-                kind,
-                payload,
-                idempotency_key=idempotency_key,
-                delay=delay,
-                max_attempts=max_attempts,
-                replay_safe=replay_safe,
-            )
-        )
-
-    async def get(self, effect_id: str) -> Effect:
-        """``Effects.get``."""
-        return await self._owner._run(lambda: self.sync.get(effect_id))
-
-    async def list(
-        self,
-        *,
-        thread_key: str | None = None,
-        state: EffectState | str | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        after: Effect | None = None,
-    ) -> Page[Effect, Effect]:
-        """``Effects.list``."""
-        return await self._owner._run(
-            lambda: self.sync.list(
-                thread_key=thread_key, state=state, kind=kind, limit=limit, after=after
-            )
-        )
-
-    async def counts(self) -> dict[str, int]:
-        """``Effects.counts``."""
-        return await self._owner._run(self.sync.counts)
-
-    async def wake_token(self) -> int:
-        """``Effects.wake_token``."""
-        return await self._owner._run(self.sync.wake_token)
-
-    async def wait_for_work(self, timeout: float, *, token: int | None = None) -> bool:
-        """``Effects.wait_for_work``."""
-        return await self._owner._run(lambda: self.sync.wait_for_work(timeout, token=token))
-
-    async def next_ready(self, kinds: Iterable[str] | None = None) -> float | None:
-        """``Effects.next_ready``."""
-        return await self._owner._run(lambda: self.sync.next_ready(kinds))
-
-    async def active(self, kinds: Iterable[str] | None = None) -> int:
-        """``Effects.active``."""
-        return await self._owner._run(lambda: self.sync.active(kinds))
-
-    async def claim(
-        self,
-        owner: str,
-        *,
-        limit: int = 1,
-        lease: float = DEFAULT_LEASE,
-        kinds: Iterable[str] | None = None,
-        timeouts: Mapping[str, float] | None = None,
-    ) -> builtins.list[AsyncClaim]:
-        """``Effects.claim``; the claims' settlements are coroutines too."""
-        claims = await self._owner._run(
-            lambda: self.sync.claim(owner, limit=limit, lease=lease, kinds=kinds, timeouts=timeouts)
-        )
+    def _as_claims(self, claims: builtins.list[Claim]) -> builtins.list[AsyncClaim]:
+        """Async: ``AsyncClaim``s, whose settlements are awaited."""
         return [AsyncClaim(self._owner, c) for c in claims]
 
-    async def sweep(self) -> builtins.list[Swept]:
-        """``Effects.sweep``."""
-        return await self._owner._run(self.sync.sweep)
-
-    async def retry(self, effect_id: str) -> Effect:
-        """``Effects.retry``."""
-        return await self._owner._run(lambda: self.sync.retry(effect_id))
-
-    async def cancel(self, effect_id: str) -> Effect:
-        """``Effects.cancel``."""
-        return await self._owner._run(lambda: self.sync.cancel(effect_id))
-
-    async def declare(self, kinds: Mapping[str, bool]) -> None:
-        """``Effects.declare``."""
-        await self._owner._run(lambda: self.sync.declare(kinds))
-
-    async def kinds(self) -> dict[str, bool]:
-        """``Effects.kinds``."""
-        return await self._owner._run(self.sync.kinds)
+    enqueue = coroutine(Effects.enqueue)
+    get = coroutine(Effects.get)
+    list = coroutine(Effects.list)
+    counts = coroutine(Effects.counts)
+    wake_token = coroutine(Effects.wake_token)
+    wait_for_work = coroutine(Effects.wait_for_work)
+    next_ready = coroutine(Effects.next_ready)
+    active = coroutine(Effects.active)
+    claim = coroutine(Effects.claim, then=_as_claims)
+    sweep = coroutine(Effects.sweep)
+    retry = coroutine(Effects.retry)
+    cancel = coroutine(Effects.cancel)
+    declare = coroutine(Effects.declare)
+    kinds = coroutine(Effects.kinds)
 
 
-class AsyncClaim:
+class AsyncClaim(_Part[Claim]):
     """A ``Claim`` whose calls are coroutines.  A settlement handed to a thread
     runs to its end even if the awaiting coroutine is cancelled."""
 
-    def __init__(self, owner: AsyncStore, claim: Claim) -> None:
-        self._owner = owner
-        self.sync = claim
+    effect = attribute(Claim, lambda c: c.effect)
+    owner = attribute(Claim, lambda c: c.owner)
+    lease = attribute(Claim, lambda c: c.lease)
+    lease_expires_at = attribute(Claim, lambda c: c.lease_expires_at)
+    outcome = attribute(Claim, lambda c: c.outcome)
+    chained = attribute(Claim, lambda c: c.chained)
+    id = attribute(Claim, lambda c: c.id)
+    fence = attribute(Claim, lambda c: c.fence)
+    settled = attribute(Claim, lambda c: c.settled)
+    dead_reason = attribute(Claim, lambda c: c.dead_reason)
 
-    @property
-    def effect(self) -> Effect:
-        return self.sync.effect
-
-    @property
-    def id(self) -> str:
-        return self.sync.id
-
-    @property
-    def fence(self) -> int:
-        return self.sync.fence
-
-    @property
-    def settled(self) -> EffectState | None:
-        return self.sync.settled
-
-    @property
-    def dead_reason(self) -> str | None:
-        return self.sync.dead_reason
-
-    async def heartbeat(self, lease: float | None = None) -> float:
-        """``Claim.heartbeat``."""
-        return await self._owner._run(lambda: self.sync.heartbeat(lease))
-
-    async def succeed(self, result: Any = None) -> bool:
-        """``Claim.succeed``."""
-        return await self._owner._run(lambda: self.sync.succeed(result))
-
-    async def retry(
-        self,
-        delay: float = 0.0,
-        error: str = "",
-        *,
-        traceback: str | None = None,
-        max_attempts: int | None = None,
-    ) -> bool:
-        """``Claim.retry``."""
-        return await self._owner._run(
-            lambda: self.sync.retry(delay, error, traceback=traceback, max_attempts=max_attempts)
-        )
-
-    async def fail(
-        self, error: str, *, interrupted: bool = False, traceback: str | None = None
-    ) -> bool:
-        """``Claim.fail``."""
-        return await self._owner._run(
-            lambda: self.sync.fail(error, interrupted=interrupted, traceback=traceback)
-        )
-
-    async def cancel(self) -> bool:
-        """``Claim.cancel``."""
-        return await self._owner._run(self.sync.cancel)
-
-    async def release(self) -> bool:
-        """``Claim.release``."""
-        return await self._owner._run(self.sync.release)
-
-    async def timed_out(
-        self, error: str, delay: float = 0.0, *, max_attempts: int | None = None
-    ) -> bool:
-        """``Claim.timed_out``."""
-        return await self._owner._run(
-            lambda: self.sync.timed_out(error, delay, max_attempts=max_attempts)
-        )
+    heartbeat = coroutine(Claim.heartbeat)
+    succeed = coroutine(Claim.succeed)
+    retry = coroutine(Claim.retry)
+    fail = coroutine(Claim.fail)
+    cancel = coroutine(Claim.cancel)
+    release = coroutine(Claim.release)
+    timed_out = coroutine(Claim.timed_out)
 
     def __repr__(self) -> str:
         return f"<AsyncClaim {self.sync!r}>"
+
+
+class AsyncSearch(_Part[Search]):
+    """``store.search`` as coroutines; see ``fleetstore.domain.search.Search``.
+    ``catch_up``'s *progress* and *stop* are called from the pool's thread."""
+
+    __call__ = coroutine(Search.__call__)
+    status = coroutine(Search.status)
+    catch_up = coroutine(Search.catch_up)
 
 
 def _abandon(executor: ThreadPoolExecutor, job: concurrent.futures.Future[Store]) -> None:
@@ -847,63 +460,6 @@ def _abandon(executor: ThreadPoolExecutor, job: concurrent.futures.Future[Store]
     if not job.cancelled() and job.exception() is None:
         executor.submit(job.result().close)
     executor.shutdown(wait=False)
-
-
-class AsyncSearch:
-    """``store.search`` as coroutines; see ``fleetstore.domain.search.Search``."""
-
-    def __init__(self, owner: AsyncStore, search: Search) -> None:
-        self._owner = owner
-        self.sync = search
-
-    async def __call__(
-        self,
-        query: str,
-        *,
-        match: str = "words",
-        order: str = "newest",
-        project: str | None = None,
-        session_id: str | None = None,
-        root_id: str | None = None,
-        roles: Iterable[str] | None = None,
-        kinds: Iterable[str] | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        include_archived: bool = False,
-        limit: int = DEFAULT_LIMIT,
-        cursor: str | None = None,
-    ) -> Page[SearchHit, str]:
-        """``Search.__call__``: a page of hits."""
-        return await self._owner._run(
-            lambda: self.sync(
-                query,
-                match=match,
-                order=order,
-                project=project,
-                session_id=session_id,
-                root_id=root_id,
-                roles=roles,
-                kinds=kinds,
-                since=since,
-                until=until,
-                include_archived=include_archived,
-                limit=limit,
-                cursor=cursor,
-            )
-        )
-
-    async def status(self) -> SearchStatus:
-        """``Search.status``."""
-        return await self._owner._run(self.sync.status)
-
-    async def catch_up(
-        self,
-        *,
-        progress: Callable[[int, int], None] | None = None,
-        stop: Callable[[], bool] | None = None,
-    ) -> int:
-        """``Search.catch_up`` (*progress* and *stop* are called from the pool's thread)."""
-        return await self._owner._run(lambda: self.sync.catch_up(progress=progress, stop=stop))
 
 
 async def open_async(

@@ -42,6 +42,7 @@ ORDER: tuple[str, ...] = (
     "gate-held",
     "wal-reset-blocked",
     "not-read-busy",
+    "encrypted",
     "checkpoint-failing",
     "effects-stuck",
     "effects-overdue",

@@ -6,7 +6,7 @@ of its channels, and the pending writes of the tasks run from it.  Values
 arrive already serialised, as ``(type, bytes)`` pairs (LangGraph's serde), so
 this module knows nothing of LangGraph and imports without it.
 
-Storage (``sql/*/checkpoints.sql``, migration 0003): a channel value is stored
+Storage (``sql/common/checkpoints.sql``, migration 0003): a channel value is stored
 once per (thread, namespace, channel, version) and shared by every checkpoint
 that did not change it; a checkpoint lists the version key of each of its
 channels (``channel_keys``).  Bodies of at least ``blob_threshold`` bytes become

@@ -1,23 +1,7 @@
--- The PostgreSQL dialect of sql/sqlite/adk.sql (Google ADK sessions): the same
--- names, parameters and result columns.
+-- PostgreSQL's text of the queries of sql/common/adk.sql that differ here: the
+-- same names, parameters and result columns.
 -- A negative limit means no limit, as on SQLite: LIMIT nullif(greatest(n, -1), -1)
 -- is PostgreSQL's LIMIT NULL (all rows) for those, LIMIT n otherwise.
-
--- adk_session_by_name: an ADK session's row, by its ADK names (none while its session is being deleted)
-SELECT fs_id, revision, create_time, update_time FROM adk_sessions a
-WHERE app_name = ? AND user_id = ? AND session_id = ?
-  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = a.fs_id AND s.job IS NOT NULL)
-
--- adk_session_by_fs: an ADK session's row, by its fleetstore session id
-SELECT app_name, user_id, session_id, revision, create_time, update_time FROM adk_sessions
-WHERE fs_id = ?
-
--- adk_session_insert: a new ADK session (its fleetstore session row exists)
-INSERT INTO adk_sessions (app_name, user_id, session_id, fs_id, revision, create_time, update_time)
-VALUES (?, ?, ?, ?, ?, ?, ?)
-
--- adk_session_revise: a write to the session: its new revision and update time
-UPDATE adk_sessions SET revision = ?, update_time = ? WHERE fs_id = ?
 
 -- adk_session_list: a page of an app's sessions (of one user, or all), in ADK's order
 SELECT app_name, user_id, session_id, fs_id, revision, create_time, update_time
@@ -33,9 +17,6 @@ LIMIT nullif(greatest(:limit, -1), -1)
 -- adk_last_event: the ADK event id of a session's last event (no row if it has none)
 SELECT metadata::json ->> 'adk_event_id' FROM messages
 WHERE session_id = ? ORDER BY seq DESC LIMIT 1
-
--- adk_event_part: the stored event of a message (its part 0)
-SELECT enc, body, blob_sha, size FROM parts WHERE message_id = ? AND seq = 0
 
 -- adk_events: a session's events (part 0 of its messages), newest first, optionally
 -- only those at or after a time and at most :limit (-1: all)
@@ -67,18 +48,9 @@ WHERE m.session_id = :fs_id
 ORDER BY m.created_at DESC, (m.metadata::json ->> 'adk_event_id') COLLATE "C" DESC
 LIMIT nullif(greatest(:limit, -1), -1)
 
--- adk_session_state: a session's own state values (namespace 'adk')
-SELECT key, enc, value, blob_sha, size FROM state WHERE session_id = ? AND namespace = 'adk'
-
 -- adk_states_of_sessions: the session state values of the sessions in the JSON array ?
 SELECT session_id, key, enc, value, blob_sha, size FROM state
 WHERE session_id IN (SELECT json_array_elements_text(?::json)) AND namespace = 'adk'
-
--- adk_app_state: an app's state values
-SELECT key, enc, value, blob_sha, size FROM adk_app_state WHERE app_name = ?
-
--- adk_app_state_key: one app state value
-SELECT enc, value, blob_sha, size FROM adk_app_state WHERE app_name = ? AND key = ?
 
 -- adk_app_state_put: set one app state value
 INSERT INTO adk_app_state (app_name, key, enc, value, blob_sha, size, updated_at)
@@ -86,16 +58,6 @@ VALUES (?, ?, ?, fleetstore_bytes(?), ?, ?, ?)
 ON CONFLICT (app_name, key) DO UPDATE SET
     enc = excluded.enc, value = excluded.value, blob_sha = excluded.blob_sha,
     size = excluded.size, updated_at = excluded.updated_at
-
--- adk_user_state: one user's state values in an app
-SELECT key, enc, value, blob_sha, size FROM adk_user_state WHERE app_name = ? AND user_id = ?
-
--- adk_user_state_key: one user state value
-SELECT enc, value, blob_sha, size FROM adk_user_state
-WHERE app_name = ? AND user_id = ? AND key = ?
-
--- adk_user_states_of_app: every user's state values in an app
-SELECT user_id, key, enc, value, blob_sha, size FROM adk_user_state WHERE app_name = ?
 
 -- adk_user_state_put: set one user state value
 INSERT INTO adk_user_state (app_name, user_id, key, enc, value, blob_sha, size, updated_at)

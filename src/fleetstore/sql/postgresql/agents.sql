@@ -1,16 +1,7 @@
--- The PostgreSQL dialect of sql/sqlite/agents.sql (OpenAI Agents SDK sessions): the
+-- PostgreSQL's text of the queries of sql/common/agents.sql that differ here: the
 -- same names, parameters and result columns.
 -- A negative limit means no limit, as on SQLite: LIMIT nullif(greatest(n, -1), -1)
 -- is PostgreSQL's LIMIT NULL (all rows) for those, LIMIT n otherwise.
-
--- agt_last_message: the id of a session's last message (no row if it has none)
-SELECT id FROM messages WHERE session_id = ? ORDER BY seq DESC LIMIT 1
-
--- agt_message_delete: remove one message (its parts, chunks and usage cascade)
-DELETE FROM messages WHERE id = ?
-
--- agt_messages_clear: remove every message of a session, keeping the session
-DELETE FROM messages WHERE session_id = ?
 
 -- agt_session_list: the adapter's sessions, newest first, after a (created_at, id) cursor
 SELECT s.id, s.metadata::json #>> '{openai_agents,session_id}', s.created_at, s.updated_at,

@@ -1,5 +1,6 @@
--- The PostgreSQL dialect of sql/sqlite/checkpoints.sql (graph checkpoints): the same
--- names, parameters and result columns.  Parameters are positional in the order the
+-- PostgreSQL's text of the queries of sql/common/checkpoints.sql that differ here: the
+-- same names, parameters and result columns.
+-- Parameters are positional in the order the
 -- callers pass them: where SQLite numbers them (?1, ?2, ?3) the statements here are
 -- arranged so that each one appears once, in that order.  The metadata filter
 -- compares values as jsonb (1 and 1.0 are equal here, not on SQLite), one value at
@@ -38,17 +39,6 @@ ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SE
     channel = excluded.channel, type = excluded.type, body = excluded.body,
     blob_sha = excluded.blob_sha, size = excluded.size, task_path = excluded.task_path
 
--- ckpt_get: one checkpoint by id
-SELECT thread_id, checkpoint_ns, checkpoint_id, parent_id, type, body, blob_sha, size, metadata,
-       channel_keys
-FROM ckpt_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
-
--- ckpt_latest: the newest checkpoint of a thread's namespace
-SELECT thread_id, checkpoint_ns, checkpoint_id, parent_id, type, body, blob_sha, size, metadata,
-       channel_keys
-FROM ckpt_checkpoints WHERE thread_id = ? AND checkpoint_ns = ?
-ORDER BY checkpoint_id DESC LIMIT 1
-
 -- ckpt_list_thread: a page of a thread's checkpoints, newest first; NULL parameters match all
 SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_id, c.type, c.body, c.blob_sha,
        c.size, c.metadata, c.channel_keys
@@ -85,39 +75,12 @@ FROM ckpt_channels b
 WHERE b.thread_id = ? AND b.checkpoint_ns = ?
   AND (b.channel, b.version) IN (SELECT k.key, k.value FROM json_each_text(?::json) k)
 
--- ckpt_writes_of: a checkpoint's pending writes, in the order a super-step applies them
-SELECT task_id, channel, type, body, blob_sha, size FROM ckpt_writes
-WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
-ORDER BY task_path, task_id, idx
-
--- ckpt_delete_thread_checkpoints: every checkpoint of a thread
-DELETE FROM ckpt_checkpoints WHERE thread_id = ?
-
--- ckpt_delete_thread_channels: every channel value of a thread
-DELETE FROM ckpt_channels WHERE thread_id = ?
-
--- ckpt_delete_thread_writes: every pending write of a thread
-DELETE FROM ckpt_writes WHERE thread_id = ?
-
--- ckpt_of_run: the checkpoints a run made
-SELECT thread_id, checkpoint_ns, checkpoint_id FROM ckpt_checkpoints WHERE run_id = ?
-
--- ckpt_outline: what pruning a thread looks at, per checkpoint (no bodies)
-SELECT checkpoint_ns, checkpoint_id, parent_id, metadata, channel_keys FROM ckpt_checkpoints
-WHERE thread_id = ?
-
 -- ckpt_stored_channels: the channels a checkpoint holds a value for (not merely a version)
 SELECT b.channel
 FROM ckpt_channels b
 WHERE b.thread_id = ? AND b.checkpoint_ns = ?
   AND (b.channel, b.version) IN (SELECT k.key, k.value FROM json_each_text(?::json) k)
   AND b.type <> 'empty'
-
--- ckpt_delete_one: one checkpoint
-DELETE FROM ckpt_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
-
--- ckpt_delete_writes_of: one checkpoint's pending writes
-DELETE FROM ckpt_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
 
 -- ckpt_unreferenced_channels: drop channel values no checkpoint of the namespace reads any more
 DELETE FROM ckpt_channels b

@@ -1,5 +1,6 @@
--- The PostgreSQL dialect of sql/sqlite/maintenance.sql: the same names, parameters
--- and result columns.  Where SQLite counts a batched delete with changes(), which
+-- PostgreSQL's text of the queries of sql/common/maintenance.sql that differ here: the
+-- same names, parameters and result columns.
+-- Where SQLite counts a batched delete with changes(), which
 -- PostgreSQL lacks, the delete here also returns one row per row deleted.  The
 -- page figures (mnt_pages, mnt_auto_vacuum) describe SQLite's file; here they are
 -- the database's size in blocks, no free list and no auto-vacuum.
@@ -40,14 +41,8 @@ DELETE FROM state WHERE (session_id, namespace, key) IN (
 )
 RETURNING 1
 
--- mnt_tree_delete_sessions: the (now empty) sessions of a tree; subagents go by ON DELETE CASCADE
-DELETE FROM sessions WHERE id = :id
-
 -- mnt_session_tree_rows: every session's id, parent and last update, for picking old trees (not those being deleted or forked)
 SELECT id, parent_id, GREATEST(updated_at, created_at), status FROM sessions
-
--- mnt_state_newest: the newest state write per session
-SELECT session_id, max(updated_at) FROM state GROUP BY session_id
 
 -- mnt_blob_referrers: every (table, column) with a foreign key to blobs(sha256)
 SELECT t.relname::text, a.attname::text
@@ -61,23 +56,11 @@ ORDER BY t.relname::text COLLATE "C", a.attname::text COLLATE "C"
 -- mnt_blob_rows: every blob row (hash, stored size), in hash order, from a hash on
 SELECT sha256, stored_size FROM blobs WHERE sha256 > ? ORDER BY sha256 LIMIT nullif(greatest(?, -1), -1)
 
--- mnt_blob_delete: a blob row (its chunks go after the commit)
-DELETE FROM blobs WHERE sha256 = ? RETURNING 1
-
 -- mnt_json_ids: the strings of a JSON array, as rows (a fragment: WHERE x IN (this))
 SELECT json_array_elements_text(?::json)
 
--- mnt_blob_exists: is there a row for this blob?
-SELECT 1 FROM blobs WHERE sha256 = ?
-
 -- mnt_ops_page: applied_ops rows in key order within (after, below), at most limit
 SELECT op_id, applied_at FROM applied_ops WHERE op_id > ? AND op_id < ? ORDER BY op_id LIMIT nullif(greatest(?, -1), -1)
-
--- mnt_ops_delete: one applied_ops row, if it is still older than the horizon
-DELETE FROM applied_ops WHERE op_id = ? AND applied_at < ? RETURNING 1
-
--- mnt_ops_count: applied_ops rows, and the oldest application
-SELECT count(*), min(applied_at) FROM applied_ops
 
 -- mnt_pages: the database's page size, page count and free pages
 SELECT current_setting('block_size')::bigint,
@@ -99,13 +82,6 @@ WHERE (:project IS NULL OR s.project = :project)
        OR (s.updated_at = :after_updated AND s.id < :after_id))
 ORDER BY s.updated_at DESC, s.id DESC
 LIMIT nullif(greatest(:limit, -1), -1)
-
--- mnt_session_messages: a session's message count per role and status, and its first and last
-SELECT role, status, count(*), min(created_at), max(coalesce(completed_at, created_at))
-FROM messages WHERE session_id = ? GROUP BY role, status ORDER BY role, status
-
--- mnt_session_children: a session's subagent sessions
-SELECT id FROM sessions WHERE parent_id = ? ORDER BY id
 
 -- mnt_session_state_count: a session's state values and their inline bytes
 SELECT count(*), coalesce(sum(octet_length(value)), 0)::bigint FROM state WHERE session_id = ?
@@ -133,9 +109,6 @@ FROM chunks c JOIN messages m ON m.id = c.message_id GROUP BY m.session_id
 -- mnt_stats_state: inline state bytes per session
 SELECT session_id, coalesce(sum(octet_length(value)), 0)::bigint FROM state GROUP BY session_id
 
--- mnt_stats_messages: messages per session
-SELECT session_id, count(*) FROM messages GROUP BY session_id
-
 -- mnt_stats_session_blobs: stored bytes of the blobs each session refers to (a shared blob counts in each)
 SELECT x.session_id, count(*), sum(b.stored_size)::bigint
 FROM (SELECT DISTINCT session_id, blob_sha FROM parts WHERE blob_sha IS NOT NULL
@@ -143,20 +116,6 @@ FROM (SELECT DISTINCT session_id, blob_sha FROM parts WHERE blob_sha IS NOT NULL
       SELECT session_id, blob_sha FROM state WHERE blob_sha IS NOT NULL) x
 JOIN blobs b ON b.sha256 = x.blob_sha
 GROUP BY x.session_id
-
--- mnt_stats_sessions: every session's id, parent, title, project, status, last update and metadata (not those being deleted or forked)
-SELECT id, parent_id, title, project, status, updated_at, metadata FROM sessions WHERE job IS NULL
-
--- mnt_stats_blob_rows: every blob row's hash, stored and original bytes
-SELECT sha256, stored_size, size FROM blobs
-
--- mnt_stats_counts: rows of the main tables
-SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM messages),
-       (SELECT count(*) FROM parts), (SELECT count(*) FROM chunks),
-       (SELECT count(*) FROM state), (SELECT count(*) FROM applied_ops)
-
--- mnt_stats_effects: outbox effects per state
-SELECT state, count(*) FROM effects GROUP BY state
 
 -- mnt_stats_langgraph: LangGraph checkpoints, channel values and pending writes, and their payload bytes
 SELECT (SELECT count(*) FROM ckpt_checkpoints), (SELECT count(*) FROM ckpt_channels),
@@ -179,55 +138,15 @@ LEFT JOIN (SELECT thread_id, count(*) AS n, sum(size)::bigint AS bytes
 ORDER BY t.last DESC, t.thread_id
 LIMIT nullif(greatest(:limit, -1), -1)
 
--- mnt_ops_old_count: applied_ops rows a prune would delete (id below ?, applied before ?)
-SELECT count(*) FROM applied_ops WHERE op_id < ? AND applied_at < ?
-
--- red_part: a part's stored body, for fleetstore redact (domain/maintenance.py)
-SELECT enc, body, blob_sha FROM parts WHERE message_id = :message_id AND seq = :seq
-
 -- red_part_set: a part's body replaced by its redacted one
-UPDATE parts SET enc = :enc, body = :body, blob_sha = :blob_sha, size = :size
+UPDATE parts SET enc = :enc, body = fleetstore_bytes(:body), blob_sha = :blob_sha, size = :size
 WHERE message_id = :message_id AND seq = :seq
 
--- red_chunks: a streamed part's chunks, in order
-SELECT seq, text FROM chunks WHERE message_id = :message_id AND part_seq = :part_seq ORDER BY seq
-
--- red_chunks_clear: a streamed part's chunks, before its redacted text is put back as one
-DELETE FROM chunks WHERE message_id = :message_id AND part_seq = :part_seq
-
--- red_chunk_put: a streamed part's redacted text, as one chunk
-INSERT INTO chunks (message_id, part_seq, seq, text) VALUES (:message_id, :part_seq, 0, :text)
-
--- red_state: a state value as stored
-SELECT enc, value, blob_sha FROM state
-WHERE session_id = :session_id AND namespace = :namespace AND key = :key
-
 -- red_state_set: a state value replaced by its redacted one (its version kept)
-UPDATE state SET enc = :enc, value = :body, blob_sha = :blob_sha, size = :size
+UPDATE state SET enc = :enc, value = fleetstore_bytes(:body), blob_sha = :blob_sha, size = :size
 WHERE session_id = :session_id AND namespace = :namespace AND key = :key
-
--- red_effect: an effect's payload as stored, and its result
-SELECT enc, payload, blob_sha, result FROM effects WHERE id = :id
 
 -- red_effect_set: an effect's payload and result replaced by their redacted ones
-UPDATE effects SET enc = :enc, payload = :body, blob_sha = :blob_sha, size = :size,
+UPDATE effects SET enc = :enc, payload = fleetstore_bytes(:body), blob_sha = :blob_sha, size = :size,
                    result = :result
 WHERE id = :id
-
--- red_parts_page: the next :limit parts with a body of their own after (:m, :s), for redact
-SELECT message_id, seq, session_id, enc, body, blob_sha, size FROM parts
-WHERE enc <> 'chunks' AND (message_id, seq) > (:m, :s)
-ORDER BY message_id, seq LIMIT :limit
-
--- red_streamed_page: the next :limit streamed parts of messages no longer streaming
-SELECT p.message_id, p.seq, p.session_id FROM parts p JOIN messages m ON m.id = p.message_id
-WHERE p.enc = 'chunks' AND m.status <> 'streaming' AND (p.message_id, p.seq) > (:m, :s)
-ORDER BY p.message_id, p.seq LIMIT :limit
-
--- red_state_page: the next :limit state values after (:s, :n, :k)
-SELECT session_id, namespace, key, enc, value, blob_sha, size FROM state
-WHERE (session_id, namespace, key) > (:s, :n, :k)
-ORDER BY session_id, namespace, key LIMIT :limit
-
--- red_effects_page: the next :limit effects after :id
-SELECT id, enc, payload, blob_sha, size, result FROM effects WHERE id > :id ORDER BY id LIMIT :limit

@@ -1,8 +1,5 @@
--- fleetstore migrate (fleetstore/transfer/migrate/): copy a whole store to another
--- one, table by table in key order, and verify the copy.  The tables and columns are
--- read from the catalog, so a table added later is copied too.  Queries written with
--- {fields} are templates: the migrate package fills in quoted identifiers (from the
--- catalog, never from input) and as many ? as there are key columns.
+-- fleetstore migrate on PostgreSQL: the queries of sql/common/migrate.sql that
+-- differ here (same names, parameters and result columns), and mig_scan_* of its own.
 --
 -- Verification reads a table in byte order of its key (SQLite's order) so that both
 -- dialects hash the same sequence.  Here that is COLLATE "C", which the primary key
@@ -40,26 +37,11 @@ ORDER BY 1, 2
 -- mig_text_order: a text key column in byte order (SQLite's), whatever the collation
 {column} COLLATE "C"
 
--- mig_page_first: the first rows of a table in key order
-SELECT {columns} FROM {table} ORDER BY {order} LIMIT ?
-
--- mig_page_after: the rows after a key, in key order
-SELECT {columns} FROM {table} WHERE ({key}) > ({marks}) ORDER BY {order} LIMIT ?
-
 -- mig_count: a table's rows
 SELECT count(*)::bigint FROM {table}
 
--- mig_any_row: does a table hold a row?
-SELECT 1 FROM {table} LIMIT 1
-
--- mig_insert: rows as they were (several VALUES groups)
-INSERT INTO {table} ({columns}) VALUES {values}
-
 -- mig_blob_param: a value for a BLOB/BYTEA column: text becomes its UTF-8 bytes (migration 0001)
 fleetstore_bytes({mark})
-
--- mig_set_links: a row's references to its own table, set once every row is there
-UPDATE {table} SET {assignments} WHERE ({key}) = ({marks})
 
 -- mig_scan_open: a whole table in byte order of its key, in one snapshot, for verification
 DECLARE fleetstore_migrate_scan NO SCROLL CURSOR FOR
@@ -67,19 +49,3 @@ SELECT {columns} FROM {table} ORDER BY {order}
 
 -- mig_scan_fetch: the next rows of that cursor
 FETCH FORWARD {rows} FROM fleetstore_migrate_scan
-
--- mig_progress_create: where migrate records, in the destination, its source and progress
-CREATE TABLE IF NOT EXISTS fleetstore_migrate (
-    item   TEXT PRIMARY KEY,
-    value  TEXT NOT NULL
-)
-
--- mig_progress_get: every progress item
-SELECT item, value FROM fleetstore_migrate ORDER BY item
-
--- mig_progress_item: one progress item
-SELECT value FROM fleetstore_migrate WHERE item = ?
-
--- mig_progress_put: record a progress item
-INSERT INTO fleetstore_migrate (item, value) VALUES (?, ?)
-ON CONFLICT (item) DO UPDATE SET value = excluded.value

@@ -1,13 +1,7 @@
--- The PostgreSQL dialect of sql/sqlite/outbox.sql: the same names, parameters and
--- result columns.
+-- PostgreSQL's text of the queries of sql/common/outbox.sql that differ here: the
+-- same names, parameters and result columns.
 -- A negative limit means no limit, as on SQLite: LIMIT nullif(greatest(n, -1), -1)
 -- is PostgreSQL's LIMIT NULL (all rows) for those, LIMIT n otherwise.
-
--- effect_get: one effect
-SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
-       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key, result,
-       last_error, dead_reason, errors, created_at, updated_at, started_at, finished_at
-FROM effects WHERE id = ?
 
 -- effect_list: effects filtered (NULL filters match all), by thread and seq, after a cursor
 SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
@@ -20,18 +14,6 @@ WHERE (:thread IS NULL OR thread_key = :thread)
   AND (:after_thread IS NULL OR (thread_key, seq) > (:after_thread, :after_seq))
 ORDER BY thread_key, seq
 LIMIT nullif(greatest(:limit, -1), -1)
-
--- effect_counts: how many effects are in each state
-SELECT state, count(*) FROM effects GROUP BY state
-
--- effect_expired_count: running effects whose lease has expired (the sweep's work)
-SELECT count(*) FROM effects WHERE state = 'running' AND lease_expires_at < ?
-
--- effect_by_key: the effect enqueued under an idempotency key
-SELECT id, thread_key, kind FROM effects WHERE idempotency_key = ?
-
--- effect_thread_last_seq: the highest seq of a thread (0 for none)
-SELECT coalesce(max(seq), 0) FROM effects WHERE thread_key = ?
 
 -- effect_thread_has_active: does the thread have a pending or running effect?  The thread's head row is touched first (an update that changes nothing): under snapshot isolation, an enqueue deciding "not the head" and a settlement of that head deciding "no next effect" would otherwise both commit and leave the thread without a head for ever (write skew); touching the row makes the later of the two fail with 40001 and start over, seeing the other
 WITH t AS (SELECT ?::text AS key),
@@ -87,60 +69,18 @@ SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_att
 FROM claimed
 ORDER BY available_at, thread_key
 
--- effect_claimed_by: what one claim took (a claim run again after a lost COMMIT), as effect_claim returns it
-SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_attempts,
-       replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
-       last_error, created_at, started_at
-FROM effects WHERE state = 'running' AND claim_op = ?
-ORDER BY available_at, thread_key
-
--- effect_replay_safe: may the effect run again while an attempt of it may still be running (1) or not (0): as the sweep decides
-SELECT coalesce(e.replay_safe, k.replay_safe, 1)
-FROM effects e LEFT JOIN effect_kinds k ON k.kind = e.kind
-WHERE e.id = ?
-
--- effect_for_settle: what a settlement checks before it writes
-SELECT thread_key, state, fence, lease_owner, attempt, max_attempts, errors, dead_reason
-FROM effects WHERE id = ?
-
--- effect_heartbeat: extend a lease, only for the claim that holds it; an effect a sweep put back to pending, and nobody claimed since, is taken back
+-- effect_claim_next: settle-and-claim: the head a settlement just handed its thread on to, claimed in the same transaction for the settling worker (:claim_op: the settlement's operation id) if it is pending, available now and of the worker's kinds; its id
 UPDATE effects
-SET state = 'running', lease_owner = :owner, lease_expires_at = :now + :lease, updated_at = :now
-WHERE id = :id AND fence = :fence AND state IN ('running', 'pending')
-RETURNING lease_expires_at
-
--- effect_fence_raise: a new fencing token, nothing else changed (a timed-out attempt's claim must settle nothing after)
-UPDATE effects SET fence = fence + 1, updated_at = ? WHERE id = ?
-
--- effect_settle: a running (or pending) effect's new state; the caller checked the fence
-UPDATE effects
-SET state = :state, is_head = :is_head, lease_owner = NULL, lease_expires_at = NULL,
-    available_at = :available_at, result = :result, last_error = :error,
-    dead_reason = :dead_reason, errors = :errors, attempt = :attempt,
-    finished_at = :finished_at, updated_at = :now, fence = fence + :bump
-WHERE id = :id
-
--- effect_requeue: an operator's retry: pending again at the end of its thread
-UPDATE effects
-SET state = 'pending', is_head = :is_head, seq = :seq, attempt = 0, available_at = :now,
-    dead_reason = NULL, finished_at = NULL, updated_at = :now, fence = fence + 1
-WHERE id = :id
+SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
+    lease_expires_at = :now + :lease, started_at = :now, updated_at = :now, claim_op = :claim_op,
+    deadline = :now + (:timeouts::jsonb ->> kind)::double precision
+WHERE id = :id AND state = 'pending' AND is_head = 1 AND available_at <= :now
+  AND (:kinds IS NULL OR kind IN (SELECT json_array_elements_text(:kinds::json)))
+RETURNING id
 
 -- effect_make_due: a pending effect may run now
 UPDATE effects SET available_at = LEAST(available_at, ?), updated_at = ?, fence = fence + 1
 WHERE id = ?
-
--- effect_clear_head: the thread's head flag off (before another effect takes it)
-UPDATE effects SET is_head = 0 WHERE thread_key = ? AND is_head = 1
-
--- effect_advance_head: the thread's lowest active effect becomes its head; its state (a pending one is claimable: the caller rings)
-UPDATE effects SET is_head = 1
-WHERE id = (
-    SELECT id FROM effects
-    WHERE thread_key = ? AND state IN ('pending', 'running')
-    ORDER BY seq LIMIT 1
-)
-RETURNING state
 
 -- effect_sweep: expired leases back to pending (replay-safe, attempts left) or to dead, in one guarded statement
 UPDATE effects
@@ -187,12 +127,3 @@ RETURNING effects.id, effects.thread_key, effects.state
 INSERT INTO effect_kinds (kind, replay_safe, declared_at) VALUES (?, ?, ?)
 ON CONFLICT (kind) DO UPDATE SET replay_safe = excluded.replay_safe, declared_at = excluded.declared_at
 WHERE effect_kinds.replay_safe IS DISTINCT FROM excluded.replay_safe
-
--- effect_kinds: the declared kinds
-SELECT kind, replay_safe, declared_at FROM effect_kinds ORDER BY kind
-
--- effect_set_trace: the trace context an effect was enqueued in (trace_effects)
-UPDATE effects SET trace_context = ? WHERE id = ?
-
--- effect_trace: the trace context an effect was enqueued in (NULL: none carried)
-SELECT trace_context FROM effects WHERE id = ?

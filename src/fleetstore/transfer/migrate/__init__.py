@@ -3,8 +3,8 @@ PostgreSQL in either direction, then prove the copy equal.
 
 Both stores are opened with ``fleetstore.open`` (which brings each to the newest
 schema this program knows).  The tables and their columns, keys and foreign keys
-are read from each store's catalog (the ``mig_*`` queries of ``sql/<dialect>/
-migrate.sql``), so a table added by a later migration is copied without a change
+are read from each store's catalog (the ``mig_*`` queries of ``sql/common/
+migrate.sql`` and PostgreSQL's overrides), so a table added by a later migration is copied without a change
 here; two stores whose schemas differ are refused before anything is copied.
 
 The copy goes table by table, parents before children (the foreign keys give the

@@ -1,5 +1,5 @@
 """Schema discovery: each store's tables, their columns, keys and foreign keys as
-its catalog describes them (the ``mig_*`` queries of ``sql/<dialect>/migrate.sql``),
+its catalog describes them (the ``mig_*`` queries of ``sql/*/migrate.sql``),
 the comparison of the two sides (``SchemaMismatch`` before anything is copied), and
 the copy order (parents before children)."""
 

@@ -1,3 +1,6 @@
+-- The outbox (fleetstore.domain.outbox): effects, their threads, claims, settling
+-- and sweeps, and the declared kinds.
+
 -- effect_get: one effect
 SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, state, attempt, max_attempts,
        replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key, result,
@@ -64,6 +67,15 @@ RETURNING id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_
           replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
           last_error, created_at, started_at
 
+-- effect_claim_next: settle-and-claim: the head a settlement just handed its thread on to, claimed in the same transaction for the settling worker (:claim_op: the settlement's operation id) if it is pending, available now and of the worker's kinds; its id
+UPDATE effects
+SET state = 'running', attempt = attempt + 1, fence = fence + 1, lease_owner = :owner,
+    lease_expires_at = :now + :lease, started_at = :now, updated_at = :now, claim_op = :claim_op,
+    deadline = :now + (SELECT value FROM json_each(:timeouts) WHERE key = effects.kind)
+WHERE id = :id AND state = 'pending' AND is_head = 1 AND available_at <= :now
+  AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+RETURNING id
+
 -- effect_claimed_by: what one claim took (a claim run again after a lost COMMIT), as effect_claim returns it
 SELECT id, thread_key, seq, kind, enc, payload, blob_sha, size, attempt, max_attempts,
        replay_safe, available_at, fence, lease_owner, lease_expires_at, idempotency_key,
@@ -110,14 +122,14 @@ WHERE id = ?
 -- effect_clear_head: the thread's head flag off (before another effect takes it)
 UPDATE effects SET is_head = 0 WHERE thread_key = ? AND is_head = 1
 
--- effect_advance_head: the thread's lowest active effect becomes its head; its state (a pending one is claimable: the caller rings)
+-- effect_advance_head: the thread's lowest active effect becomes its head; its state (a pending one is claimable: the caller claims it for the settling worker, or rings) and id
 UPDATE effects SET is_head = 1
 WHERE id = (
     SELECT id FROM effects
     WHERE thread_key = ? AND state IN ('pending', 'running')
     ORDER BY seq LIMIT 1
 )
-RETURNING state
+RETURNING state, id
 
 -- effect_sweep: expired leases back to pending (replay-safe, attempts left) or to dead, in one guarded statement
 UPDATE effects

@@ -1,3 +1,6 @@
+-- LangGraph's checkpoints (fleetstore.domain.frameworks.langgraph), prefixed ckpt_;
+-- tables in migration 0003.
+
 -- ckpt_upsert: store a checkpoint (a retried or repeated put replaces it whole)
 INSERT INTO ckpt_checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_id, type, body,
                               blob_sha, size, metadata, channel_keys, run_id, created_at)

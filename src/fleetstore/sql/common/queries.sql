@@ -1,3 +1,6 @@
+-- The operation log, sessions, messages, parts, stream chunks, usage, deletes and
+-- forks, state, blob references.
+
 -- op_applied: has this operation id been applied? (and what it returned)
 SELECT 1, result FROM applied_ops WHERE op_id = ?
 
@@ -217,6 +220,6 @@ WHERE session_id = ? AND namespace = ? AND key = ?
 -- state_keys: the keys of a session's namespace
 SELECT key FROM state WHERE session_id = ? AND namespace = ? ORDER BY key
 
--- blob_insert: a blob reference (its bytes are already on disk)
+-- blob_insert: a blob reference (its bytes are already stored: on disk, or in blob_chunks on PostgreSQL)
 INSERT INTO blobs (sha256, size, stored_size, codec, created_at) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT DO NOTHING

@@ -1,8 +1,8 @@
 -- fleetstore migrate (fleetstore/transfer/migrate/): copy a whole store to another
 -- one, table by table in key order, and verify the copy.  The tables and columns are
--- read from the schema, so a table added later is copied too.  Queries written with
+-- read from the catalog, so a table added later is copied too.  Queries written with
 -- {fields} are templates: the migrate package fills in quoted identifiers (from the
--- schema, never from input) and as many ? as there are key columns.
+-- catalog, never from input) and as many ? as there are key columns.
 
 -- mig_tables: every table of the schema
 SELECT name FROM sqlite_master

@@ -54,7 +54,7 @@ ORDER BY m.name, f."from"
 -- mnt_blob_rows: every blob row (hash, stored size), in hash order, from a hash on
 SELECT sha256, stored_size FROM blobs WHERE sha256 > ? ORDER BY sha256 LIMIT ?
 
--- mnt_blob_delete: a blob row (its file goes after the commit)
+-- mnt_blob_delete: a blob row (its bytes go after the commit: the file, or the chunks on PostgreSQL)
 DELETE FROM blobs WHERE sha256 = ? RETURNING 1
 
 -- mnt_json_ids: the strings of a JSON array, as rows (a fragment: WHERE x IN (this))
@@ -147,9 +147,6 @@ SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM messages),
        (SELECT count(*) FROM parts), (SELECT count(*) FROM chunks),
        (SELECT count(*) FROM state), (SELECT count(*) FROM applied_ops)
 
--- mnt_stats_effects: outbox effects per state
-SELECT state, count(*) FROM effects GROUP BY state
-
 -- mnt_stats_langgraph: LangGraph checkpoints, channel values and pending writes, and their payload bytes
 SELECT (SELECT count(*) FROM ckpt_checkpoints), (SELECT count(*) FROM ckpt_channels),
        (SELECT count(*) FROM ckpt_writes),
@@ -206,14 +203,14 @@ UPDATE effects SET enc = :enc, payload = :body, blob_sha = :blob_sha, size = :si
                    result = :result
 WHERE id = :id
 
--- red_parts_page: the next :limit parts with a body of their own after (:m, :s), for redact
+-- red_parts_page: the next :limit parts with a body of their own after (:m, :after_seq), for redact
 SELECT message_id, seq, session_id, enc, body, blob_sha, size FROM parts
-WHERE enc <> 'chunks' AND (message_id, seq) > (:m, :s)
+WHERE enc <> 'chunks' AND (message_id, seq) > (:m, :after_seq)
 ORDER BY message_id, seq LIMIT :limit
 
 -- red_streamed_page: the next :limit streamed parts of messages no longer streaming
 SELECT p.message_id, p.seq, p.session_id FROM parts p JOIN messages m ON m.id = p.message_id
-WHERE p.enc = 'chunks' AND m.status <> 'streaming' AND (p.message_id, p.seq) > (:m, :s)
+WHERE p.enc = 'chunks' AND m.status <> 'streaming' AND (p.message_id, p.seq) > (:m, :after_seq)
 ORDER BY p.message_id, p.seq LIMIT :limit
 
 -- red_state_page: the next :limit state values after (:s, :n, :k)

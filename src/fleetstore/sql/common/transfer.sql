@@ -66,13 +66,6 @@ FROM state WHERE session_id = (SELECT id FROM s)
   AND NOT EXISTS (SELECT 1 FROM sessions x WHERE x.id = (SELECT id FROM s) AND x.job IS NOT NULL)
 ORDER BY namespace, key
 
--- transfer_state_write: a state value with the exported version and time
-INSERT INTO state (session_id, namespace, key, version, enc, value, blob_sha, size, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (session_id, namespace, key) DO UPDATE SET
-    version = excluded.version, enc = excluded.enc, value = excluded.value,
-    blob_sha = excluded.blob_sha, size = excluded.size, updated_at = excluded.updated_at
-
 -- transfer_blobs_of_session: the blobs a session's parts and state refer to
 SELECT blob_sha FROM parts WHERE session_id = ? AND blob_sha IS NOT NULL
 UNION
