@@ -98,7 +98,7 @@ def wal_file_bytes(path: str | os.PathLike[str]) -> int:
 @dataclass(frozen=True, slots=True)
 class StoreFiles:
     """What a SQLite store keeps on disk, found without opening it (``store_files``):
-    the tools that must not open a store (backup, rekey, top, lock) ask this rather
+    the tools that must not open a store (backup, rekey, lock) ask this rather
     than knowing where each layout puts its files."""
 
     layout: str  # "file" or "sharded"
