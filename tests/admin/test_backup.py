@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import apsw
 import pytest
 
 import fleetstore
@@ -287,3 +288,25 @@ def test_a_sharded_store_backs_up_and_restores_whole(tmp_path: Path) -> None:
         assert store.effects.counts()["pending"] == 1
     doctor = cli("doctor", target, "--json", "--interval", "0")
     assert doctor.returncode == 0, doctor.stdout[-2000:]
+
+
+def test_a_store_whose_rows_refer_to_missing_rows_is_not_backed_up(tmp_path: Path) -> None:
+    """The copy is checked before it counts (``files.backup.check_database``:
+    ``integrity_check`` and ``foreign_key_check``): a session whose parent is missing
+    (written by hand, foreign keys off) is the store's own damage, named, and no
+    backup is left."""
+    store = tmp_path / "s.db"
+    small_store(store, blobs=1)
+    conn = apsw.Connection(str(store))
+    try:
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute(
+            "INSERT INTO sessions(id, parent_id, root_id, created_at, updated_at) "
+            "VALUES ('orphan', 'no-such-parent', 'orphan', 0, 0)"
+        )
+    finally:
+        conn.close()
+    done = cli("backup", str(tmp_path / "bk"), "--store", str(store))
+    assert done.returncode == 1, done.stderr
+    assert "refers to a missing row of sessions" in done.stderr, done.stderr
+    assert not (tmp_path / "bk").exists()

@@ -27,7 +27,7 @@ from fleetstore.admin.doctor import findings
 from fleetstore.admin.doctor.report import ORDER
 from fleetstore.core.ids import new_id
 from fleetstore.domain.operations import Operation
-from fleetstore.engine import inspect
+from fleetstore.files import inspect
 from fleetstore.store.spool import encode_line
 from tests.agents import script
 from tests.fix_faults import importable_env

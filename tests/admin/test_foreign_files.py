@@ -231,3 +231,29 @@ def test_maintain_of_a_closed_foreign_file_returns_its_free_pages(tmp_path: Path
     _, report = doctor_json(db)
     assert report["database"]["freelist_count"] == 0
     assert report["database"]["quick_check"] == ["ok"]
+
+
+def test_maintain_truncates_the_wal_a_killed_foreign_writer_left(tmp_path: Path) -> None:
+    """A program killed with frames in its WAL: maintain's checkpoint copies them and
+    truncates the WAL while nobody reads (``OutsideFile.checkpoint(truncate=True)``;
+    a passive checkpoint alone leaves the file its size)."""
+    db = tmp_path / "app.db"
+    make = (
+        "import os, signal, sys, apsw\n"
+        "c = apsw.Connection(sys.argv[1])\n"
+        "c.execute('PRAGMA journal_mode=WAL'); c.execute('PRAGMA wal_autocheckpoint=0')\n"
+        "c.execute('CREATE TABLE t(x)')\n"
+        "with c:\n"
+        "    for i in range(200): c.execute('INSERT INTO t VALUES (randomblob(900))')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", make, str(db)], timeout=120)
+    assert killed.returncode == -9
+    assert os.path.getsize(f"{db}-wal") > 100_000
+    done = fleetstore_cli("maintain", str(db), "--yes", "--json")
+    assert done.returncode == 0, done.stderr
+    step = {s["name"]: s for s in json.loads(done.stdout)["steps"]}["checkpoint"]
+    assert step["detail"]["wal_bytes_before"] > 100_000
+    assert step["detail"]["wal_bytes_after"] == 0, step
+    _, report = doctor_json(db)
+    assert report["database"]["quick_check"] == ["ok"]

@@ -30,7 +30,7 @@ from fleetstore.admin.maintain.config import Config
 from fleetstore.admin.maintain.report import format_report
 from fleetstore.admin.maintain.run import maintain
 from fleetstore.admin.maintain.shards import _put_back, _ShardFile
-from fleetstore.engine.sharded import shard_key
+from fleetstore.store.sharded.shards import shard_key
 from fleetstore.transfer.digest import session_digest
 from fleetstore.transfer.importing import import_file
 

@@ -26,7 +26,7 @@ import fleetstore
 from fleetstore.admin import top
 from fleetstore.core import liveness
 from fleetstore.core.metrics import Histogram
-from fleetstore.engine import inspect
+from fleetstore.files import inspect
 from fleetstore.store.procstats import (
     Published,
     procs_dir,

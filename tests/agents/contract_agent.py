@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import Database, Migration
-from fleetstore.engine.sharded import ShardSet
+from fleetstore.store.sharded.shards import ShardSet
 
 #: The contract schema: SQL both dialects accept, keys chosen by the tests (no
 #: INTEGER PRIMARY KEY / SERIAL difference); one SQL step and one function step.

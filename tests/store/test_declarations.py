@@ -12,7 +12,7 @@ import fleetstore
 from fleetstore.core.ids import new_id
 from fleetstore.domain.operations import Declarations, Operation, Scope
 from fleetstore.domain.registry import REGISTRY
-from fleetstore.engine.sharded import shard_key
+from fleetstore.store.sharded.shards import shard_key
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ file by file.
 
 * A process killed between the catalog's record of a catalog+shard write and the
   shard's part, or between the shard's part and the catalog's, leaves an intent
-  (fleetstore.store.sharded's protocol); the next ``open`` finishes it: the session is in
+  (fleetstore.store.sharded.router's protocol); the next ``open`` finishes it: the session is in
   its shard and in the catalog's index, the effects enqueued exactly once, iff the
   message they came with exists.  Intents left by several dead processes are
   finished once each when several live processes recover at the same time.
@@ -31,7 +31,7 @@ import pytest
 import fleetstore
 from fleetstore.core.crash import CRASH_ENV
 from fleetstore.core.targets import CATALOG, SHARDS
-from fleetstore.engine.sharded import shard_key
+from fleetstore.store.sharded.shards import shard_key
 from tests.fix_procs import Barrier, Proc
 
 #: The columns the catalog copies from a shard's sessions row.  updated_at is left

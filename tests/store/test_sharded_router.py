@@ -22,9 +22,9 @@ from fleetstore import NewEffect, Operation, Store, errors
 from fleetstore.core.ids import is_valid_id
 from fleetstore.core.validate import check_id
 from fleetstore.engine.gate import announce_moved
-from fleetstore.engine.sharded import is_key, shard_files, shard_key, shard_path
 from fleetstore.engine.sqlite import IDENTITY_EVERY, Database
-from fleetstore.store import sharded as sharding
+from fleetstore.store.sharded import router as sharding
+from fleetstore.store.sharded.shards import is_key, shard_files, shard_key, shard_path
 from fleetstore.store.spool import encode_line
 from tests.fix_stores import read_everywhere
 

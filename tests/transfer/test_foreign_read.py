@@ -1,4 +1,4 @@
-"""Reading another program's SQLite file (``fleetstore.engine.foreign``): a WAL file
+"""Reading another program's SQLite file (``fleetstore.files.foreign``): a WAL file
 with no ``-wal`` or ``-shm`` is read ``immutable=1``, without locks, so a writer can
 change it under the read; the importers must then refuse what they read rather than
 import it half old, half new.
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import fleetstore
-from fleetstore.engine import foreign, inspect
+from fleetstore.files import foreign, inspect
 from tests.agents import script
 
 # python -c SQLITE3 PATH SQL...: each statement, committed, then the WAL checkpointed

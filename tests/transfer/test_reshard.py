@@ -26,9 +26,9 @@ import fleetstore
 from fleetstore.cli.reshard import archive_tree_command, reshard_command, restore_tree_command
 from fleetstore.core.crash import CRASH_ENV
 from fleetstore.domain.blobs import BlobStore
-from fleetstore.engine.sharded import shard_key
 from fleetstore.errors import AlreadyExists, IntegrityError, InvalidInput, NotFound
 from fleetstore.store.facade import Store
+from fleetstore.store.sharded.shards import shard_key
 from fleetstore.transfer import archive as tree_archive
 from fleetstore.transfer import migrate, reshard
 from fleetstore.transfer.digest import SessionDigest, session_digest

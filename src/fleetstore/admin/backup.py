@@ -14,7 +14,7 @@ How a backup stays consistent (docs/backup.md):
    (``fleetstore maintain`` waits at its blob step meanwhile).  A collection deletes
    a file only after deleting its row, and only if older than its grace; with none
    running, a row in the snapshot keeps its file until the lock is released.
-2. Each database file is copied as of one commit (``engine.backup.copy_database``).
+2. Each database file is copied as of one commit (``files.backup.copy_database``).
    A sharded store's shards are copied first, then its catalog, then any shard the
    catalog's copy names that was made in between: every tree the catalog lists is in
    the backup.
@@ -51,9 +51,10 @@ from fleetstore.core.keys import Keyring
 from fleetstore.core.targets import CATALOG, DEFAULT_FILENAME, SHARDS, parse_target
 from fleetstore.core.version import __version__
 from fleetstore.domain.blobs import COLLECTING, BlobStore, check_sha, fsync_dir
-from fleetstore.engine import backup as engine
 from fleetstore.engine.cipher import key_of_file
-from fleetstore.engine.sharded import shard_files
+from fleetstore.files import backup as copies
+from fleetstore.store.backend import store_files
+from fleetstore.store.sharded.shards import shard_files
 
 MANIFEST = "backup.json"
 FORMAT = "fleetstore-backup"
@@ -124,14 +125,8 @@ def _source(store: str | None) -> _Layout:
             "(one consistent snapshot of the database, blobs included: they are rows of "
             "blob_chunks) or pg_basebackup with WAL archiving (docs/backup.md)"
         )
-    if kind == "sharded":
-        if not (target / CATALOG).is_file():
-            raise errors.NotFound(f"no sharded store at {target} (no {CATALOG})")
-        return _Layout(target.absolute(), "sharded", CATALOG)
-    if not target.is_file():
-        raise errors.NotFound(f"no store at {target}")
-    target = target.absolute()
-    return _Layout(target.parent, "file", target.name)
+    found = store_files(kind, target)
+    return _Layout(found.root, found.layout, found.main.name)
 
 
 # -- the blob collection lock ----------------------------------------------------------------
@@ -223,7 +218,7 @@ def _copy_databases(
     if layout.kind == "sharded":
         catalog = str(work / CATALOG)
         keys = {
-            str(r[0]) for r in engine.query(catalog, _NAMED_SHARDS, key_of_file(catalog, keyring))
+            str(r[0]) for r in copies.query(catalog, _NAMED_SHARDS, key_of_file(catalog, keyring))
         }
         for key, path in shard_files(layout.root):
             name = str(path.relative_to(layout.root))
@@ -243,7 +238,7 @@ def _copy_one(src: Path, dest: Path, keyring: Keyring | None, *, required: bool 
         key = key_of_file(str(src), keyring)
         if key is None and not src.exists():
             raise errors.NotFound(f"{src}: no such file")
-        engine.copy_database(str(src), str(dest), key=key)
+        copies.copy_database(str(src), str(dest), key=key)
     except errors.NotFound:
         if required:
             raise
@@ -261,7 +256,7 @@ def _blob_rows(root: Path, names: list[str], keyring: Keyring | None) -> dict[st
     rows: dict[str, int] = {}
     for name in names:
         path = str(root / name)
-        for sha, size in engine.query(path, _BLOB_ROWS, key_of_file(path, keyring)):
+        for sha, size in copies.query(path, _BLOB_ROWS, key_of_file(path, keyring)):
             rows[check_sha(sha)] = size if isinstance(size, int) else -1
     return rows
 
@@ -334,7 +329,7 @@ def _check(
     copied.files = []
     for i, name in enumerate(names, 1):
         path = str(root / name)
-        found = engine.check_database(path, key_of_file(path, keyring))
+        found = copies.check_database(path, key_of_file(path, keyring))
         problems += [f"{name}: {p}" for p in found[:10]]
         copied.files.append(
             {"path": name, "bytes": (root / name).stat().st_size, "sha256": _sha256(root / name)}

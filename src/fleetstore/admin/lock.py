@@ -5,8 +5,8 @@ fleetstore's writer gate), runs ``BEGIN IMMEDIATE`` (or ``BEGIN EXCLUSIVE``),
 prints ``locked PATH pid=PID``, holds the lock, rolls back and prints
 ``released PATH after X.XXs``.  SIGTERM and SIGINT release the lock early.
 
-The lock itself is taken by ``fleetstore.engine.outside``: only ``engine/``
-knows the SQLite driver.
+The lock itself is taken by ``fleetstore.files.outside``: only ``engine/`` and
+``files/`` know the SQLite driver.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from fleetstore.core.keys import keyring_of
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, SHARDS, sharded_root
 from fleetstore.engine.cipher import key_of_file
-from fleetstore.engine.outside import outside_write_lock
 from fleetstore.errors import FleetstoreError, StoreBusy
+from fleetstore.files.outside import outside_write_lock
+from fleetstore.store.sharded.shards import shard_files
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -160,7 +161,8 @@ def _lock(
         return pg_lock(path, exclusive=exclusive, wait=wait)
     shards = Path(path).parent / SHARDS
     if Path(path).name == CATALOG and shards.is_dir():
-        return _lock_sharded(path, sorted(shards.glob("*/*.db")), exclusive, wait, stop)
+        found = [shard for _key, shard in shard_files(shards.parent)]
+        return _lock_sharded(path, found, exclusive, wait, stop)
     return outside_write_lock(
         path, exclusive=exclusive, wait=wait, stop=lambda: stop.requested, key=_key(path)
     )

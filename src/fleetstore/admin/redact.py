@@ -106,10 +106,8 @@ Read = Callable[[str, dict[str, Any]], list[Any]]
 
 
 def _engines(store: Store) -> list[Any]:
-    if store.router is None:
-        return [store.db]
     found: list[Any] = []
-    store.router.each(lambda _key, db: found.append(db))
+    store.backend.each(lambda _key, db: found.append(db))
     return found
 
 
@@ -120,17 +118,9 @@ def _files(store: Store) -> Iterator[Read]:
     def reader(db: Any) -> Read:
         return lambda name, params: db.read(lambda tx: tx.execute(q[name], params))
 
-    if store.router is None:
-        yield reader(store.db)
-        return
-    keys: list[str | None] = []
-    store.router.each(lambda key, _db: keys.append(key))
-    for key in keys:
-        if key is None:
-            yield reader(store.router.catalog)
-        else:
-            with store.router.shards.use(key, create=False) as db:
-                yield reader(db)
+    for key in store.backend.file_keys():
+        with store.backend.use(key) as db:
+            yield reader(db)
 
 
 class _Run:

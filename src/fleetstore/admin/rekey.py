@@ -45,11 +45,12 @@ from fleetstore import errors
 from fleetstore.core import sealed
 from fleetstore.core.crash import crash_point
 from fleetstore.core.keys import Key, Keyring, write_keyring
-from fleetstore.core.targets import CATALOG, parse_target
+from fleetstore.core.targets import parse_target
 from fleetstore.domain.blobs import COLLECTING, fsync_dir
-from fleetstore.engine import cipher, inspect
+from fleetstore.engine import cipher
 from fleetstore.engine.gate import GateTimeout, WriterGate, announce_moved, wipe_board
-from fleetstore.engine.sharded import shard_files
+from fleetstore.files import inspect
+from fleetstore.store.backend import store_files
 from fleetstore.store.spool import REJECTED, journals, seal_text, unseal_text
 
 _SUFFIX = ".rekey.tmp"
@@ -113,23 +114,16 @@ def rekey(
             raise errors.ConfigError("a keyring read from no file cannot be given a new key")
         keyring = keyring.rotated(Key.generate(new_key))
         write_keyring(keyring.source, keyring)  # first: a crash later leaves both keys
-    if kind == "sharded":
-        root = target.absolute()
-        if not (root / CATALOG).is_file():
-            raise errors.NotFound(f"no sharded store at {root}")
-        files = [p for _k, p in shard_files(root)] + [root / CATALOG]
-        main = root / CATALOG
-    else:
-        main = target.absolute()
-        if not main.is_file():
-            raise errors.NotFound(f"no store at {main}")
-        files = [main]
+    found = store_files(kind, target)
+    main = found.main
+    # The shards first, the catalog last (a sharded store's main file).
+    files = [*found.databases[1:], main]
     goal = None if decrypt else keyring.current
     report = RekeyReport(str(target), None if goal is None else goal.id)
     for path in files:
         report.databases[str(path)] = _rekey_file(path, keyring, goal, wait)
-    _reseal_blobs(Path(f"{main}.blobs"), keyring, goal, report)
-    _reseal_spool(Path(f"{main}.spool"), keyring, goal, report)
+    _reseal_blobs(found.blobs, keyring, goal, report)
+    _reseal_spool(found.spool, keyring, goal, report)
     for path in files:
         report.still_under[_key_id_of(path, keyring)] += 1
     report.seconds = time.monotonic() - started

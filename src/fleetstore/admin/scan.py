@@ -5,7 +5,7 @@ PATH may be a fleetstore store (its database, blob files and spool journals; a s
 store's directory), another program's SQLite file (every text and blob column of every
 table: opencode, zcode, Codex, LangGraph's and the SDKs' files), a JSONL transcript, or a
 directory holding any of these (walked without following links).  SQLite files are read
-through fleetstore.engine.foreign (no lock file, -wal or -shm created, nothing
+through fleetstore.files.foreign (no lock file, -wal or -shm created, nothing
 checkpointed, a file that changed during an unlocked read read again), in short read
 transactions of a few hundred rows each, so a long scan never holds a live store's WAL.
 
@@ -44,8 +44,8 @@ from fleetstore.core.redact import Finding, Redactor, default_redactor, fingerpr
 from fleetstore.core.sealed import is_sealed, open_reader
 from fleetstore.core.targets import POSTGRES_SCHEMES, parse_target
 from fleetstore.engine.cipher import key_of_file, looks_encrypted
-from fleetstore.engine.foreign import FileChanged, ForeignFile
-from fleetstore.engine.inspect import InspectFailed, ReadOnlyDatabase
+from fleetstore.files.foreign import FileChanged, ForeignFile
+from fleetstore.files.inspect import InspectFailed, ReadOnlyDatabase
 from fleetstore.store.spool import unseal_text
 
 #: Rows read per read transaction.

@@ -260,7 +260,7 @@ def store_stats(store: fleetstore.Store, top: int) -> dict[str, Any]:
     db_bytes = figures.db_bytes
     total = db_bytes + int(blob_stored)
     return {
-        "path": str(store.path) if store.router is None else store.url,
+        "path": store.url if store.spans_files else str(store.path),
         "layout": store.layout,
         "database_files": figures.files,
         "counts": dict(

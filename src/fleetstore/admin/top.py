@@ -33,11 +33,11 @@ from fleetstore.core.metrics import Histogram
 from fleetstore.core.render import console, is_terminal, table, use_color
 from fleetstore.core.targets import CATALOG, sharded_root
 from fleetstore.core.units import size as _size
-from fleetstore.engine import inspect
 from fleetstore.engine.proclocks import lock_holders
-from fleetstore.engine.sharded import shard_files as listed_shards
 from fleetstore.errors import LockHolder
+from fleetstore.files import inspect
 from fleetstore.store.procstats import Published, read_published
+from fleetstore.store.sharded.shards import shard_files as listed_shards
 
 
 @dataclass(frozen=True, slots=True)

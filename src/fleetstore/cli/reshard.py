@@ -94,7 +94,7 @@ def _sharded(command: str, store: str | None) -> Iterator[fleetstore.Store]:
         click.echo(f"fleetstore {command}: {exc}", err=True)
         sys.exit(1)
     try:
-        if opened.router is None:
+        if opened.layout != "sharded":
             click.echo(
                 f"fleetstore {command}: {opened.url} is not a sharded store (a single file "
                 "keeps every tree in it; fleetstore reshard converts a store)",

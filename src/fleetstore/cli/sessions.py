@@ -170,7 +170,7 @@ def sessions_list(
             rows = opened.read(read)
             more = len(rows) > want
             rows = rows[:want]
-            if opened.router is not None:
+            if opened.spans_files:
                 # The catalog lists every session; their messages are in their shards.
                 counts = message_counts(opened, [str(r[0]) for r in rows])
                 rows = [(*r[:7], counts.get(str(r[0]), 0), r[8]) for r in rows]

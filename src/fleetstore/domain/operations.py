@@ -42,7 +42,7 @@ class Scope(enum.Enum):
     #: Rows of one session (messages, parts, state, SDK items): the file of its tree.
     SESSION = "session"
     #: Sessions rows themselves (create, fork, update, archive, delete): the file of
-    #: the tree, then the catalog's index of it (the intent protocol, store/sharded.py).
+    #: the tree, then the catalog's index of it (the intent protocol, store/sharded/router.py).
     TREE = "tree"
     #: Store-wide rows (the outbox, checkpoints, ADK sessions, maintenance): the catalog.
     CATALOG = "catalog"

@@ -36,7 +36,10 @@ from fleetstore.core.keys import Keyring
 #: The cipher of every encrypted store (docs/secrets.md: 1.14x per small write
 #: transaction, against 1.66x for sqlite3mc's default ChaCha20-Poly1305).
 CIPHER = "aegis"
+#: The first bytes of a plain SQLite file, and the header's length (sqlite.org/fileformat.html,
+#: 1.3): the engine's open and doctor's probes (``fleetstore.files.inspect``) read them.
 SQLITE_MAGIC = b"SQLite format 3\x00"
+HEADER_BYTES = 100
 #: A page-1 copy that fails to decrypt may be a read torn by a checkpoint writing
 #: page 1 meanwhile: it is read again this many times before the key is called wrong.
 _ATTEMPTS = 3
@@ -196,7 +199,7 @@ def key_of_file(path: str, keyring: Keyring | None, *, strict: bool = True) -> b
         except OSError:
             return b""
         try:
-            head = os.pread(fd, 100, 0)
+            head = os.pread(fd, HEADER_BYTES, 0)
             return os.pread(fd, page_size(head), 0) if looks_encrypted(head) else head
         finally:
             os.close(fd)
@@ -288,6 +291,8 @@ def check_encrypted(path: str) -> None:
 
 __all__ = [
     "CIPHER",
+    "HEADER_BYTES",
+    "SQLITE_MAGIC",
     "available",
     "check_encrypted",
     "choose_key",

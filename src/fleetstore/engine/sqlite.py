@@ -43,7 +43,6 @@ from fleetstore.engine.checkpoints import CatchUp, Checkpointer, Checkpoints
 from fleetstore.engine.combine import Combiner
 from fleetstore.engine.forkguard import GUARD
 from fleetstore.engine.gate import GateTimeout, WriterGate
-from fleetstore.engine.inspect import HEADER_BYTES, SQLITE_MAGIC
 from fleetstore.engine.notify import Notifications, Notifier
 from fleetstore.engine.proclocks import lock_holders
 from fleetstore.engine.translate import translate
@@ -109,12 +108,12 @@ def _own_file(path: str, foreign: bool) -> tuple[os.stat_result, bytes]:
         raise errors.DatabaseError(f"{path}: cannot open: {exc.strerror}") from exc
     try:
         st = os.fstat(fd)
-        head = os.pread(fd, HEADER_BYTES, 0) if st.st_size else b""
+        head = os.pread(fd, cipher.HEADER_BYTES, 0) if st.st_size else b""
         if cipher.looks_encrypted(head):
             head = os.pread(fd, cipher.page_size(head), 0)
     finally:
         os.close(fd)
-    known = head.startswith(SQLITE_MAGIC) or cipher.looks_encrypted(head)
+    known = head.startswith(cipher.SQLITE_MAGIC) or cipher.looks_encrypted(head)
     if st.st_size and not known and not os.path.lexists(path + "-journal"):
         # (A -journal beside it: a first write was cut short, page 1 perhaps torn;
         # SQLite rolls it back, or says what the file is.)
@@ -235,7 +234,7 @@ class Database(Checkpoints, Notifications):
         beside it.  *foreign*: the file is another program's, opened to maintain what
         it holds, not to write secrets into: who may read it is that program's business,
         and only its kind is checked (the gate file is still made beside it: ``fleetstore
-        maintain`` uses ``engine.outside.OutsideFile`` instead).
+        maintain`` uses ``files.outside.OutsideFile`` instead).
         *settings* are ``Settings`` fields, each also readable from
         ``FLEETSTORE_<NAME>``."""
         check_bool(foreign, "foreign")

@@ -4,26 +4,31 @@ layout shares (the spool, the background thread, streams, figures) and hands eac
 write, read and lifecycle step to its backend.
 
 * ``store/single.py``: one SQLite file;
-* ``store/sharded.py``: a catalog plus one SQLite file per session tree;
+* ``store/sharded/``: a catalog plus one SQLite file per session tree;
 * ``store/server.py``: a PostgreSQL database.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fleetstore import sql
+from fleetstore import errors, sql
 from fleetstore.core.settings import Settings
+from fleetstore.core.targets import CATALOG
 from fleetstore.core.version import __version__
 from fleetstore.domain import registry
 from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Result
 from fleetstore.engine.base import Applier, Engine, Migration, Tx
+from fleetstore.store.sharded.shards import shard_files
 
 T = TypeVar("T")
 
@@ -90,6 +95,51 @@ def wal_file_bytes(path: str | os.PathLike[str]) -> int:
         return 0
 
 
+@dataclass(frozen=True, slots=True)
+class StoreFiles:
+    """What a SQLite store keeps on disk, found without opening it (``store_files``):
+    the tools that must not open a store (backup, rekey, lock) ask this rather
+    than knowing where each layout puts its files."""
+
+    layout: str  # "file" or "sharded"
+    #: The store file, or a sharded store's catalog.
+    main: Path
+    #: (key, path) of each shard file on disk, by key (``shards.shard_files``).
+    shards: tuple[tuple[str, Path], ...] = ()
+
+    @property
+    def root(self) -> Path:
+        """The directory the store's files are in (a sharded store: the store)."""
+        return self.main.parent
+
+    @property
+    def databases(self) -> list[Path]:
+        """Every database file: the main one, then each shard by key."""
+        return [self.main, *(path for _key, path in self.shards)]
+
+    @property
+    def blobs(self) -> Path:
+        return Path(f"{self.main}.blobs")
+
+    @property
+    def spool(self) -> Path:
+        return Path(f"{self.main}.spool")
+
+
+def store_files(kind: str, target: Path) -> StoreFiles:
+    """The files of the SQLite store *target* of *kind* ("sqlite" or "sharded", as
+    ``core.targets.parse_target`` says), absolute.  ``NotFound`` if there is none:
+    no file, or no catalog in the directory."""
+    target = target.absolute()
+    if kind == "sharded":
+        if not (target / CATALOG).is_file():
+            raise errors.NotFound(f"no sharded store at {target} (no {CATALOG})")
+        return StoreFiles("sharded", target / CATALOG, tuple(shard_files(target)))
+    if not target.is_file():
+        raise errors.NotFound(f"no store at {target}")
+    return StoreFiles("file", target)
+
+
 def migrations(dialect: str = "sqlite") -> list[Migration]:
     """The store's schema steps for *dialect*, in order."""
     return list(sql.migrations(dialect))
@@ -139,6 +189,31 @@ class Backend(Protocol):
         """``fn(db)`` with file *key*'s database."""
         ...
 
+    # -- the files, for the tools that work file by file (admin, transfer) ----------------
+
+    #: Whether the store is more than one database, so that no transaction spans it
+    #: (a sharded store): the tools then work file by file.
+    spans_files: bool
+
+    def file_keys(self) -> list[str | None]:
+        """The key of each database file: None (the store's own database: the file,
+        the catalog or the server's), then a sharded store's shards on disk, by key."""
+        ...
+
+    def use(self, key: str | None, *, create: bool = False) -> AbstractContextManager[Engine]:
+        """File *key*'s database while the ``with`` block lasts (*create*: a shard that
+        is not there yet is made; else ``NotFound``)."""
+        ...
+
+    def each(self, fn: Callable[[str | None, Any], None]) -> None:
+        """``fn(key, database)`` for every database file, in ``file_keys`` order, one open
+        at a time (linear in shards)."""
+        ...
+
+    def home(self, session_id: str | None) -> str | None:
+        """The key of the file holding *session_id*'s tree (None: the store's own)."""
+        ...
+
     def metrics(self) -> dict[str, Any]:
         """The engine's figures for this process (every file of the layout)."""
         ...
@@ -161,6 +236,7 @@ class OneDatabase:
     """A layout of one database: every write and read goes to it."""
 
     layout = "file"
+    spans_files = False
 
     def __init__(self, db: Engine, queries: Mapping[str, str], path: Path) -> None:
         self.db = db
@@ -198,6 +274,19 @@ class OneDatabase:
     def with_file(self, key: str | None, fn: Callable[[Engine], T]) -> T:
         return fn(self.db)
 
+    def file_keys(self) -> list[str | None]:
+        return [None]
+
+    @contextlib.contextmanager
+    def use(self, key: str | None, *, create: bool = False) -> Iterator[Engine]:
+        yield self.db
+
+    def each(self, fn: Callable[[str | None, Any], None]) -> None:
+        fn(None, self.db)
+
+    def home(self, session_id: str | None) -> str | None:
+        return None
+
     def metrics(self) -> dict[str, Any]:
         return self.db.metrics()
 
@@ -216,8 +305,10 @@ __all__ = [
     "Backend",
     "OneDatabase",
     "OpItem",
+    "StoreFiles",
     "blobs_durable",
     "migrations",
     "op_applier",
+    "store_files",
     "wal_file_bytes",
 ]

@@ -50,15 +50,15 @@ from fleetstore.domain.search import Search
 from fleetstore.domain.state import State
 from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.cipher import key_of_file
-from fleetstore.engine.foreign import read_foreign
-from fleetstore.engine.inspect import InspectFailed, read_header
+from fleetstore.files.foreign import read_foreign
+from fleetstore.files.inspect import InspectFailed, read_header
 from fleetstore.store import observe
 from fleetstore.store.backend import Backend
 from fleetstore.store.drain import MAX_PAUSE, Drain
 from fleetstore.store.indexer import Indexer
 from fleetstore.store.procstats import Publisher
 from fleetstore.store.server import open_server
-from fleetstore.store.sharded import Router, open_sharded
+from fleetstore.store.sharded.router import Router, open_sharded
 from fleetstore.store.sidecars import check_sidecars
 from fleetstore.store.single import open_file
 from fleetstore.store.spool import (
@@ -297,7 +297,7 @@ class Store:
     @property
     def spans_files(self) -> bool:
         """Whether the catalog's index and the sessions live in different files."""
-        return self.layout == "sharded"
+        return self.backend.spans_files
 
     def notify_token(self, channel: str) -> int:
         """The token of ``notify_wait``: take it before looking for what a ring of

@@ -4,7 +4,7 @@ that needs an existing store makes first.
 
 ``fleetstore.open`` creates and migrates: pointed at another program's SQLite file it
 switched the file to WAL and added fleetstore's tables.  Here every read goes through
-``fleetstore.engine.foreign`` (strictly read-only: no gate file, no -wal or -shm
+``fleetstore.files.foreign`` (strictly read-only: no gate file, no -wal or -shm
 created, the -shm never written, no journal replayed, no figures published), and a
 file without fleetstore's tables is refused with ``NotAStore`` before anything is
 opened for writing.
@@ -27,18 +27,18 @@ from fleetstore.domain.blobs import BlobStore
 from fleetstore.domain.operations import Operation, Result
 from fleetstore.engine import cipher
 from fleetstore.engine.base import Tx, check_not_newer
-from fleetstore.engine.foreign import FileChanged, ForeignFile
-from fleetstore.engine.inspect import (
+from fleetstore.engine.sqlite import Database
+from fleetstore.files.foreign import FileChanged, ForeignFile
+from fleetstore.files.inspect import (
     InspectFailed,
     ReadOnlyDatabase,
     check_not_open_here,
     open_readonly,
 )
-from fleetstore.engine.sharded import ShardSet
-from fleetstore.engine.sqlite import Database
 from fleetstore.store.backend import OneDatabase, migrations
 from fleetstore.store.facade import Store
-from fleetstore.store.sharded import Router
+from fleetstore.store.sharded.router import Router
+from fleetstore.store.sharded.shards import ShardSet
 
 T = TypeVar("T")
 

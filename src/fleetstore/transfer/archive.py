@@ -44,9 +44,9 @@ from fleetstore.core.crash import crash_point
 from fleetstore.core.files import private_dirs
 from fleetstore.domain.blobs import BlobStore, fsync_dir
 from fleetstore.engine.gate import announce_moved
-from fleetstore.engine.sharded import shard_key
 from fleetstore.engine.sqlite import Database
 from fleetstore.store.facade import Store
+from fleetstore.store.sharded.shards import shard_key
 from fleetstore.transfer.digest import session_digest
 
 #: What the triggers of an archived shard say (and what a writer that still had the

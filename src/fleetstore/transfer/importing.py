@@ -72,7 +72,7 @@ def _item_session(store: Store, item: OpItem) -> str:
     if item.op.name != "import_session":
         return str(parsed.session_id)
     sid = str(parsed.id)
-    if store.router is not None and parsed.parent_id is not None and store.router.home(sid) is None:
+    if store.spans_files and parsed.parent_id is not None and store.backend.home(sid) is None:
         return str(parsed.parent_id)
     return sid
 
@@ -81,13 +81,13 @@ def _check_against_store(store: Store, reader: Reader, batch: list[OpItem]) -> N
     """Dry-run a batch of operations against the store: a conflict is found
     before anything is written.  A sharded store checks each operation in the file
     of its session's tree, the operations of one file in one read transaction."""
-    if store.router is None:
+    if not store.spans_files:
         _check_in(store, reader, batch, None)
         return
     groups: dict[str | None, tuple[str, list[OpItem]]] = {}
     for item in batch:
         sid = _item_session(store, item)
-        key = store.router.home(sid)
+        key = store.backend.home(sid)
         groups.setdefault(key, (sid, []))[1].append(item)
     # In the order of each file's first operation; within a file, in file order.
     for sid, items in groups.values():
@@ -312,7 +312,7 @@ def import_file(
         raise errors.InvalidArchive(f"{exc}; nothing was imported") from None
 
     tally = _Tally()
-    if store.router is None:
+    if not store.spans_files:
         _write_whole(store, file, check, limits, tally, progress)
     else:
         _write_op_by_op(store, file, check, limits, tally, progress)

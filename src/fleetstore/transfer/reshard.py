@@ -39,8 +39,8 @@ from typing import Any
 from fleetstore import errors
 from fleetstore.core.logs import logger
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
-from fleetstore.engine.inspect import writers_of
 from fleetstore.engine.sqlite import Database
+from fleetstore.files.inspect import writers_of
 from fleetstore.store.sidecars import _DIRS as SIDECAR_DIRS
 from fleetstore.store.sidecars import _FILES as SIDECAR_FILES
 from fleetstore.transfer.archive import _fleetstore_file

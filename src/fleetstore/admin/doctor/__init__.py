@@ -6,7 +6,7 @@ What it looks at, in order (docs/doctor.md has the findings and the ``--json`` s
    permissions, the database header, the WAL header and the WAL index (``probe``);
 2. who has them open (``/proc/*/fd``), which locks they hold (``/proc/locks``), and
    which SQLite library each such process runs (``/proc/PID/maps``; ``looks``);
-3. the contents, through a read-only connection (``fleetstore.engine.foreign``):
+3. the contents, through a read-only connection (``fleetstore.files.foreign``):
    pragmas, ``quick_check``, the bytes of every table and index (``dbstat``), and for
    a fleetstore store its schema version, outbox and settings; plus the spool journals
    beside it (``probe``);
@@ -51,8 +51,8 @@ from fleetstore.admin.doctor.report import (
 )
 from fleetstore.core.keys import Keyring
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
-from fleetstore.engine import inspect
-from fleetstore.engine.sharded import shard_path
+from fleetstore.files import inspect
+from fleetstore.store.sharded.shards import shard_path
 
 
 def diagnose(

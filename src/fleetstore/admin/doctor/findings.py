@@ -13,9 +13,9 @@ from typing import Any
 from fleetstore.admin.doctor.probe import LONG_RUNNING_SECONDS, OVERDUE_SLACK_SECONDS, Probe
 from fleetstore.admin.doctor.report import SHARDS_NAMED, Report, Severity, shards_named
 from fleetstore.core.units import size
-from fleetstore.engine import inspect
-from fleetstore.engine.inspect import FileFacts
 from fleetstore.errors import describe_state
+from fleetstore.files import inspect
+from fleetstore.files.inspect import FileFacts
 
 # Thresholds, documented in docs/doctor.md.
 WAL_LARGE_BYTES = 64 * 1024 * 1024  # = Settings.truncate_bytes

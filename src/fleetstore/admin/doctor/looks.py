@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetstore.core import liveness
-from fleetstore.engine import inspect
-from fleetstore.engine.inspect import Lock, OpenFile, SqliteLibrary
+from fleetstore.files import inspect
+from fleetstore.files.inspect import Lock, OpenFile, SqliteLibrary
 
 
 @dataclass(slots=True)

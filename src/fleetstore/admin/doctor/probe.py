@@ -1,7 +1,7 @@
 """What doctor observes in one database file and beside it, changing nothing: the
 facts and headers of the database, ``-wal``, ``-shm``, ``-journal`` and ``.gate``
 (read before anything is opened), its contents through a read-only connection
-(``fleetstore.engine.foreign``: pragmas, ``quick_check``, a fleetstore store's own
+(``fleetstore.files.foreign``: pragmas, ``quick_check``, a fleetstore store's own
 figures), and the spool journals and published figures beside a store.  Each is
 returned as the JSON that ``--json`` shows (docs/doctor.md)."""
 
@@ -20,9 +20,10 @@ from fleetstore.core.settings import Settings
 from fleetstore.core.targets import resolve_target
 from fleetstore.domain.blobs import referenced_shas
 from fleetstore.domain.worker import DEFAULT_HANDLER_TIMEOUT
-from fleetstore.engine import cipher, foreign, inspect
+from fleetstore.engine import cipher
 from fleetstore.engine.board import read_board
-from fleetstore.engine.inspect import FileFacts, Lock
+from fleetstore.files import foreign, inspect
+from fleetstore.files.inspect import FileFacts, Lock
 from fleetstore.store.procstats import read_published
 from fleetstore.store.spool import REJECTED, journal_pid, read_journal
 

@@ -12,7 +12,8 @@ from typing import Any
 from fleetstore.admin.doctor.probe import Probe, probe_file, read_contents
 from fleetstore.core import liveness
 from fleetstore.core.keys import Keyring
-from fleetstore.engine import inspect, sharded
+from fleetstore.files import inspect
+from fleetstore.store.sharded import shards as sharded
 from fleetstore.store.spool import decode_line
 
 #: Largest shards listed.

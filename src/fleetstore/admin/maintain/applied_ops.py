@@ -73,7 +73,7 @@ def prune_ops(
     each_file(store, visit)
     total = seen["rows"]
     step.detail.update(rows=total)
-    where = f" in {files} files" if store.router is not None else ""
+    where = f" in {files} files" if store.spans_files else ""
     if not seen["files"]:
         step.status = "nothing"
         step.summary = f"{total} applied_ops row(s){where}, none older than the horizon"

@@ -162,7 +162,7 @@ def _collect(
         stale_tmp_files=len(stale_tmp),
         restored=restored,
     )
-    if store.router is not None:
+    if store.spans_files:
         step.detail["files"] = files
         # A row collected in one file whose blob another file still refers to.
         step.detail["shared_kept"] = len(deleted & remaining)
@@ -193,7 +193,7 @@ def _collect(
         f"deleted {tally['rows']} unreferenced blob row(s) and {deleted_files} file(s) "
         f"({_size(freed)}), {len(stale_tmp)} stale temporary file(s)"
     )
-    if store.router is not None:
+    if store.spans_files:
         step.summary += f" in {files} files"
         if step.detail["shared_kept"]:
             step.summary += (

@@ -8,8 +8,8 @@ import time
 from fleetstore.admin.maintain.files import file_size
 from fleetstore.admin.maintain.report import Step
 from fleetstore.core.units import size as _size
-from fleetstore.engine.outside import OutsideFile
 from fleetstore.engine.sqlite import Database
+from fleetstore.files.outside import OutsideFile
 
 
 def checkpoint(db: Database | OutsideFile, step: Step, dry_run: bool) -> None:

@@ -15,15 +15,12 @@ from fleetstore.store.procstats import procs_dir, remove_gone
 def each_file(store: Any, fn: Callable[[str | None, Database], None]) -> None:
     """``fn(key, database)`` for every database file of *store*: its one file (key
     None), or a sharded store's catalog (key None) and then each shard, one at a time
-    through ``router.each`` (a bounded cache of open files: linear in shards)."""
-    if store.router is not None:
-        store.router.each(fn)
-    else:
-        fn(None, store.db)
+    through the backend's ``each`` (a bounded cache of open files: linear in shards)."""
+    store.backend.each(fn)
 
 
 def file_count(store: Any) -> int:
-    return 1 + len(store.router.shards.keys()) if store.router is not None else 1
+    return len(store.backend.file_keys())
 
 
 def file_size(path: str) -> int:

@@ -17,8 +17,8 @@ from fleetstore.admin.maintain.report import Progress, Report, Step, timed
 from fleetstore.admin.maintain.vacuum import optimize, vacuum
 from fleetstore.admin.maintain.writer import Writer
 from fleetstore.core.units import size as _size
-from fleetstore.engine.outside import OutsideFile
 from fleetstore.engine.sqlite import Database
+from fleetstore.files.outside import OutsideFile
 
 
 def generic_steps(

@@ -70,7 +70,7 @@ def session_trees(store: Any, older_than: float | None = None) -> list[Tree]:
         trees.append(Tree(root, tuple(members), max(fresh[m] for m in members)))
     if older_than is not None:
         trees = [t for t in trees if t.newest < older_than]
-    if store.router is not None:
+    if store.spans_files:
         trees = [_in_its_file(store, t) for t in trees]
         if older_than is not None:
             trees = [t for t in trees if t.newest < older_than]
@@ -144,7 +144,7 @@ def message_counts(store: Any, session_ids: Sequence[str] | None = None) -> dict
     def run(tx: Tx) -> dict[str, int]:
         return {str(s): int(n) for s, n in tx.execute(q["mnt_stats_messages"])}
 
-    if store.router is None:
+    if not store.spans_files:
         return dict(store.read(run))
     counts: dict[str, int] = {}
     if session_ids is None:
@@ -152,7 +152,7 @@ def message_counts(store: Any, session_ids: Sequence[str] | None = None) -> dict
         return counts
     read: set[str | None] = set()
     for sid in session_ids:
-        home = store.router.home(sid)
+        home = store.backend.home(sid)
         if home in read:
             continue
         read.add(home)
@@ -161,7 +161,7 @@ def message_counts(store: Any, session_ids: Sequence[str] | None = None) -> dict
 
 
 def _describe(store: Any, trees: Sequence[Tree]) -> tuple[int, int]:
-    counts = message_counts(store, [t.id for t in trees] if store.router is not None else None)
+    counts = message_counts(store, [t.id for t in trees] if store.spans_files else None)
     sessions = sum(len(t.sessions) for t in trees)
     messages = sum(counts.get(s, 0) for t in trees for s in t.sessions)
     return sessions, messages

@@ -12,7 +12,7 @@ would do.
 On a database that is not a fleetstore store ("foreign") only the generic steps
 run (checkpoint, optimize, incremental vacuum when the file has incremental
 auto-vacuum), and only when asked to (``yes``), through one plain connection
-(``engine.outside.OutsideFile``): no writer gate or other file of ours is made beside
+(``files.outside.OutsideFile``): no writer gate or other file of ours is made beside
 it (a ``.gate`` was, issue 28), its journal mode and settings are left as they are.
 A foreign file that is not in WAL mode is refused (a fleetstore store always is).
 
@@ -44,15 +44,15 @@ from fleetstore.admin.maintain.writer import Writer
 from fleetstore.core.keys import keyring_of
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target, resolve_target
-from fleetstore.engine.inspect import InspectFailed, read_header
-from fleetstore.engine.outside import OutsideFile
-from fleetstore.engine.sharded import ShardSet
 from fleetstore.engine.sqlite import Database
+from fleetstore.files.inspect import InspectFailed, read_header
+from fleetstore.files.outside import OutsideFile
 from fleetstore.store.backend import migrations
 from fleetstore.store.facade import Store
 from fleetstore.store.facade import open as open_store
 from fleetstore.store.readonly import check_store_file
-from fleetstore.store.sharded import Router
+from fleetstore.store.sharded.router import Router
+from fleetstore.store.sharded.shards import ShardSet
 from fleetstore.store.single import FileBackend
 
 

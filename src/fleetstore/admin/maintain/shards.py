@@ -19,11 +19,11 @@ from fleetstore.core.keys import keyring_of
 from fleetstore.core.logs import logger
 from fleetstore.core.settings import Settings
 from fleetstore.core.targets import CATALOG
-from fleetstore.engine import foreign, inspect
 from fleetstore.engine.base import Tx
 from fleetstore.engine.gate import announce_moved
-from fleetstore.engine.sharded import shard_files
 from fleetstore.engine.sqlite import Database
+from fleetstore.files import foreign, inspect
+from fleetstore.store.sharded.shards import shard_files
 
 log = logger("fleetstore")
 

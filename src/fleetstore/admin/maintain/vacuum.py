@@ -12,8 +12,8 @@ from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch, Writer
 from fleetstore.core.units import size as _size
 from fleetstore.engine.base import Tx
-from fleetstore.engine.outside import OutsideFile
 from fleetstore.engine.sqlite import Database
+from fleetstore.files.outside import OutsideFile
 
 #: Pages of the first incremental-vacuum transaction (then sized to TARGET_HOLD).
 FIRST_VACUUM_PAGES = 256

@@ -20,7 +20,7 @@ from fleetstore.core.ids import new_id
 from fleetstore.domain import registry
 from fleetstore.domain.operations import Operation
 from fleetstore.engine.base import Engine, Tx
-from fleetstore.engine.outside import OutsideFile
+from fleetstore.files.outside import OutsideFile
 
 T = TypeVar("T")
 

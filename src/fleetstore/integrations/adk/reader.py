@@ -9,7 +9,7 @@ Reads the schema ADK's ``DatabaseSessionService`` writes (schema version 1: tabl
 schema (an event as one column per field, actions pickled) is refused: ADK's
 migration tool converts it.
 
-The file is opened read-only (``fleetstore.engine.foreign``: nothing is created
+The file is opened read-only (``fleetstore.files.foreign``: nothing is created
 beside it, nothing written to it) and read whole, in one read transaction; a file
 that changed during a read without locks is refused (``FileChanged``).  Every name
 is a non-empty string, every state a JSON object, every time a time, and every
@@ -29,7 +29,7 @@ from fleetstore import errors
 from fleetstore.core.extras import requires
 from fleetstore.core.validate import dump_json
 from fleetstore.domain.adk import adk_fs_id
-from fleetstore.engine import foreign, inspect
+from fleetstore.files import foreign, inspect
 
 with requires("adk", "reading an ADK session file"):
     from google.adk.events.event import Event

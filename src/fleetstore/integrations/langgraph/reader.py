@@ -8,7 +8,7 @@ metadata as JSON) and ``writes`` (pending writes, ``task_path`` optional: files
 older than that column read it as ``""``).  Nothing is deserialised here: a
 checkpoint and each write stay the ``(type, bytes)`` the saver stored.
 
-The file is opened read-only (``fleetstore.engine.foreign``) and read whole, in
+The file is opened read-only (``fleetstore.files.foreign``) and read whole, in
 one read transaction; a file that changed during a read without locks is refused
 (``FileChanged``).  Every id is a string, every metadata a JSON object, and every
 write belongs to a checkpoint of the file: else ``InvalidInput`` (``NotFound`` if
@@ -23,7 +23,7 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.domain.langgraph import Typed
-from fleetstore.engine import foreign, inspect
+from fleetstore.files import foreign, inspect
 
 _TABLES = ("checkpoints", "writes")
 

@@ -3,7 +3,7 @@
 (``fleetstore.integrations.openai_agents.importer``, which imports what it reads).
 
 Does not need the SDK installed.  The file is read strictly read-only, in one
-read transaction (``fleetstore.engine.foreign``: no journal mode switch, no
+read transaction (``fleetstore.files.foreign``: no journal mode switch, no
 ``-wal``/``-shm`` created), so the SDK's own processes may keep using it.
 
 ``read_agents_source(path, use)`` calls ``use(source)`` inside that transaction:
@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from fleetstore import errors
 from fleetstore.domain import openai_agents as agents_ops
-from fleetstore.engine import foreign, inspect
+from fleetstore.files import foreign, inspect
 
 T = TypeVar("T")
 

@@ -30,7 +30,7 @@ The copy is of a store at rest: a fleet still writing to SRC meanwhile makes the
 verification fail (loudly), never the copy silently incomplete.
 
 The sharded layout (``sqlite+sharded:///DIR``: a catalog and a file per session
-tree, fleetstore.store.sharded) is one more kind of store on either side.  Read, it is
+tree, fleetstore.store.sharded.router) is one more kind of store on either side.  Read, it is
 the union of its files ("parts": the catalog, then each shard in key order), the
 catalog's index copies of sharded sessions left out and a blob reference row that
 several files hold counted once (the first part's); the copy goes part by part.

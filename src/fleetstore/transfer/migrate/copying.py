@@ -370,8 +370,8 @@ class _Copier:
         the shards (idempotent: a run killed in the middle does it again)."""
         if self.items.get("index") == "done":
             return
-        assert self.dst.router is not None
-        self.dst.router.reindex()
+        assert self.dst.store.router is not None
+        self.dst.store.router.reindex()
         _set_item(self.dst.store, "index", "done")
 
 

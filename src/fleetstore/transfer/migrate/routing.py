@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetstore.domain.registry import TREE_FILE_OPS
-from fleetstore.engine.sharded import shard_key
+from fleetstore.store.sharded.shards import shard_key
 from fleetstore.transfer.migrate.schema import _SESSIONS, Table, _quote
 from fleetstore.transfer.migrate.side import _Side
 

@@ -20,21 +20,14 @@ class _Side:
     def __init__(self, store: Any) -> None:
         self.store = store
         self.queries: dict[str, str] = store.queries
-        self.router = getattr(store, "router", None)
-        self.sharded = self.router is not None
+        self.sharded: bool = store.spans_files
 
     def parts(self) -> list[str | None]:
-        if self.router is None:
-            return [None]
-        return [None, *self.router.shards.keys()]
+        return list(self.store.backend.file_keys())
 
     @contextmanager
     def use(self, part: str | None, *, create: bool = False) -> Iterator[Any]:
-        if part is None:
-            yield self.store.db
-            return
-        assert self.router is not None
-        with self.router.shards.use(part, create=create) as db:
+        with self.store.backend.use(part, create=create) as db:
             yield db
 
     def source(self, part: str | None, table: Table) -> str:

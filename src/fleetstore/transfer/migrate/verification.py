@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.engine.sharded import shard_key
+from fleetstore.store.sharded.shards import shard_key
 from fleetstore.transfer.digest import session_digest
 from fleetstore.transfer.migrate.report import DEFAULT_BATCH_ROWS, MigrateReport, Progress
 from fleetstore.transfer.migrate.schema import _BLOBS, _SESSIONS, Table, _normal
@@ -229,7 +229,7 @@ def _verify_blobs(
 def _layout_problems(side: _Side, what: str) -> list[str]:
     """A sharded store's own consistency: no catalog+shard write under way, and the
     catalog's index naming exactly the sessions each shard holds, rows equal."""
-    if side.router is None:
+    if not side.sharded:
         return []
     store = side.store
     q = store.queries
@@ -250,7 +250,7 @@ def _layout_problems(side: _Side, what: str) -> list[str]:
         str(r[0]): tuple(r) for r in store.db.read(lambda tx: tx.execute(q["shard_session_rows"]))
     }
     seen: set[str] = set()
-    shards = side.router.shards.keys()
+    shards = side.parts()[1:]
     for key in shards:
         with side.use(key) as db:
             rows = db.read(lambda tx: tx.execute(q["shard_session_rows"]))

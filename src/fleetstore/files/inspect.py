@@ -12,7 +12,7 @@ Strictly read-only, measured with SQLite 3.54.1 (tests/admin/test_doctor.py hash
 * a read-only open of a WAL database *creates* a missing ``-wal`` and ``-shm`` and leaves
   them behind.  When one is missing and the ``-wal`` holds nothing, there is nothing in
   it to read: the file is opened ``immutable=1`` (no locks, no side files), and the
-  file is compared before and after (``fleetstore.engine.foreign``, which every reader
+  file is compared before and after (``fleetstore.files.foreign``, which every reader
   of a foreign file goes through): an immutable read is wrong if a checkpoint writes
   the file meanwhile;
 * a ``-wal`` with frames but no ``-shm`` cannot be read without creating the ``-shm``:
@@ -46,8 +46,6 @@ from fleetstore.engine.proclocks import _command, parse_proc_locks, process_stat
 
 Row = tuple[Any, ...]
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
-HEADER_BYTES = 100
 # Lock bytes of the unix VFS (os_unix.c, wal.c).  Main file: PENDING, RESERVED, then
 # the SHARED range.  -shm file: WALINDEX_LOCK_OFFSET = 120 = WAL_WRITE_LOCK, then
 # WAL_CKPT_LOCK, WAL_RECOVER_LOCK, WAL_READ_LOCK(i) = 123 + i for i in 0..4, and the
@@ -151,10 +149,10 @@ def read_header(path: str) -> Header | None:
     """The header of *path*; None for an empty (0-byte) file, which SQLite treats as a
     new empty database.  ``InspectFailed`` (not-a-database) if it is not SQLite."""
     with open(path, "rb") as f:
-        data = f.read(HEADER_BYTES)
+        data = f.read(cipher.HEADER_BYTES)
     if not data:
         return None
-    if len(data) >= HEADER_BYTES and cipher.looks_encrypted(data):
+    if len(data) >= cipher.HEADER_BYTES and cipher.looks_encrypted(data):
         return Header(
             page_size=cipher.page_size(data),
             wal=data[18] == 2 and data[19] == 2,
@@ -168,7 +166,7 @@ def read_header(path: str) -> Header | None:
             writer_version=None,
             encrypted=True,
         )
-    if len(data) < HEADER_BYTES or not data.startswith(SQLITE_MAGIC):
+    if len(data) < cipher.HEADER_BYTES or not data.startswith(cipher.SQLITE_MAGIC):
         raise InspectFailed(f"{path}: not a SQLite database (no SQLite header)", "not-a-database")
     (raw_page,) = struct.unpack_from(">H", data, 16)
     page_size = 65536 if raw_page == 1 else raw_page

@@ -35,10 +35,11 @@ writes by about a second; ``sessions.get`` reads the shard.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -54,7 +55,6 @@ from fleetstore.domain.blobs import BlobStore, DbBlobStore
 from fleetstore.domain.operations import Operation, Scope, earlier_result
 from fleetstore.domain.outbox_ops import check_effect_list, insert_effect
 from fleetstore.engine.base import Engine, Tx
-from fleetstore.engine.sharded import ShardSet, is_key, shard_files, shard_key
 from fleetstore.engine.sqlite import Database
 from fleetstore.store.backend import (
     OPS_TAG,
@@ -64,6 +64,7 @@ from fleetstore.store.backend import (
     op_applier,
     wal_file_bytes,
 )
+from fleetstore.store.sharded.shards import ShardSet, is_key, shard_files, shard_key
 from fleetstore.store.spool import decode_line, encode_line, is_rejectable
 
 T = TypeVar("T")
@@ -79,6 +80,7 @@ class Router:
     to its file, and keeps the catalog's index of the shards."""
 
     layout = "sharded"
+    spans_files = True
 
     def __init__(self, shards: ShardSet, queries: Mapping[str, str], settings: Settings) -> None:
         self.shards = shards
@@ -591,6 +593,17 @@ class Router:
         with self._lock:
             keys, self._search_keys = sorted(self._search_keys), set()
         return keys
+
+    def file_keys(self) -> list[str | None]:
+        return [None, *self.shards.keys()]
+
+    @contextlib.contextmanager
+    def use(self, key: str | None, *, create: bool = False) -> Iterator[Engine]:
+        if key is None:
+            yield self.catalog
+            return
+        with self.shards.use(key, create=create) as db:
+            yield db
 
     def each(self, fn: Callable[[str | None, Any], None]) -> None:
         """``fn(key, database)`` for the catalog (key None), then every shard on disk."""

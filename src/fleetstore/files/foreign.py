@@ -1,5 +1,5 @@
 """Reading another program's SQLite file strictly read-only (an import source, a file
-``fleetstore doctor`` checks), every step in one place (``fleetstore.engine.inspect``
+``fleetstore doctor`` checks), every step in one place (``fleetstore.files.inspect``
 says why each is needed):
 
 1. refuse a file this process has open (``check_not_open_here``);
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from fleetstore import errors
-from fleetstore.engine.inspect import (
+from fleetstore.files.inspect import (
     FileFacts,
     Header,
     InspectFailed,

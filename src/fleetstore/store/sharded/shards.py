@@ -1,10 +1,10 @@
 """Many SQLite files as one store: a catalog database plus one database per shard.
 
-This layer knows files and keys, not what is in them: a shard is named by an
+This module knows files and keys, not what is in them: a shard is named by an
 opaque key (``is_key``), lives at ``<dir>/shards/<last two characters>/<key>.db``, is
 created and migrated on first use (``Database.open`` applies each migration
 once across processes starting together) and kept open in a bounded cache.
-Which rows go to which shard is decided above (``fleetstore.store.sharded``).
+Which rows go to which shard is decided by the router beside it (``fleetstore.store.sharded.router``).
 """
 
 from __future__ import annotations
