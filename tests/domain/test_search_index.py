@@ -248,3 +248,12 @@ def test_the_indexer_thread_of_a_writing_process_catches_up(url: str) -> None:
             assert time.monotonic() < deadline, store.search.status()
             time.sleep(0.05)
         _indexed_once(store, ids)
+
+
+@pytest.mark.parametrize("share", [0, 0.001, 1.5, float("nan"), "x", True])
+def test_a_search_share_that_is_not_a_fraction_is_refused_and_nothing_made(
+    tmp_path: Path, share: object
+) -> None:
+    with pytest.raises(fleetstore.ConfigError, match="search_share"):
+        fleetstore.open(tmp_path / "s.db", search_share=share)
+    assert not list(tmp_path.iterdir())

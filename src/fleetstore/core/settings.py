@@ -105,6 +105,12 @@ class Settings:
     #: Seconds between the indexer's looks at the queue when it is empty: the lag of a
     #: write that finds it idle.
     search_interval: float = 0.5
+    #: The share of its time this process's search indexer may take while there is
+    #: work (after each batch it rests nine times as long at 0.1): a fleet of writers
+    #: on few cores keeps the rest (the index took two thirds of the turns of `make
+    #: demo` unbounded).  The index falls behind while the writes outpace it, visibly
+    #: (``store.search.status()``, ``top``); ``fleetstore index`` catches up unbounded.
+    search_share: float = 0.1
     #: A part's text longer than this (characters) is searched by its first and its last
     #: half of it only.
     search_part_chars: int = 1024 * 1024
@@ -119,6 +125,12 @@ class Settings:
                     f"{name} must be a finite number of seconds from {minimum:g} to "
                     f"{maximum:g}, not {value!r:.80}"
                 ) from None
+        try:
+            check_number(self.search_share, "search_share", minimum=0.01, maximum=1.0)
+        except InvalidInput:
+            raise ConfigError(
+                f"search_share must be a fraction from 0.01 to 1, not {self.search_share!r:.80}"
+            ) from None
         if (
             not isinstance(self.synchronous, str)
             or self.synchronous.upper() not in SYNCHRONOUS_MODES

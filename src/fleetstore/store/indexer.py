@@ -5,7 +5,8 @@ It starts with the store's first write (a process that only reads never indexes)
 ``search_index`` is on, looks at its files every ``search_interval`` seconds, and, while
 one has anything queued (or a backfill to do), indexes it batch after batch, each in a
 short write transaction whose size follows its measured hold
-(``domain/search_index.py``).  The files: the store's one database, or a sharded
+(``domain/search_index.py``), resting after each so as to take at most
+``search_share`` of the process's time.  The files: the store's one database, or a sharded
 store's catalog and the shards this process wrote to (a shard stays on the list until
 its queue is found empty).  One process indexes a file at a time (a lease in the file);
 the others' threads look and wait.
@@ -129,6 +130,7 @@ class Indexer:
                 def one(db: Engine, chars: int = chars) -> Batch:
                     return index_batch(self._store, db, chars)
 
+                began = time.monotonic()
                 try:
                     batch = self._store.with_file(key, one)
                 except errors.NotFound:
@@ -145,8 +147,19 @@ class Indexer:
                     break
                 wrote = True
                 self._keys[key] = next_size(chars, batch)
+                self._rest(time.monotonic() - began)
         self._look_at_lag()
         return wrote
+
+    def _rest(self, spent: float) -> None:
+        """After a batch that took *spent* seconds, rest so that the indexer takes at
+        most ``search_share`` of this process's time (a ``wake`` does not cut it short:
+        only ``stop``)."""
+        share = self._store.settings.search_share
+        until = time.monotonic() + spent * (1.0 / share - 1.0)
+        with self._cond:
+            while not self._stopped and (left := until - time.monotonic()) > 0:
+                self._cond.wait(left)
 
     def _count(self, batch: Batch) -> None:
         if not batch.owners:
