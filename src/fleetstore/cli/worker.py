@@ -326,7 +326,7 @@ def _run(
 ) -> tuple[int, str, dict[str, int]]:
     """Load the handlers, open the store, run the worker: (exit code, owner, stats)."""
     import fleetstore
-    from fleetstore.admin.worker import HandlersError, load_handlers
+    from fleetstore.admin.handler_modules import HandlersError, load_handlers
     from fleetstore.cli import logs
 
     try:
