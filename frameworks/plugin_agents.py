@@ -55,6 +55,13 @@ class SQLiteSessionOnFleetstore(FleetstoreSession):
 
 SWAPS = {"SQLiteSession": SQLiteSessionOnFleetstore, "EncryptedSession": EncryptedSession}
 
+# Some of the SDK's tests read the file with the stdlib's sqlite3 beside fleetstore's
+# (marked expected failures: TABLES).  That is a second SQLite library in one process:
+# POSIX locks are per process, so its connection's close can reset the -shm that a
+# search indexer thread of the same file is reading, and the run died of SIGBUS
+# (docs/caveats.md).  No test here searches: the stores index nothing in this process.
+os.environ["FLEETSTORE_SEARCH_INDEX"] = "0"
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     keep, drop = [], []
