@@ -45,12 +45,13 @@ def disk(tmp_path: Path) -> Iterator[Path]:
 def fill(where: Path) -> Path:
     """Fill the file system of *where* to its last byte; the filler's path."""
     filler = where / "filler"
-    with open(filler, "wb") as f:
+    # Unbuffered: a buffered file kept what the full disk refused and raised ENOSPC
+    # again when closed (seen once the indexer's writes shifted the timing).
+    with open(filler, "wb", buffering=0) as f:
         chunk = b"\0" * (256 * 1024)
         while True:
             try:
                 f.write(chunk)
-                f.flush()
             except OSError as exc:
                 assert exc.errno == errno.ENOSPC, exc
                 break
