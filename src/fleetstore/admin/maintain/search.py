@@ -1,5 +1,5 @@
-"""The ``search`` step: the search index caught up (what the writes queued, and the
-backfill of what the store held before it had an index), then, on SQLite, its FTS5
+"""The ``search`` step: the search index caught up (what the writes had queued when the
+step began, and the backfill of what the store held before it had an index), then, on SQLite, its FTS5
 segments merged in short transactions (each ``merge`` writes about as many pages as
 keeps its hold near ``TARGET_HOLD``), every file of a sharded store in turn.
 
@@ -11,10 +11,12 @@ PostgreSQL keeps its GIN indexes itself (autovacuum)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch, Writer
+from fleetstore.domain.search_index import lease_owner
 from fleetstore.engine.base import Engine, Tx
 
 #: Pages the first merge transaction may write (then sized to TARGET_HOLD).
@@ -37,8 +39,26 @@ def search_step(store: Any, step: Step, dry_run: bool, progress: Progress | None
             "then merge the index's segments"
         )
         return
+    began = time.monotonic()
+
+    me = lease_owner()
+    looks = [0]
+
+    def caught_up() -> bool:
+        # What was queued when the step began, and the backfill; and nothing while a
+        # live process of the fleet indexes the file (its lease: its indexer rests
+        # between batches, holding it, and a catch-up waiting for it waited for ever;
+        # with 16 agents writing, one of everything chased their writes for minutes).
+        now = store.search.status()
+        looks[0] += 1  # (a first batch is tried: it takes over the lease of a dead process)
+        if looks[0] > 1 and any(owner != me for owner in now.indexers):
+            return True
+        done = now.queued == 0 or now.lag < time.monotonic() - began
+        return bool(done and now.backfill_done >= now.backfill_total)
+
     written = store.search.catch_up(
-        progress=None if progress is None else lambda d, t: progress("search backfill", d, t)
+        progress=None if progress is None else lambda d, t: progress("search backfill", d, t),
+        stop=caught_up,
     )
     merges = 0
     if store.dialect == "sqlite":
