@@ -155,11 +155,19 @@ def watch_stats(worker: Worker, done: threading.Event) -> None:
 
 
 def connections_in_transaction(store: fleetstore.Store) -> list[str]:
-    """The roles of this process's connections that are inside a transaction."""
+    """The roles of this process's connections left inside a transaction: inside one at
+    each of five looks a quarter of a second apart (another thread of this process, the
+    search indexer, may be inside a short one at any single look)."""
     db: Any = store.db  # the engine's own connections: a test looks inside
-    conns = [("writer", db._writer), ("checkpointer", db._checkpointer)]
-    conns += [("reader", c) for c in [*db._idle_readers, *db._busy_readers]]
-    return [role for role, conn in conns if conn is not None and conn.in_transaction]
+    left: set[tuple[str, int]] | None = None
+    for look in range(5):
+        if look:
+            time.sleep(0.25)
+        conns = [("writer", db._writer), ("checkpointer", db._checkpointer)]
+        conns += [("reader", c) for c in [*db._idle_readers, *db._busy_readers]]
+        now = {(role, id(c)) for role, c in conns if c is not None and c.in_transaction}
+        left = now if left is None else left & now
+    return sorted(role for role, _ in left or ())
 
 
 def worker_main(args: argparse.Namespace) -> int:
