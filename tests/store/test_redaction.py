@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -110,7 +111,38 @@ def _stream(store: Store, sid: str, text: str) -> Callable[[Store], Any]:
     return lambda s: [p for p in s.messages.get(reply.id).parts] + [s.state.get(sid, "turn").value]
 
 
+def _sessions(store: Store, sid: str, text: str) -> Callable[[Store], Any]:
+    """Titles and metadata: often made from the first message, or a command line."""
+    meta = {"cmd": text, "env": {"GITHUB_TOKEN": GH.secret}}
+    made = store.sessions.create(title=text, metadata=meta).id
+    store.sessions.update(sid, title=text, metadata=meta)
+    forked = store.sessions.fork(sid, title=text).id
+    m = store.messages.append(sid, "user", "hello", metadata=meta)
+    with store.messages.stream(sid, metadata=meta) as reply:
+        reply.text("done")
+    return lambda s: [
+        [(x.title, x.metadata) for x in (s.sessions.get(i) for i in (made, sid, forked))],
+        s.messages.get(m.id).metadata,
+        s.messages.get(reply.id).metadata,
+    ]
+
+
+def _failures(store: Store, sid: str, text: str) -> Callable[[Store], Any]:
+    """An effect's error and traceback: an exception's message prints what it was given."""
+    retried = store.effects.enqueue(f"{sid}/a", "hook", {}, max_attempts=3)
+    failed = store.effects.enqueue(f"{sid}/b", "hook", {})
+    claims = {c.id: c for c in store.effects.claim("w", kinds=["hook"], limit=2)}
+    claims[retried].retry(0.0, error=text, traceback=f"Traceback:\n  {text}")
+    claims[failed].fail(text, traceback=f"Traceback:\n  {text}")
+    return lambda s: [
+        (e.last_error, [(x.error, x.traceback) for x in e.errors])
+        for e in (s.effects.get(retried), s.effects.get(failed))
+    ]
+
+
 WRITES: dict[str, Write] = {
+    "sessions": _sessions,
+    "failures": _failures,
     "append": _append,
     "parts": _parts,
     "state": _state,
@@ -135,6 +167,42 @@ def test_every_write_path_stores_the_marker_not_the_secret(
     if engine == "sqlite":
         store.close()
         assert findings(tmp_path / "s.db") == []
+
+
+def test_a_failing_handlers_secret_is_neither_kept_nor_logged(
+    open_store: OpenStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception's message prints what it was given (a URL with its token, a header):
+    the worker keeps the error and the traceback redacted, and logs them redacted too,
+    the traceback as text instead of the exception (a log file keeps a key as long as a
+    database would)."""
+    store = open_store()
+
+    def call(e: Any) -> None:
+        raise RuntimeError(f"401 from the API: {GH.text}")
+
+    def deliberate(e: Any) -> None:
+        raise fleetstore.FailEffect(f"refused: {KEYED.text}")
+
+    retried = store.effects.enqueue("a", "call", max_attempts=2)
+    refused = store.effects.enqueue("b", "deliberate")
+    worker = fleetstore.Worker(
+        store, {"call": call, "deliberate": deliberate}, until_idle=True, backoff=0.001
+    )
+    with caplog.at_level(logging.INFO, logger="fleetstore.worker"):
+        worker.run()
+    records = [r for r in caplog.records if hasattr(r, "effect_id")]
+    assert len(records) == 3, [r.getMessage() for r in records]
+    logged = caplog.text + "".join(json.dumps(r.failure) for r in records)  # type: ignore[attr-defined]
+    kept = json.dumps(
+        [[(x.error, x.traceback) for x in store.effects.get(e).errors] for e in (retried, refused)]
+    )
+    for shown in (logged, kept):
+        assert GH.secret[4:24] not in shown and KEYED.secret not in shown
+        assert "[REDACTED:github-token]" in shown and "[REDACTED:" in shown
+    assert "Traceback (most recent call last)" in logged  # the traceback is still there
+    assert kept.count("in call") == 2  # each attempt's traceback, from the handler's frame
+    assert store.metrics()["redacted"]["github-token"] >= 2
 
 
 def test_the_async_api_redacts_as_the_sync_one(tmp_path: Path) -> None:

@@ -318,6 +318,24 @@ def encode_state(
     return {**head, "value": write_payload(store, payload)}
 
 
+def redact_text(store: StorePort, text: Any) -> Any:
+    """A short text kept as given (a session's title, an effect's error or traceback)
+    redacted and counted; anything not a string is passed on for its own check."""
+    redaction = store.redaction
+    if text.__class__ is not str or redaction is None or redaction.screen(text) is None:
+        return text
+    return redaction.text(text)
+
+
+def redact_value(store: StorePort, value: Any, text: str) -> Any:
+    """A JSON value kept as given (a session's or a message's metadata) redacted and
+    counted; *text* is its JSON, screened first (nothing more when no prefix is in it)."""
+    redaction = store.redaction
+    if redaction is None or redaction.screen(text) is None:
+        return value
+    return redaction.value(value)
+
+
 def redact_json(store: StorePort, text: str) -> str:
     """JSON *text* (an effect's result) redacted as the value it encodes."""
     redaction = store.redaction
@@ -410,6 +428,8 @@ __all__ = [
     "Prepared",
     "check_encoded",
     "redact_json",
+    "redact_text",
+    "redact_value",
     "columns",
     "encode_state",
     "value_payload",

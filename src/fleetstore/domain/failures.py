@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from fleetstore.domain import completer
+from fleetstore.domain.codec import redacted_copy
 from fleetstore.domain.handlers import FailEffect, RetryEffect
 from fleetstore.domain.outbox import Claim
 from fleetstore.models import EffectState
@@ -61,6 +62,17 @@ def log_failure(
     one to run again, an ERROR for a dead effect (or an outcome not recorded);
     an unexpected exception's record carries its traceback."""
     error, exc, delay = failed
+    # What the store keeps is redacted (Claim._failure); the log gets the same text and,
+    # where the traceback holds what a rule finds, the redacted traceback instead of the
+    # exception's own (a log file keeps a printed key as long as a database would).
+    store = claim._store
+    error = redacted_copy(store, error) or error
+    exc_info = exc if exc is not None and not isinstance(exc, RetryEffect | FailEffect) else None
+    shown = ""
+    if exc_info is not None and store.redaction is not None:
+        text = "".join(traceback.format_exception(type(exc_info), exc_info, exc_info.__traceback__))
+        if store.redaction.screen(text) is not None:
+            exc_info, shown = None, "\n" + (redacted_copy(store, text) or "").rstrip("\n")
     effect = claim.effect
     state = claim.settled
     retry_at: float | None = None
@@ -88,7 +100,7 @@ def log_failure(
     }
     log.log(
         logging.WARNING if step in ("retry", "spooled") else logging.ERROR,
-        "%s %s (thread %s) attempt %d of %d failed: %s%s; %s",
+        "%s %s (thread %s) attempt %d of %d failed: %s%s; %s%s",
         effect.kind,
         effect.id,
         effect.thread_key,
@@ -97,7 +109,8 @@ def log_failure(
         error,
         f" (at {where})" if where else "",
         then,
-        exc_info=exc if exc is not None and not isinstance(exc, RetryEffect | FailEffect) else None,
+        shown,
+        exc_info=exc_info,
         # Each field for a formatter, and all of them as one for a consumer
         # (fleetstore worker's lines and JSON).
         extra={**fields, "event": "effect_failed", "failure": fields},

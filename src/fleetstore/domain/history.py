@@ -24,6 +24,7 @@ from fleetstore.core.validate import (
     MAX_ERROR_TEXT,
     MAX_METADATA,
     MAX_MODEL,
+    MAX_SHORT,
     MAX_TEXT,
     ROLES_MAX,
     check_bool,
@@ -42,6 +43,8 @@ from fleetstore.domain.codec import (
     encode_part,
     encode_state,
     prepare_parts,
+    redact_text,
+    redact_value,
     write_parts,
 )
 from fleetstore.domain.operations import Delivery, Operation
@@ -102,12 +105,25 @@ def effects_arg(store: StorePort, effects: Sequence[NewEffect]) -> list[dict[str
     return effects_args(store, effects)
 
 
-def _metadata(value: Mapping[str, Any] | None) -> dict[str, Any]:
+def _title(store: StorePort, value: object) -> str | None:
+    """A title checked and redacted (often made from the first message), still within
+    its limit (a marker may be longer than the secret it replaces)."""
+    title = redact_text(store, check_opt_str(value, "title"))
+    return title if title is None else title[:MAX_SHORT]
+
+
+def _metadata(store: StorePort, value: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Metadata checked and redacted (its values are content too: a title's source, a
+    command line, a URL with its token)."""
     if value is None:
         return {}
     data = check_mapping(value, "metadata")
-    dump_json(data, "metadata", MAX_METADATA)
-    return data
+    if not data:
+        return data
+    kept: dict[str, Any] = redact_value(store, data, dump_json(data, "metadata", MAX_METADATA))
+    if kept is not data:  # markers can be longer than what they replace
+        dump_json(kept, "metadata (redacted)", MAX_METADATA)
+    return kept
 
 
 # -- reading rows ----------------------------------------------------------------------------
@@ -219,9 +235,9 @@ class Sessions:
         *effects* are enqueued in the same transaction (the transactional outbox)."""
         sid = new_id() if id is None else check_id(id, "id")
         check_opt_id(parent_id, "parent_id")
-        check_opt_str(title, "title")
+        title = _title(self._store, title)
         check_opt_str(project, "project")
-        meta = _metadata(metadata)
+        meta = _metadata(self._store, metadata)
         effect_list = prepare_effects(self._store, effects).write()
         now = time.time()
         args: dict[str, Any] = {
@@ -314,9 +330,9 @@ class Sessions:
         enqueued in the same transaction.  Never spooled (see ``_unspooled``)."""
         args: dict[str, Any] = {"id": check_id(session_id, "session_id")}
         if title is not None:
-            args["title"] = check_str(title, "title")
+            args["title"] = _title(self._store, title)
         if metadata is not None:
-            args["metadata"] = _metadata(metadata)
+            args["metadata"] = _metadata(self._store, metadata)
         if expected_version is not None:
             args["expected_version"] = check_int(expected_version, "expected_version", minimum=1)
         effect_list = prepare_effects(self._store, effects).write()
@@ -337,7 +353,7 @@ class Sessions:
         new = new_id() if id is None else check_id(id, "id")
         check_id(session_id, "session_id")
         check_opt_id(at_message_id, "at_message_id")
-        check_opt_str(title, "title")
+        title = _title(self._store, title)
         at_seq = None
         if at_message_id is not None:
             # Only its seq: reading the whole message would read (and verify) its blobs.
@@ -447,7 +463,7 @@ class Messages:
         check_str(role, "role", limit=ROLES_MAX, empty=False)
         if model is not None:
             check_str(model, "model", limit=MAX_MODEL)
-        meta = {} if metadata is None else _metadata(metadata)
+        meta = {} if metadata is None else _metadata(self._store, metadata)
         usage_dict = None if usage is None else usage_args(usage)
         if parts.__class__ is str:
             part_list: tuple[Part, ...] = (Text(parts),)
@@ -652,7 +668,7 @@ class Stream:
         check_str(role, "role", limit=ROLES_MAX, empty=False)
         self.role = role
         self.model = check_opt_str(model, "model", MAX_MODEL)
-        self._metadata = _metadata(metadata)
+        self._metadata = _metadata(store, metadata)
         self._lock = threading.Lock()  # guards the buffer below
         self._flush_lock = threading.Lock()  # one write at a time keeps chunk order
         self._pending: list[dict[str, Any]] = []  # chunks

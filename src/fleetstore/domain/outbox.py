@@ -36,6 +36,7 @@ from fleetstore.domain.codec import (
     decode_value,
     prepare_payload,
     redact_json,
+    redact_text,
     value_payload,
     write_payload,
 )
@@ -771,11 +772,12 @@ class Claim:
             check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
         if error is not None and not isinstance(error, str):
             raise errors.InvalidInput(f"error must be a string, not {type(error).__name__}")
+        store = self._store
         return self._item(
             "retry",
-            error=error_text(error or "retry requested"),
+            error=error_text(redact_text(store, error or "retry requested")),
             delay=delay,
-            **_failure_args(traceback, max_attempts),
+            **_failure_args(redact_text(store, traceback), max_attempts),
         )
 
     def _failure(
@@ -783,8 +785,12 @@ class Claim:
     ) -> dict[str, Any]:
         check_bool(interrupted, "interrupted")
         reason = "interrupted" if interrupted else "failed"
+        store = self._store
         return self._item(
-            "dead", error=error_text(error), dead_reason=reason, **_failure_args(traceback, None)
+            "dead",
+            error=error_text(redact_text(store, error)),
+            dead_reason=reason,
+            **_failure_args(redact_text(store, traceback), None),
         )
 
     def _timed_out(
@@ -792,7 +798,10 @@ class Claim:
     ) -> dict[str, Any]:
         check_number(delay, "delay", minimum=0.0, maximum=MAX_DELAY)
         return self._item(
-            "timed_out", error=error_text(error), delay=delay, **_failure_args(None, max_attempts)
+            "timed_out",
+            error=error_text(redact_text(self._store, error)),
+            delay=delay,
+            **_failure_args(None, max_attempts),
         )
 
     def _item(
