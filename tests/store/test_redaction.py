@@ -120,10 +120,13 @@ def _sessions(store: Store, sid: str, text: str) -> Callable[[Store], Any]:
     m = store.messages.append(sid, "user", "hello", metadata=meta)
     with store.messages.stream(sid, metadata=meta) as reply:
         reply.text("done")
+    with pytest.raises(RuntimeError), store.messages.stream(sid) as failed:
+        raise RuntimeError(text)  # the stream's error: the exception's message
     return lambda s: [
         [(x.title, x.metadata) for x in (s.sessions.get(i) for i in (made, sid, forked))],
         s.messages.get(m.id).metadata,
         s.messages.get(reply.id).metadata,
+        s.messages.get(failed.id).error,
     ]
 
 
@@ -546,6 +549,54 @@ def test_fleetstore_redact_killed_then_run_again_rewrites_each_row_exactly_once(
         assert texts[-1] == redacted(secret)
         assert store.state.get(sid, "env").value == {"GITHUB_TOKEN": "[REDACTED:github-token]"}
     assert findings(path) == []
+
+
+def test_fleetstore_redact_rewrites_titles_metadata_and_errors_once(
+    open_store: OpenStore, engine: str, tmp_path: Path
+) -> None:
+    """What the write path now redacts but a store may hold from before: session titles
+    and metadata, message metadata, a stream's error, an effect's errors and tracebacks.
+    Each row rewritten once, in the file that holds it; a second run finds nothing."""
+    from fleetstore.admin.redact import redact_store
+
+    text = f"401 from {GH.text}"
+    meta = {"cmd": text, "env": {"GITHUB_TOKEN": GH.secret}}
+    store = open_store(redaction=False)
+    sid = store.sessions.create(title=text, metadata=meta).id
+    clean = store.sessions.create(title="nothing to see").id
+    mid = store.messages.append(sid, "user", "hi", metadata=meta).id
+    with pytest.raises(RuntimeError), store.messages.stream(sid) as reply:
+        reply.text("partial")
+        raise RuntimeError(text)
+    eid = store.effects.enqueue("t", "hook", {}, max_attempts=2)
+    (claim,) = store.effects.claim("w", kinds=["hook"])
+    claim.retry(0.0, error=text, traceback=f"Traceback:\n  {text}")
+
+    def shown(s: Store) -> str:
+        e = s.effects.get(eid)
+        return json.dumps(
+            [
+                [(x.title, x.metadata) for x in map(s.sessions.get, (sid, clean))],
+                [(x.title, x.metadata) for x in s.sessions.list(limit=10)],
+                [(m.metadata, m.error) for m in map(s.messages.get, (mid, reply.id))],
+                [e.last_error, [(x.error, x.traceback) for x in e.errors]],
+            ],
+            default=repr,
+        )
+
+    assert shown(store).count(GH.secret[4:24]) >= 8  # stored as given
+
+    first = redact_store(store)
+    assert dict(first.rewritten) == {"sessions": 1, "messages": 2, "effects": 1}, first.to_json()
+    assert first.changed_meanwhile == 0
+    after = shown(store)
+    assert GH.secret[4:24] not in after and after.count("[REDACTED:github-token]") >= 8, after
+    assert "nothing to see" in after and "partial" not in after
+    second = redact_store(store)
+    assert sum(second.rewritten.values()) == 0 and second.already == 0, second.to_json()
+    if engine == "sqlite":
+        store.close()
+        assert findings(tmp_path / "s.db") == []
 
 
 # -- an encrypted fleet with secrets: no file it leaves holds a marker --------------------------

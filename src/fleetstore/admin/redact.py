@@ -3,9 +3,10 @@ with it off, imported, or found by rules added since) replaced by their markers.
 
 Every part body (inline or a blob), every streamed part of a message no longer being
 streamed (its chunks read as one text, so a secret cut by a flush is caught, and put
-back as one chunk), every state value and every effect's payload and result is read
-in pages of short read transactions and redacted with the store's rules (built-in,
-plus ``redaction_rules_file``).  Each row that changes is rewritten by one logged
+back as one chunk), every state value, every effect's payload, result and errors,
+every session's title and metadata (in the file that holds the session) and every
+message's metadata and error is read in pages of short read transactions and redacted
+with the store's rules (built-in, plus ``redaction_rules_file``).  Each row that changes is rewritten by one logged
 operation (``mnt_redact``, ``mnt_redact_effect``) whose id is derived from the row and
 what it held: applied exactly once, and only if the row still holds what was read (a
 row written meanwhile is left for the next run).  Killed (``kill -9``), a run again
@@ -21,6 +22,7 @@ WAL is checkpointed and truncated at the end when nobody reads an old snapshot.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -30,9 +32,11 @@ from typing import Any
 from fleetstore import errors
 from fleetstore.core.ids import derived_id
 from fleetstore.core.redact import WriteRedaction, write_redaction
+from fleetstore.core.validate import MAX_ERROR_TEXT, MAX_SHORT
 from fleetstore.domain.codec import prepare_payload, write_payload
 from fleetstore.domain.maintenance import stored_digest
 from fleetstore.domain.operations import Operation
+from fleetstore.domain.outbox_ops import MAX_ERROR
 from fleetstore.store.facade import Store
 
 #: Rows read per read transaction.
@@ -84,7 +88,9 @@ def redact_store(
     # The store's own rules, whether it redacts as it writes or not (the point here).
     redaction = write_redaction(store.settings.redaction_rules_file)
     run = _Run(store, redaction, dry_run, progress)
-    for read in _files(store):
+    for key, read in _files(store):
+        run.sessions(read, key)
+        run.messages(read)
         run.parts(read)
         run.streamed(read)
         run.states(read)
@@ -111,8 +117,8 @@ def _engines(store: Store) -> list[Any]:
     return found
 
 
-def _files(store: Store) -> Iterator[Read]:
-    """A reader of each database file of *store*: ``read(query name, params)``."""
+def _files(store: Store) -> Iterator[tuple[str | None, Read]]:
+    """Each database file of *store*: its key, and a reader ``read(query name, params)``."""
     q = store.queries
 
     def reader(db: Any) -> Read:
@@ -120,7 +126,7 @@ def _files(store: Store) -> Iterator[Read]:
 
     for key in store.backend.file_keys():
         with store.backend.use(key) as db:
-            yield reader(db)
+            yield key, reader(db)
 
 
 class _Run:
@@ -236,21 +242,74 @@ class _Run:
                     self._apply("state", "mnt_redact", args, sha, sid, ns, key)
             after = (str(rows[-1][0]), str(rows[-1][1]), str(rows[-1][2]))
 
+    def _text(self, text: str | None, limit: int) -> str | None:
+        """*text* redacted (within *limit*: a marker may be longer than its secret)."""
+        if text is None or self.redaction.screen(text) is None:
+            return text
+        return self.redaction.text(text)[:limit]
+
+    def _json(self, text: str) -> str:
+        if self.redaction.screen(text) is None:
+            return text
+        return self.redaction.json_text(text)
+
+    def sessions(self, read: Read, key: str | None) -> None:
+        """Titles and metadata, each in the file that holds the session (a sharded
+        catalog also keeps a copy of its shards' rows, refreshed from them)."""
+        after = ""
+        homed = key is None and self.store.backend.file_keys() != [None]
+        while rows := read("red_sessions_page", {"id": after, "limit": PAGE}):
+            for sid, title, metadata in rows:
+                self._tick("sessions")
+                if homed and self.store.backend.home(sid) is not None:
+                    continue
+                new_title, new_meta = self._text(title, MAX_SHORT), self._json(metadata)
+                if (new_title, new_meta) != (title, metadata):
+                    args = {
+                        "what": "session",
+                        "session_id": sid,
+                        "expect": stored_digest(title, metadata),
+                        "title": new_title,
+                        "metadata": json.loads(new_meta),
+                    }
+                    self._apply("sessions", "mnt_redact", args, None, sid)
+            after = str(rows[-1][0])
+
+    def messages(self, read: Read) -> None:
+        """Messages' metadata and errors (a stream's error is an exception's message)."""
+        after = ""
+        while rows := read("red_messages_page", {"id": after, "limit": PAGE}):
+            for mid, sid, metadata, error in rows:
+                self._tick("messages")
+                new_meta, new_error = self._json(metadata), self._text(error, MAX_ERROR_TEXT)
+                if (new_meta, new_error) != (metadata, error):
+                    args = {
+                        "what": "message",
+                        "session_id": sid,
+                        "message_id": mid,
+                        "expect": stored_digest(metadata, error),
+                        "metadata": json.loads(new_meta),
+                        "error": new_error,
+                    }
+                    self._apply("messages", "mnt_redact", args, None, mid)
+            after = str(rows[-1][0])
+
     def effects(self, read: Read) -> None:
         after = ""
         while rows := read("red_effects_page", {"id": after, "limit": PAGE}):
-            for eid, enc, payload, sha, size, result in rows:
+            for eid, enc, payload, sha, size, result, last_error, kept in rows:
                 self._tick("effects")
                 old, new = self._value(enc, payload, sha, size)
-                new_result = result
-                if isinstance(result, str) and self.redaction.screen(result) is not None:
-                    new_result = self.redaction.json_text(result)
-                if new != old or new_result != result:
+                new_result = result if result is None else self._json(result)
+                new_last, new_kept = self._text(last_error, MAX_ERROR), self._json(kept)
+                if (new, new_result, new_last, new_kept) != (old, result, last_error, kept):
                     args = {
                         "id": eid,
-                        "expect": stored_digest(enc, payload, sha, result),
+                        "expect": stored_digest(enc, payload, sha, result, last_error, kept),
                         "value": self._encoded(new, enc),
                         "result": new_result,
+                        "last_error": new_last,
+                        "errors": new_kept,
                     }
                     self._apply("effects", "mnt_redact_effect", args, sha, eid)
             after = str(rows[-1][0])

@@ -33,8 +33,9 @@ def redact_command(dry_run: bool, as_json: bool, store: str | None) -> None:
     What was written before redaction, with it off, imported, or is found by rules
     added since (the built-in rules, plus redaction_rules_file): every part body
     (inline or a blob), the text of every streamed reply no longer being streamed (read
-    as one text, so a secret cut by a flush is caught), every state value and every
-    effect's payload and result. Each row that changes is rewritten by a logged
+    as one text, so a secret cut by a flush is caught), every state value, every
+    effect's payload, result and errors, session titles and metadata, and messages'
+    metadata and errors. Each row that changes is rewritten by a logged
     operation applied exactly once, and only if the row still holds what was read;
     run it with the fleet writing, and again after a kill: it carries on. The blob
     files of replaced payloads are left for `fleetstore maintain` to delete; backups

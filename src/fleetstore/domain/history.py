@@ -929,7 +929,9 @@ class Stream:
         """Write what is buffered and mark the message ``complete`` (or ``error``), in
         one transaction.  Idempotent."""
         if error is not None:
-            check_str(error, "error", limit=MAX_ERROR_TEXT)
+            # An exception's message prints what it was given: kept redacted.
+            error = redact_text(self._store, check_str(error, "error", limit=MAX_ERROR_TEXT))
+            error = error[:MAX_ERROR_TEXT]
         if self._finished or not self._open:
             return
         self._finished = True
@@ -953,6 +955,7 @@ class Stream:
             self._store.streams_closed(self)
 
     def _end_as_error(self, error: str) -> None:
+        error = redact_text(self._store, error)[:MAX_ERROR_TEXT]
         with self._lock:
             self._pending, self._parts, self._pending_bytes = [], [], 0
         try:

@@ -20,14 +20,16 @@ meanwhile is left for the next run.  None is ever spooled (maintenance calls
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from fleetstore import errors
 from fleetstore.core.ids import is_valid_id
-from fleetstore.core.validate import arg_int, arg_when
+from fleetstore.core.validate import MAX_ERROR_TEXT, arg_int, arg_meta, arg_str, arg_when
 from fleetstore.domain.blobs import check_sha
 from fleetstore.domain.codec import check_encoded, columns
 from fleetstore.domain.operations import Args, Declarations, Queries, Result, Scope
+from fleetstore.domain.outbox_ops import MAX_ERROR
 from fleetstore.engine.base import Tx
 
 OPERATIONS = Declarations()
@@ -203,24 +205,58 @@ def _redact(tx: Tx, q: Queries, a: Args) -> Result:
             return {"changed": True}
         tx.execute(q["red_state_set"], {**keys, **_payload(tx, q, a.get("value"), what, now)})
         return {"redacted": what}
-    raise errors.InvalidInput(f"what must be part, chunks or state, not {what!r:.40}")
+    if what == "session":
+        # A session's own row, in the file that holds it (a sharded catalog's copy is
+        # refreshed from there).
+        title = arg_str(a, "title")
+        metadata = arg_meta(a)
+        rows = tx.execute(q["red_session"], {"id": sid})
+        if not rows or stored_digest(*rows[0]) != expect:
+            return {"changed": True}
+        tx.execute(q["red_session_set"], {"id": sid, "title": title, "metadata": metadata})
+        return {"redacted": what}
+    if what == "message":
+        mid = a.get("message_id")
+        if not is_valid_id(mid):
+            raise errors.InvalidInput("message_id must be a message id")
+        metadata = arg_meta(a)
+        error = arg_str(a, "error", limit=MAX_ERROR_TEXT)
+        rows = tx.execute(q["red_message"], {"id": mid})
+        if not rows or stored_digest(*rows[0]) != expect:
+            return {"changed": True}
+        tx.execute(q["red_message_set"], {"id": mid, "metadata": metadata, "error": error})
+        return {"redacted": what}
+    raise errors.InvalidInput(
+        f"what must be part, chunks, state, session or message, not {what!r:.40}"
+    )
 
 
 @OPERATIONS.declare("mnt_redact_effect", scope=Scope.CATALOG, session_args=())
 def _redact_effect(tx: Tx, q: Queries, a: Args) -> Result:
-    """Replace an effect's payload and result with their redacted forms, if it still
-    holds what was read (``expect``); ``{"changed": True}`` otherwise."""
+    """Replace an effect's payload, result and errors (the last one, and each attempt's
+    with its traceback) with their redacted forms, if it still holds what was read
+    (``expect``); ``{"changed": True}`` otherwise."""
     eid = a.get("id")
     if not is_valid_id(eid):
         raise errors.InvalidInput(f"id must be an effect id, not {eid!r}")
     result = a.get("result")
     if result is not None and not isinstance(result, str):
         raise errors.InvalidInput("result must be JSON text or None")
+    last_error = arg_str(a, "last_error", limit=MAX_ERROR)
+    kept = a.get("errors")
+    try:
+        if not isinstance(json.loads(kept), list):  # type: ignore[arg-type]
+            raise ValueError
+    except (TypeError, ValueError):
+        raise errors.InvalidInput("errors must be the JSON text of a list") from None
     rows = tx.execute(q["red_effect"], {"id": eid})
     if not rows or stored_digest(*rows[0]) != a.get("expect"):
         return {"changed": True}
     payload = _payload(tx, q, a.get("value"), "effect payload", a["now"])
-    tx.execute(q["red_effect_set"], {"id": eid, **payload, "result": result})
+    tx.execute(
+        q["red_effect_set"],
+        {"id": eid, **payload, "result": result, "last_error": last_error, "errors": kept},
+    )
     return {"redacted": "effect"}
 
 

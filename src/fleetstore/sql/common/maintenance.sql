@@ -195,13 +195,25 @@ WHERE session_id = :session_id AND namespace = :namespace AND key = :key
 UPDATE state SET enc = :enc, value = :body, blob_sha = :blob_sha, size = :size
 WHERE session_id = :session_id AND namespace = :namespace AND key = :key
 
--- red_effect: an effect's payload as stored, and its result
-SELECT enc, payload, blob_sha, result FROM effects WHERE id = :id
+-- red_effect: an effect's payload as stored, its result and its errors
+SELECT enc, payload, blob_sha, result, last_error, errors FROM effects WHERE id = :id
 
--- red_effect_set: an effect's payload and result replaced by their redacted ones
+-- red_effect_set: an effect's payload, result and errors replaced by their redacted ones
 UPDATE effects SET enc = :enc, payload = :body, blob_sha = :blob_sha, size = :size,
-                   result = :result
+                   result = :result, last_error = :last_error, errors = :errors
 WHERE id = :id
+
+-- red_session: a session's title and metadata as stored
+SELECT title, metadata FROM sessions WHERE id = :id
+
+-- red_session_set: a session's title and metadata replaced by their redacted ones
+UPDATE sessions SET title = :title, metadata = :metadata WHERE id = :id
+
+-- red_message: a message's metadata and error as stored
+SELECT metadata, error FROM messages WHERE id = :id
+
+-- red_message_set: a message's metadata and error replaced by their redacted ones
+UPDATE messages SET metadata = :metadata, error = :error WHERE id = :id
 
 -- red_parts_page: the next :limit parts with a body of their own after (:m, :after_seq), for redact
 SELECT message_id, seq, session_id, enc, body, blob_sha, size FROM parts
@@ -219,4 +231,13 @@ WHERE (session_id, namespace, key) > (:s, :n, :k)
 ORDER BY session_id, namespace, key LIMIT :limit
 
 -- red_effects_page: the next :limit effects after :id
-SELECT id, enc, payload, blob_sha, size, result FROM effects WHERE id > :id ORDER BY id LIMIT :limit
+SELECT id, enc, payload, blob_sha, size, result, last_error, errors FROM effects
+WHERE id > :id ORDER BY id LIMIT :limit
+
+-- red_sessions_page: the next :limit sessions after :id with a title or metadata
+SELECT id, title, metadata FROM sessions
+WHERE id > :id AND (title IS NOT NULL OR metadata <> '{}') ORDER BY id LIMIT :limit
+
+-- red_messages_page: the next :limit messages after :id with metadata or an error
+SELECT id, session_id, metadata, error FROM messages
+WHERE id > :id AND (metadata <> '{}' OR error IS NOT NULL) ORDER BY id LIMIT :limit

@@ -146,7 +146,7 @@ WHERE message_id = :message_id AND seq = :seq
 UPDATE state SET enc = :enc, value = fleetstore_bytes(:body), blob_sha = :blob_sha, size = :size
 WHERE session_id = :session_id AND namespace = :namespace AND key = :key
 
--- red_effect_set: an effect's payload and result replaced by their redacted ones
+-- red_effect_set: an effect's payload, result and errors replaced by their redacted ones
 UPDATE effects SET enc = :enc, payload = fleetstore_bytes(:body), blob_sha = :blob_sha, size = :size,
-                   result = :result
+                   result = :result, last_error = :last_error, errors = :errors
 WHERE id = :id
