@@ -257,3 +257,52 @@ def test_a_search_share_that_is_not_a_fraction_is_refused_and_nothing_made(
     with pytest.raises(fleetstore.ConfigError, match="search_share"):
         fleetstore.open(tmp_path / "s.db", search_share=share)
     assert not list(tmp_path.iterdir())
+
+
+def test_catch_up_takes_the_file_over_from_a_live_fleets_indexer_and_gives_it_back(
+    url: str,
+) -> None:
+    """A fleet's indexer rests between batches holding the lease (a tenth of its time):
+    a catch-up that waited for it waited as long as the fleet wrote.  ``take_over``
+    (``fleetstore index``) indexes at once, every file, and leaves the lease free; without
+    it the catch-up leaves a live holder's file alone (maintain's bounded step)."""
+    import socket
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with fleetstore.open(url, search_index=False) as store:
+            sessions = [store.sessions.create(title=f"s{i}").id for i in range(3)]
+            for j, sid in enumerate(sessions):
+                for i in range(40):
+                    store.messages.append(sid, "user", f"w{j}n{i}q queued before")
+            holder = f"{socket.gethostname()}:{sleeper.pid}"  # alive, on this host
+
+            def hold(_key: Any, db: Any) -> None:
+                db.run_write(
+                    lambda tx: tx.execute(
+                        "UPDATE search_state SET owner = ?, beat = ? WHERE id = 1",
+                        (holder, time.time()),
+                    )
+                )
+
+            store.backend.each(hold)
+            owners = read_everywhere(store, "SELECT owner FROM search_state")
+            assert owners and {o for (o,) in owners} == {holder}
+
+            waited_until = time.monotonic() + 1.0
+            assert store.search.catch_up(stop=lambda: time.monotonic() > waited_until) == 0
+
+            deadline = time.monotonic() + 60  # a stop only if it waited for the holder
+            written = store.search.catch_up(
+                take_over=True, stop=lambda: time.monotonic() > deadline
+            )
+            assert written > 0
+            _indexed_once(store, _words(store, sessions))
+            # Given back where it was taken (a file with nothing to index is left alone).
+            left = {o for (o,) in read_everywhere(store, "SELECT owner FROM search_state")}
+            assert None in left and left <= {None, holder}, left
+            with pytest.raises(fleetstore.InvalidInput):
+                store.search.catch_up(take_over="yes")  # type: ignore[arg-type]
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -336,10 +336,16 @@ def test_a_writer_that_starts_mid_copy_stops_it_and_the_next_run_starts_over(
     writer = live_writer(src, stop, go)  # started, not yet using SRC
     try:
         proc, _ = reshard_mid_messages(src, dst)
-        go.touch()
-        assert writer.stdout is not None
-        assert writer.stdout.readline().strip() == "ready"
-        assert proc.poll() is None, "the copy ended before the writer came: make it longer"
+        # Stopped mid-copy until the writer has SRC open: on a loaded machine the copy
+        # could otherwise pass its last look for writers before the writer came (and a
+        # writer that comes after the copy was verified is not the copy's to see).
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            go.touch()
+            assert writer.stdout is not None
+            assert writer.stdout.readline().strip() == "ready"
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
         _, err = proc.communicate(timeout=120)
     finally:
         stopped(writer, stop)

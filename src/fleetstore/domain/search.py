@@ -538,14 +538,22 @@ class Search:
         *,
         progress: Callable[[int, int], None] | None = None,
         stop: Callable[[], bool] | None = None,
+        take_over: bool = False,
     ) -> int:
         """Index everything queued and the backfill of every file now, in this thread,
         waiting for a process that indexes a file meanwhile; the sections written.
         *progress(done, total)*: the backfill's messages, summed over the files, after
-        each batch; *stop()* True stops it between two batches."""
+        each batch; *stop()* True stops it between two batches.
+
+        *take_over*: do not wait for the fleet.  Each file's indexing is taken from the
+        process doing it (a live process's indexer rests between batches, taking a
+        tenth of its time: ``search_share``), what was queued before the call and the
+        backfill are indexed at full speed, and the file is given back: writes made
+        meanwhile are left to the fleet's indexers (``fleetstore index``)."""
         for name, fn in (("progress", progress), ("stop", stop)):
             if fn is not None and not callable(fn):
                 raise errors.InvalidInput(f"{name} must be a function, not {fn!r:.80}")
+        check_bool(take_over, "take_over")
         if stop is None:
             stop = _never
         keys = self._store.search_files(session_id=None, root_id=None, project=None)
@@ -564,7 +572,13 @@ class Search:
                 break
 
             def one(db: Engine, key: str | None = key) -> Batch:
-                return catch_up(self._store, db, progress=lambda d, t: report(key, d, t), stop=stop)
+                return catch_up(
+                    self._store,
+                    db,
+                    progress=lambda d, t: report(key, d, t),
+                    stop=stop,
+                    take=take_over,
+                )
 
             written += self._store.with_file(key, one).docs
         return written

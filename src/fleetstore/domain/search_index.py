@@ -282,12 +282,18 @@ def _allocate(tx: Tx, q: Any, at: float, used: dict[int, int]) -> int:
 
 
 def _write(
-    tx: Tx, store: StorePort, db: Engine, owners: list[Owner], moved: dict[str, Any], me: str
+    tx: Tx,
+    store: StorePort,
+    db: Engine,
+    owners: list[Owner],
+    moved: dict[str, Any],
+    me: str,
+    take: bool,
 ) -> Batch:
     q = store.queries
     now = time.time()
     state = tx.execute(q["search_state_get"])[0]
-    seen = state[0] if _owner_gone(state[0], state[1], now) else me
+    seen = state[0] if take or _owner_gone(state[0], state[1], now) else me
     if not tx.execute(q["search_lease"], {"owner": me, "now": now, "seen": seen}):
         raise _LeaseLost
     queued = [o.doc for o in owners]
@@ -357,15 +363,18 @@ def _write(
     return batch
 
 
-def index_batch(store: StorePort, db: Engine, chars: int = FIRST_CHARS) -> Batch:
+def index_batch(
+    store: StorePort, db: Engine, chars: int = FIRST_CHARS, *, take: bool = False
+) -> Batch:
     """Index one batch of *db* (a store's file): about *chars* characters of text from
     the head of its queue, else from its backfill.  ``idle`` if nothing was left,
-    ``busy`` if another process holds the lease (nothing written)."""
+    ``busy`` if another process holds the lease (nothing written).  *take*: take the
+    lease even from a live process (its next batch finds it lost, and waits)."""
     me = lease_owner()
     state = db.read(lambda tx: tx.execute(store.queries["search_state_get"])[0])
     if state[2] is None and state[3] is None and not state[4]:
         return Batch(idle=True)
-    if state[0] not in (None, me) and not _owner_gone(state[0], state[1], time.time()):
+    if not take and state[0] not in (None, me) and not _owner_gone(state[0], state[1], time.time()):
         return Batch(busy=True)
     owners, moved = _read(store, db, chars)
     if not owners and not moved:
@@ -374,7 +383,7 @@ def index_batch(store: StorePort, db: Engine, chars: int = FIRST_CHARS) -> Batch
 
     def run(tx: Tx) -> Batch:
         began[0] = time.monotonic()
-        return _write(tx, store, db, owners, moved, me)
+        return _write(tx, store, db, owners, moved, me, take)
 
     try:
         batch = db.run_write(run)
@@ -428,28 +437,55 @@ def catch_up(
     progress: Callable[[int, int], None] | None = None,
     stop: Callable[[], bool] = lambda: False,
     wait: float = 0.2,
+    take: bool = False,
 ) -> Batch:
     """Index *db* until nothing is left (or *stop*): the queue, then the backfill.  While
     another process holds the lease, wait for it (*wait* seconds between looks).
-    *progress(done, total)*: the backfill's messages, after each batch.  The totals."""
+    *progress(done, total)*: the backfill's messages, after each batch.  The totals.
+
+    *take*: take the lease from whoever holds it (a live fleet's indexer rests between
+    batches holding it, and a catch-up waiting for it waited as long as the fleet
+    wrote), index what was queued before the call and the backfill, then give the
+    lease back: a fleet writing meanwhile is not chased, its indexers go on."""
+    q = store.queries
     total = Batch()
     chars = FIRST_CHARS
-    while not stop():
-        batch = index_batch(store, db, chars)
-        total.owners += batch.owners
-        total.docs += batch.docs
-        total.chars += batch.chars
-        total.hold += batch.hold
-        if progress is not None:
-            progress(*backfill_progress(store, db))
-        if batch.idle:
-            total.idle = True
-            break
-        if batch.busy:
-            time.sleep(wait)
-            continue
-        chars = next_size(chars, batch)
+    since = float(db.read(lambda tx: tx.execute(q["search_queue_lag"])[0][2])) if take else 0.0
+
+    def done_before() -> bool:
+        def run(tx: Tx) -> bool:
+            count, oldest, _now = tx.execute(q["search_queue_lag"])[0]
+            state = tx.execute(q["search_state_get"])[0]
+            backfilled = state[2] is None and state[3] is None
+            return backfilled and (not count or float(oldest) > since)
+
+        return db.read(run)
+
+    try:
+        while not stop() and not (take and done_before()):
+            batch = index_batch(store, db, chars, take=take)
+            _add(total, batch)
+            if progress is not None:
+                progress(*backfill_progress(store, db))
+            if batch.idle:
+                total.idle = True
+                break
+            if batch.busy:
+                time.sleep(wait)
+                continue
+            chars = next_size(chars, batch)
+    finally:
+        if take:
+            me = lease_owner()
+            db.run_write(lambda tx: tx.execute(q["search_release"], {"owner": me}))
     return total
+
+
+def _add(total: Batch, batch: Batch) -> None:
+    total.owners += batch.owners
+    total.docs += batch.docs
+    total.chars += batch.chars
+    total.hold += batch.hold
 
 
 def backfill_progress(store: StorePort, db: Engine) -> tuple[int, int]:
