@@ -158,7 +158,9 @@ def start(procs: list[subprocess.Popen[str]], code: str, *args: str) -> subproce
 # A process that wrote to two trees and keeps the store open (idle) until stdin closes.
 IDLE_WRITER = """
 import sys, fleetstore
-store = fleetstore.open(sys.argv[1], publish_interval=0)
+# (No figures published, no search indexer: no thread of its own reads while doctor
+# looks, which would move its read mark in a -shm.)
+store = fleetstore.open(sys.argv[1], publish_interval=0, search_index=False)
 for sid in sys.argv[2:]:
     store.messages.append(sid, role="user", parts=[fleetstore.Text("live")])
 store.sync_catalog()  # now, not from its background thread while doctor looks

@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -103,6 +104,58 @@ def test_the_exposition_is_the_sum_of_every_process_and_reads_as_prometheus(
     assert {f.prom.removesuffix("_total") for f in telemetry.FIGURES} >= set(families)
 
 
+def test_a_process_that_closes_a_store_and_opens_it_again_keeps_both_counts(
+    tmp_path: Path,
+) -> None:
+    """Each opening of a store is folded on its own: keyed by the process alone, the
+    second's counts were dropped as "folded before", and while it was open its figures
+    were skipped as the first's."""
+    path = tmp_path / "s.db"
+    puts = {"operation": "put_state"}
+    for n in (3, 4):
+        with fleetstore.open(path, publish_interval=0.05) as store:
+            sid = store.sessions.create().id
+            for i in range(n):
+                store.state.put(sid, "k", i)
+            deadline = time.monotonic() + 30  # the second, open: counted beside the first
+            while n == 4 and one(scrape(path), "fleetstore_operations_total", **puts) != 7:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    assert one(scrape(path), "fleetstore_operations_total", **puts) == 7
+
+
+def test_the_search_index_lag_and_the_secrets_redacted_are_figures(tmp_path: Path) -> None:
+    """What an operator watches of the search index (its queue and lag, read from the
+    store; what the indexers wrote) and of redaction (secrets replaced, by kind), kept
+    when the processes that counted them have closed."""
+    path = tmp_path / "s.db"
+    token = "ghp_" + "A1b2" * 9
+    with fleetstore.open(path, search_index=False) as store:  # nothing indexes it
+        sid = store.sessions.create(title="queued").id
+        for i in range(5):
+            store.messages.append(sid, "user", f"message {i} with {token}")
+    behind = scrape(path)
+    assert one(behind, "fleetstore_search_queued") == 6  # the session and 5 messages
+    assert one(behind, "fleetstore_search_lag_seconds") > 0
+    assert one(behind, "fleetstore_redacted_total", kind="github-token") == 5
+    assert one(behind, "fleetstore_search_sections_total") == 0
+
+    with fleetstore.open(path, search_interval=0.05) as store:
+        store.search.catch_up()  # (its indexer thread starts with a write: none here)
+        store.messages.append(sid, "user", "one more")  # its indexer takes this one
+        deadline = time.monotonic() + 60  # only an indexer that never runs
+        while store.search.status().queued:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    caught_up = scrape(path)
+    assert one(caught_up, "fleetstore_search_queued") == 0
+    assert one(caught_up, "fleetstore_search_lag_seconds") == 0
+    assert one(caught_up, "fleetstore_search_sections_total") >= 1
+    assert one(caught_up, "fleetstore_search_batches_total") >= 1
+    assert one(caught_up, "fleetstore_search_errors_total") == 0
+    assert one(caught_up, "fleetstore_redacted_total", kind="github-token") == 5
+
+
 def _le(bound: float) -> str:
     return str(int(bound)) if bound == int(bound) else repr(bound)
 
@@ -152,9 +205,10 @@ def test_json_gives_the_same_figures_and_json_with_prometheus_is_refused(tmp_pat
     flag = run_cli("metrics", "--store", str(path), "--json")
     assert text.returncode == as_json.returncode == flag.returncode == 0, as_json.stderr
     data = json.loads(as_json.stdout)
-    age = "fleetstore_outbox_oldest_available_age_seconds"  # (it grows between the runs)
-    assert {k: v for k, v in json.loads(flag.stdout)["metrics"].items() if k != age} == {
-        k: v for k, v in data["metrics"].items() if k != age
+    # (the ages grow between the runs)
+    ages = {"fleetstore_outbox_oldest_available_age_seconds", "fleetstore_search_lag_seconds"}
+    assert {k: v for k, v in json.loads(flag.stdout)["metrics"].items() if k not in ages} == {
+        k: v for k, v in data["metrics"].items() if k not in ages
     }
     assert data["store"] == str(path) and data["error"] is None
     flat = {
@@ -165,7 +219,7 @@ def test_json_gives_the_same_figures_and_json_with_prometheus_is_refused(tmp_pat
     }
     for name, series in parse(text.stdout).items():
         for labels, value in series.items():
-            if (name, labels) in flat and name != age:
+            if (name, labels) in flat and name not in ages:
                 assert flat[(name, labels)] == value, name
     assert flat[("fleetstore_operations_total", (("operation", "put_state"),))] == 1
     assert data["metrics"]["fleetstore_lock_wait_seconds"]["unit"] == "s"

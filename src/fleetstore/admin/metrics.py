@@ -32,12 +32,8 @@ from typing import Any
 
 from fleetstore.core import telemetry
 from fleetstore.core.metrics import Histogram
-from fleetstore.core.telemetry import BUCKETS, FIGURES, Figure
+from fleetstore.core.telemetry import BUCKETS, FIGURES, Figure, StoreFigures, store_samples
 from fleetstore.store.procstats import is_folded, procs_dir, read_published, read_retired
-
-#: What a read of the store gives (``store/observe.store_figures``): effects per state,
-#: the oldest available effect's age, the -wal files' bytes.
-StoreFigures = tuple[dict[str, int], float, int]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -114,14 +110,14 @@ def gather(store: str, base: Path | str, read_store: Callable[[], StoreFigures] 
     error = None
     if read_store is not None:
         try:
-            states, oldest, wal = read_store()
+            read = read_store()
         except Exception as exc:  # the store busy, gone, a server down: say so, go on
             error = f"{type(exc).__name__}: {exc}"
         else:
-            for state in telemetry.EFFECT_STATES:
-                families["outbox_effects"].values[(("state", state),)] = float(states.get(state, 0))
-            families["outbox_oldest_available_age"].values[()] = oldest
-            families["wal_size"].values[()] = float(wal)
+            for figure in FIGURES:
+                if figure.scope == "store":
+                    for labels, value in store_samples(figure.name, read):
+                        families[figure.name].values[labels] = value
     return Figures(store, time.time(), families, error)
 
 

@@ -81,18 +81,47 @@ def table(
         header_style="bold" if styled else "",
         highlight=False,
     )
-    for name in columns:
-        # One line a row (a process, a session): a cell too wide for the terminal is cut
-        # with an ellipsis, never wrapped; plain output is never cut.
-        grid.add_column(name, justify="right" if name in right else "left", no_wrap=True)
-    for row in rows:
-        grid.add_row(*(str(cell) for cell in row))
-    out = io.StringIO()
     if width is None:
         width = _terminal_width(target) if styled else 1_000_000
+    # On a terminal a line break inside a cell (a `python -c` program's command line, a
+    # title) would make one row several lines: shown as spaces there.
+    cells = [[" ".join(str(c).split()) if styled else str(c) for c in row] for row in rows]
+    caps = _text_caps(columns, cells, right, width - indent) if styled else {}
+    for i, name in enumerate(columns):
+        # One line a row (a process, a session): a cell too wide for the terminal is cut
+        # with an ellipsis, never wrapped; plain output is never cut.  Only text columns
+        # are cut (to ``caps``): left to rich, a long command line took its share from
+        # every column, "BATCH" became "BAT…" and narrow columns went altogether.
+        grid.add_column(
+            name,
+            justify="right" if name in right else "left",
+            no_wrap=True,
+            max_width=caps.get(i),
+        )
+    for row in cells:
+        grid.add_row(*row)
+    out = io.StringIO()
     console(out, color=styled, width=max(width - indent, 20)).print(grid)
     lines = [" " * indent + line.rstrip() for line in out.getvalue().splitlines()]
     return "\n".join(line for line in lines if line.strip())
+
+
+def _text_caps(
+    columns: Sequence[str], cells: list[list[str]], right: Collection[str], room: int
+) -> dict[int, int]:
+    """The widths to cut the text (not right-aligned) columns to, by index, so that the
+    numbers keep theirs within *room* characters; none when everything fits."""
+    natural = [
+        max([len(name), *(len(row[i]) for row in cells if i < len(row))])
+        for i, name in enumerate(columns)
+    ]
+    texts = [i for i, name in enumerate(columns) if name not in right]
+    # Each column is padded by a space on either side and ruled off by one (box SIMPLE_HEAD).
+    left = room - sum(w for i, w in enumerate(natural) if i not in texts) - 3 * len(columns)
+    wanted = sum(natural[i] for i in texts)
+    if not texts or wanted <= left:
+        return {}
+    return {i: max(len(columns[i]), 1, left * natural[i] // wanted) for i in texts}
 
 
 def _terminal_width(stream: TextIO) -> int:

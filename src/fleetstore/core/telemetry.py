@@ -173,6 +173,24 @@ OUTCOMES = ("succeeded", "retry", "dead", "cancelled", "release", "timed_out")
 #: The states an effect can be in (models.EffectState), for the outbox's depth.
 EFFECT_STATES = ("pending", "running", "succeeded", "dead", "cancelled")
 
+
+@dataclass(frozen=True, slots=True)
+class StoreFigures:
+    """What a read of the store gives (``store/observe.store_figures``), for the
+    figures of scope "store"."""
+
+    #: Effects per state.
+    states: dict[str, int]
+    #: How long the oldest claimable effect has waited (0: none waits).
+    oldest: float
+    #: The bytes of its -wal files (SQLite).
+    wal: int
+    #: Owners (messages, sessions) queued for the search index, and how long the oldest
+    #: has waited (0: none).
+    search_queued: int = 0
+    search_lag: float = 0.0
+
+
 FIGURES: tuple[Figure, ...] = (
     *(Figure(name, "counter", unit, help) for name, (_k, unit, help) in _ENGINE_COUNTERS.items()),
     Figure(
@@ -243,6 +261,44 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure("wal_size", "gauge", "By", "The size of the store's -wal files on disk.", (), "store"),
     Figure(
+        "search_queued",
+        "gauge",
+        "{owner}",
+        "Messages and sessions written and not yet in the search index (read from the store).",
+        (),
+        "store",
+    ),
+    Figure(
+        "search_lag",
+        "gauge",
+        "s",
+        "How long the oldest entry of the search index's queue has waited; 0 when none "
+        "waits (read from the store): the index's lag.",
+        (),
+        "store",
+    ),
+    Figure(
+        "search_sections",
+        "counter",
+        "{section}",
+        "Sections of text (a part, a title, metadata) written to the search index by the "
+        "store's processes' indexers.",
+    ),
+    Figure("search_batches", "counter", "{batch}", "Search index batches written."),
+    Figure(
+        "search_errors",
+        "counter",
+        "{error}",
+        "Search indexing rounds that failed (tried again later; the log says why).",
+    ),
+    Figure(
+        "redacted",
+        "counter",
+        "{secret}",
+        "Secrets replaced by a marker as content was written, by the rule's kind.",
+        ("kind",),
+    ),
+    Figure(
         "processes",
         "gauge",
         "{process}",
@@ -290,6 +346,29 @@ def samples(metrics: Mapping[str, Any]) -> Iterator[Sample]:
     settled = settled if isinstance(settled, Mapping) else {}
     for outcome in OUTCOMES:
         yield "effects_settled", (("outcome", outcome),), number(settled.get(outcome))
+    for name in ("search_sections", "search_batches", "search_errors"):
+        yield name, (), number(metrics.get(name))
+    redacted = metrics.get("redacted")
+    if isinstance(redacted, Mapping):
+        for kind, n in sorted(redacted.items()):
+            yield "redacted", (("kind", str(kind)),), number(n)
+
+
+def store_samples(
+    name: str, figures: StoreFigures
+) -> Iterator[tuple[tuple[tuple[str, str], ...], float]]:
+    """The series of the figure *name* of scope "store": (labels, value)."""
+    if name == "outbox_effects":
+        for state in EFFECT_STATES:
+            yield (("state", state),), float(figures.states.get(state, 0))
+    elif name == "outbox_oldest_available_age":
+        yield (), figures.oldest
+    elif name == "wal_size":
+        yield (), float(figures.wal)
+    elif name == "search_queued":
+        yield (), float(figures.search_queued)
+    elif name == "search_lag":
+        yield (), figures.search_lag
 
 
 # -- OpenTelemetry -------------------------------------------------------------------------------
@@ -304,7 +383,7 @@ class _Watched:
         self,
         attrs: dict[str, str],
         figures: Callable[[], Mapping[str, Any]],
-        outbox: Callable[[], tuple[dict[str, int], float, int]] | None,
+        outbox: Callable[[], StoreFigures] | None,
     ) -> None:
         self.attrs = attrs
         self.figures = figures
@@ -319,10 +398,10 @@ def watch(
     owner: object,
     attrs: dict[str, str],
     figures: Callable[[], Mapping[str, Any]],
-    outbox: Callable[[], tuple[dict[str, int], float, int]] | None = None,
+    outbox: Callable[[], StoreFigures] | None = None,
 ) -> None:
-    """Report *owner*'s figures (``figures()``: its ``metrics()``; ``outbox()``: its
-    effects per state, the oldest available one's age and its WAL's bytes) through
+    """Report *owner*'s figures (``figures()``: its ``metrics()``; ``outbox()``: what a
+    read of the store gives, ``StoreFigures``) through
     the observable instruments, labelled *attrs*, for as long as *owner* lives."""
     with _watched_lock:
         _watched[owner] = _Watched(attrs, figures, outbox)
@@ -352,7 +431,7 @@ class Telemetry:
         )
         self._attrs: dict[tuple[str, str, str, str], dict[str, str]] = {}
         self._cache: dict[int, tuple[float, Mapping[str, Any]]] = {}
-        self._outbox_cache: dict[int, tuple[float, tuple[dict[str, int], float, int] | None]] = {}
+        self._outbox_cache: dict[int, tuple[float, StoreFigures | None]] = {}
         meter = self.meter
         self.duration: Any = None
         self.histograms: dict[str, Any] = {}
@@ -536,7 +615,7 @@ class Telemetry:
             self._cache[id(watched)] = cached
         return cached[1]
 
-    def _outbox_of(self, watched: _Watched) -> tuple[dict[str, int], float, int] | None:
+    def _outbox_of(self, watched: _Watched) -> StoreFigures | None:
         if watched.outbox is None:
             return None
         now = time.monotonic()
@@ -565,15 +644,8 @@ class Telemetry:
                     outbox = self._outbox_of(watched)
                     if outbox is None:
                         continue
-                    states, oldest, wal = outbox
-                    if figure.name == "outbox_effects":
-                        for state in EFFECT_STATES:
-                            attrs = {**watched.attrs, "state": state}
-                            found.append(Observation(states.get(state, 0), attrs))
-                    elif figure.name == "outbox_oldest_available_age":
-                        found.append(Observation(oldest, watched.attrs))
-                    elif figure.name == "wal_size":
-                        found.append(Observation(wal, watched.attrs))
+                    for labels, value in store_samples(figure.name, outbox):
+                        found.append(Observation(value, {**watched.attrs, **dict(labels)}))
                     continue
                 for name, labels, value in samples(self._figures_of(watched)):
                     if name == figure.name:
@@ -658,6 +730,8 @@ __all__ = [
     "DB_DURATION_BUCKETS",
     "EFFECT_STATES",
     "FIGURES",
+    "StoreFigures",
+    "store_samples",
     "HISTOGRAMS",
     "OUTCOMES",
     "SESSION_ATTR",

@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from fleetstore import errors
 from fleetstore.core import telemetry
 from fleetstore.core.logs import logger
+from fleetstore.core.telemetry import StoreFigures
 from fleetstore.domain import registry
 from fleetstore.domain.operations import Delivery, Operation, Scope
+from fleetstore.domain.search import queue_lag
 
 #: A ``fleetstore.store.facade.Store`` (whose module imports this one: naming the class
 #: here would make an import cycle, which tests/test_layers.py forbids).
@@ -62,16 +65,20 @@ def traced(store: Store, op: Operation, delivery: Delivery) -> dict[str, Any] | 
     return result
 
 
-def store_figures(store: Store) -> tuple[dict[str, int], float, int]:
+def store_figures(store: Store) -> StoreFigures:
     """What the store holds now, read from it (not a process's figures): its effects
     per state, how long the oldest claimable effect (a thread's head whose time has
-    come) has waited for a worker (0: none waits; the outbox's lag), and the bytes of
-    its -wal files (SQLite)."""
+    come) has waited for a worker (0: none waits; the outbox's lag), the bytes of its
+    -wal files (SQLite), and the search index's queue and lag."""
     counts = store.effects.counts()
     counts.pop("expired", None)
     ready = store.effects.next_ready()
     age = 0.0 if ready is None else max(0.0, time.time() - ready)
-    return counts, age, store.backend.wal_bytes()
+    try:
+        queued, lag = queue_lag(store)
+    except errors.DatabaseError:  # a store read as it is, from before its search index
+        queued, lag = 0, 0.0
+    return StoreFigures(counts, age, store.backend.wal_bytes(), queued, max(0.0, lag))
 
 
 def log_spooled(store: Store, op: Operation, busy: BaseException) -> None:

@@ -60,6 +60,9 @@ class Publisher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        #: This store's life in this process: a process that closes a store and opens
+        #: it again publishes (and is folded) anew, under the same pid.
+        self._incarnation = os.urandom(6).hex()
         self.published = 0
 
     @property
@@ -76,6 +79,7 @@ class Publisher:
         base = {
             "pid": self._pid,
             "start_time": liveness.start_time(self._pid),
+            "incarnation": self._incarnation,
             "command": _command_line(self._pid),
             "started_at": time.time(),
         }
@@ -87,7 +91,14 @@ class Publisher:
             self._stop.wait(self.interval)
 
     def publish_once(self, base: dict[str, Any] | None = None) -> None:
-        record = dict(base or {"pid": self._pid, "start_time": liveness.start_time(self._pid)})
+        record = dict(
+            base
+            or {
+                "pid": self._pid,
+                "start_time": liveness.start_time(self._pid),
+                "incarnation": self._incarnation,
+            }
+        )
         record["published_at"] = time.time()
         record["interval"] = self.interval
         record.update(self._figures())
@@ -111,7 +122,13 @@ class Publisher:
             # counter that fell when a process exits reads as a reset to Prometheus,
             # whose rate() then counts every other process's total again.
             try:
-                fold(self.dir, self._pid, liveness.start_time(self._pid), self._figures())
+                fold(
+                    self.dir,
+                    self._pid,
+                    liveness.start_time(self._pid),
+                    self._figures(),
+                    self._incarnation,
+                )
             except Exception:
                 pass
         with contextlib.suppress(OSError):
@@ -167,8 +184,9 @@ RETIRED = "retired.json"
 _FOLDED_KEPT = 300.0
 
 
-def _key(pid: int, start_time: object) -> str:
-    return f"{pid}:{start_time}"
+def _key(pid: int, start_time: object, incarnation: object = None) -> str:
+    # (A record of an older version has no incarnation: one per process then.)
+    return f"{pid}:{start_time}" if incarnation is None else f"{pid}:{start_time}:{incarnation}"
 
 
 def read_retired(folder: Path) -> dict[str, Any]:
@@ -185,16 +203,23 @@ def read_retired(folder: Path) -> dict[str, Any]:
     return data
 
 
-def fold(folder: Path, pid: int, start_time: object, figures: dict[str, Any]) -> bool:
+def fold(
+    folder: Path,
+    pid: int,
+    start_time: object,
+    figures: dict[str, Any],
+    incarnation: object = None,
+) -> bool:
     """Add one process's *figures* (``{"metrics": ..., "histograms": ...}``, as
     published) to the retired totals in *folder*, under a lock, once: False if that
-    process was folded before.  Call it before its file is removed."""
+    process (that *incarnation* of its store) was folded before.  Call it before its
+    file is removed."""
     private_dirs(folder)
     fd = os.open(folder / ".retired.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         retired = read_retired(folder)
-        key = _key(pid, start_time)
+        key = _key(pid, start_time, incarnation)
         folded: dict[str, Any] = retired["folded"]
         if key in folded:
             return False
@@ -231,7 +256,9 @@ def fold(folder: Path, pid: int, start_time: object, figures: dict[str, Any]) ->
 def is_folded(retired: dict[str, Any], published: Published) -> bool:
     """Whether *published*'s figures are already in the retired totals (its process
     closed the store, or maintain folded it, after the file was read)."""
-    return _key(published.pid, published.record.get("start_time")) in retired["folded"]
+    record = published.record
+    key = _key(published.pid, record.get("start_time"), record.get("incarnation"))
+    return key in retired["folded"]
 
 
 #: A publisher's temporary file is renamed into place within milliseconds: one
@@ -260,13 +287,24 @@ def remove_gone(
         for p in gone:
             # Its counts stay in the store's totals (see RETIRED), then its file goes.
             with contextlib.suppress(OSError):
-                fold(folder, p.pid, p.record.get("start_time"), p.record)
+                fold(
+                    folder,
+                    p.pid,
+                    p.record.get("start_time"),
+                    p.record,
+                    p.record.get("incarnation"),
+                )
             with contextlib.suppress(FileNotFoundError):
                 (folder / f"{p.pid}.json").unlink()
         with contextlib.suppress(OSError):
             for tmp in folder.glob(".[0-9]*.json.tmp"):
+                # A dead process's at once (killed between writing it and renaming it:
+                # publishing every 50 ms, one kill in several left one); any other's
+                # once it is older than a rename takes.
+                owner = tmp.name[1:].split(".", 1)[0]
                 with contextlib.suppress(OSError):
-                    if now - tmp.stat().st_mtime > _TMP_LEFT_AFTER:
+                    dead = owner.isdigit() and not liveness.alive(int(owner))
+                    if dead or now - tmp.stat().st_mtime > _TMP_LEFT_AFTER:
                         tmp.unlink()
     # This process's own file (maintain opened the store, so it may publish) is not
     # among the others' it reports, nor is *besides*.
