@@ -585,10 +585,33 @@ def test_fleetstore_redact_rewrites_titles_metadata_and_errors_once(
         )
 
     assert shown(store).count(GH.secret[4:24]) >= 8  # stored as given
+    # Rows no write of fleetstore's makes (damaged by hand) are left alone, not a crash.
+    junk_sid = store.sessions.create(title=text).id
+    junk_eid = store.effects.enqueue("u", "hook", {"body": text})
+
+    def damage(_key: Any, db: Any) -> None:
+        db.run_write(
+            lambda tx: (
+                tx.execute("UPDATE sessions SET metadata = 'not json' WHERE id = ?", (junk_sid,)),
+                tx.execute("UPDATE effects SET errors = 'not json' WHERE id = ?", (junk_eid,)),
+            )
+        )
+
+    store.backend.each(damage)
 
     first = redact_store(store)
     assert dict(first.rewritten) == {"sessions": 1, "messages": 2, "effects": 1}, first.to_json()
     assert first.changed_meanwhile == 0
+
+    def remove(_key: Any, db: Any) -> None:  # (reads of such rows are not this test's)
+        db.run_write(
+            lambda tx: (
+                tx.execute("DELETE FROM sessions WHERE id = ?", (junk_sid,)),
+                tx.execute("DELETE FROM effects WHERE id = ?", (junk_eid,)),
+            )
+        )
+
+    store.backend.each(remove)
     after = shown(store)
     assert GH.secret[4:24] not in after and after.count("[REDACTED:github-token]") >= 8, after
     assert "nothing to see" in after and "partial" not in after

@@ -253,6 +253,16 @@ class _Run:
             return text
         return self.redaction.json_text(text)
 
+    def _metadata(self, text: str) -> tuple[str, dict[str, Any] | None]:
+        """Metadata's JSON redacted, and the object it is now (None: not a JSON object,
+        which no write of fleetstore's makes: the row is left as it is)."""
+        new = self._json(text)
+        try:
+            value = json.loads(new)
+        except ValueError:
+            return text, None
+        return (new, value) if isinstance(value, dict) else (text, None)
+
     def sessions(self, read: Read, key: str | None) -> None:
         """Titles and metadata, each in the file that holds the session (a sharded
         catalog also keeps a copy of its shards' rows, refreshed from them)."""
@@ -263,14 +273,15 @@ class _Run:
                 self._tick("sessions")
                 if homed and self.store.backend.home(sid) is not None:
                     continue
-                new_title, new_meta = self._text(title, MAX_SHORT), self._json(metadata)
-                if (new_title, new_meta) != (title, metadata):
+                new_meta, meta = self._metadata(metadata)
+                new_title = self._text(title, MAX_SHORT)
+                if meta is not None and (new_title, new_meta) != (title, metadata):
                     args = {
                         "what": "session",
                         "session_id": sid,
                         "expect": stored_digest(title, metadata),
                         "title": new_title,
-                        "metadata": json.loads(new_meta),
+                        "metadata": meta,
                     }
                     self._apply("sessions", "mnt_redact", args, None, sid)
             after = str(rows[-1][0])
@@ -281,14 +292,15 @@ class _Run:
         while rows := read("red_messages_page", {"id": after, "limit": PAGE}):
             for mid, sid, metadata, error in rows:
                 self._tick("messages")
-                new_meta, new_error = self._json(metadata), self._text(error, MAX_ERROR_TEXT)
-                if (new_meta, new_error) != (metadata, error):
+                new_meta, meta = self._metadata(metadata)
+                new_error = self._text(error, MAX_ERROR_TEXT)
+                if meta is not None and (new_meta, new_error) != (metadata, error):
                     args = {
                         "what": "message",
                         "session_id": sid,
                         "message_id": mid,
                         "expect": stored_digest(metadata, error),
-                        "metadata": json.loads(new_meta),
+                        "metadata": meta,
                         "error": new_error,
                     }
                     self._apply("messages", "mnt_redact", args, None, mid)
@@ -302,6 +314,10 @@ class _Run:
                 old, new = self._value(enc, payload, sha, size)
                 new_result = result if result is None else self._json(result)
                 new_last, new_kept = self._text(last_error, MAX_ERROR), self._json(kept)
+                if not _a_list(new_kept):
+                    if not _a_list(kept):
+                        continue  # no write of fleetstore's makes this: left as it is
+                    new_kept = kept
                 if (new, new_result, new_last, new_kept) != (old, result, last_error, kept):
                     args = {
                         "id": eid,
@@ -313,6 +329,13 @@ class _Run:
                     }
                     self._apply("effects", "mnt_redact_effect", args, sha, eid)
             after = str(rows[-1][0])
+
+
+def _a_list(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), list)
+    except ValueError:
+        return False
 
 
 __all__ = ["RedactReport", "redact_store"]
