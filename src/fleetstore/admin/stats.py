@@ -6,7 +6,7 @@ the store's bytes go (every file of a sharded store added up)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,30 @@ from fleetstore.models import EffectState
 #: The session metadata key under which an ADK session keeps its names
 #: (domain/adk.py writes it with the session).
 ADK_KEY = "adk"
+
+
+def message_counts(store: Any, session_ids: Sequence[str] | None = None) -> dict[str, int]:
+    """Messages per session: of the whole store, or (a sharded store) of the files
+    that hold *session_ids*, each file read once."""
+    q = store.queries
+
+    def run(tx: Tx) -> dict[str, int]:
+        return {str(s): int(n) for s, n in tx.execute(q["mnt_stats_messages"])}
+
+    if not store.spans_files:
+        return dict(store.read(run))
+    counts: dict[str, int] = {}
+    if session_ids is None:
+        each_file(store, lambda _key, db: counts.update(db.read(run)))
+        return counts
+    read: set[str | None] = set()
+    for sid in session_ids:
+        home = store.backend.home(sid)
+        if home in read:
+            continue
+        read.add(home)
+        counts.update(store.read(run, session_id=sid))
+    return counts
 
 
 def known_as(metadata: Mapping[str, Any] | str | None) -> dict[str, Any] | None:
@@ -324,6 +348,7 @@ __all__ = [
     "known_as",
     "known_name",
     "langgraph_threads",
+    "message_counts",
     "session_exists",
     "session_facts",
     "store_stats",

@@ -137,8 +137,7 @@ def sessions_list(
     or the id its framework knows it by (openai-agents:SESSION_ID for an Agents SDK
     session, adk:APP/USER/SESSION_ID for an ADK one; JSON: known_as), and the parent.
     A list cut at --limit says so on stderr; --all lists every session."""
-    from fleetstore.admin.maintain.retention import message_counts
-    from fleetstore.admin.stats import known_as, langgraph_threads
+    from fleetstore.admin.stats import known_as, langgraph_threads, message_counts
 
     if threads:
         if project is not None or since is not None or roots or archived:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetstore import errors
-from fleetstore.admin.maintain.files import each_file
 from fleetstore.admin.maintain.report import Progress, Step
 from fleetstore.admin.maintain.writer import Batch, Writer
+from fleetstore.admin.stats import message_counts
 from fleetstore.core.units import size as _size
 from fleetstore.engine.base import Tx
 from fleetstore.transfer.digest import session_digest
@@ -134,30 +134,6 @@ def delete_tree(
 
 def _old_trees(store: Any, cutoff: float) -> list[Tree]:
     return session_trees(store, older_than=cutoff)
-
-
-def message_counts(store: Any, session_ids: Sequence[str] | None = None) -> dict[str, int]:
-    """Messages per session: of the whole store, or (a sharded store) of the files
-    that hold *session_ids*, each file read once."""
-    q = store.queries
-
-    def run(tx: Tx) -> dict[str, int]:
-        return {str(s): int(n) for s, n in tx.execute(q["mnt_stats_messages"])}
-
-    if not store.spans_files:
-        return dict(store.read(run))
-    counts: dict[str, int] = {}
-    if session_ids is None:
-        each_file(store, lambda _key, db: counts.update(db.read(run)))
-        return counts
-    read: set[str | None] = set()
-    for sid in session_ids:
-        home = store.backend.home(sid)
-        if home in read:
-            continue
-        read.add(home)
-        counts.update(store.read(run, session_id=sid))
-    return counts
 
 
 def _describe(store: Any, trees: Sequence[Tree]) -> tuple[int, int]:
@@ -302,7 +278,6 @@ __all__ = [
     "archive",
     "delete_old",
     "delete_tree",
-    "message_counts",
     "session_trees",
     "verify_archive",
 ]
