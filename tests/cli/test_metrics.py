@@ -358,7 +358,9 @@ def test_a_postgresql_store_s_figures_are_this_host_s_and_its_outbox(
     """On PostgreSQL the processes publish under this host's local_dir; the outbox is
     read from the server."""
     env = {**clean_env(), "FLEETSTORE_LOCAL_DIR": str(tmp_path / "local")}
-    with fleetstore.open(pg_url, local_dir=str(tmp_path / "local"), publish_interval=0.1) as store:
+    with fleetstore.open(
+        pg_url, local_dir=str(tmp_path / "local"), publish_interval=0.1, search_index=False
+    ) as store:
         session = store.sessions.create(title="t")
         store.state.put(session.id, "k", {"v": 1})
         store.effects.enqueue("th", "k", {})
@@ -380,4 +382,7 @@ def test_a_postgresql_store_s_figures_are_this_host_s_and_its_outbox(
     assert samples[("fleetstore_operations_total", (("operation", "put_state"),))] == 1
     assert samples[("fleetstore_outbox_effects", (("state", "pending"),))] == 1
     assert samples[("fleetstore_wal_size_bytes", ())] == 0
+    # The search index's queue, read from the server: the session's title, not indexed.
+    assert samples[("fleetstore_search_queued", ())] == 1
+    assert samples[("fleetstore_search_lag_seconds", ())] > 0
     assert "password" not in data["store"]
