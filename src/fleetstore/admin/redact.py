@@ -6,11 +6,12 @@ streamed (its chunks read as one text, so a secret cut by a flush is caught, and
 back as one chunk), every state value, every effect's payload, result and errors,
 every session's title and metadata (in the file that holds the session) and every
 message's metadata and error is read in pages of short read transactions and redacted
-with the store's rules (built-in, plus ``redaction_rules_file``).  Each row that changes is rewritten by one logged
-operation (``mnt_redact``, ``mnt_redact_effect``) whose id is derived from the row and
-what it held: applied exactly once, and only if the row still holds what was read (a
-row written meanwhile is left for the next run).  Killed (``kill -9``), a run again
-carries on: what was rewritten reads clean and is skipped.
+with the store's rules (built-in, plus ``redaction_rules_file``).  Each row that
+changes is rewritten by one logged operation (``mnt_redact``, ``mnt_redact_effect``)
+whose id is derived from the row and what it held: applied exactly once, and only if
+the row still holds what was read (a row written meanwhile is left for the next run).
+Killed (``kill -9``), a run again carries on: what was rewritten reads clean and is
+skipped.
 
 What a rewrite does not reach by itself: the blob files of the payloads replaced (no
 row refers to them any more: ``fleetstore maintain`` deletes them, after its grace),

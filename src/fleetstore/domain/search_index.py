@@ -18,6 +18,7 @@ host) or made no batch for ``LEASE`` seconds.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -477,7 +478,10 @@ def catch_up(
     finally:
         if take:
             me = lease_owner()
-            db.run_write(lambda tx: tx.execute(q["search_release"], {"owner": me}))
+            # Not given back (the store locked past the budget, closing): it lapses when
+            # this process is gone, or after LEASE seconds without a batch.
+            with contextlib.suppress(errors.FleetstoreError):
+                db.run_write(lambda tx: tx.execute(q["search_release"], {"owner": me}))
     return total
 
 
