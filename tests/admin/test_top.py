@@ -132,28 +132,33 @@ def test_remove_gone_keeps_live_processes_files_and_fresh_temporary_files(tmp_pa
     once it is a minute old."""
     db = str(tmp_path / "p.db")
     folder = procs_dir(db)
-    with fleetstore.open(db, publish_interval=0.05) as store:
-        store.sessions.create()
-        own = folder / f"{os.getpid()}.json"
-        wait_for("a published file", own.exists)
-        other = folder / "4000001.json"
-        other.write_text(json.dumps({"pid": 4_000_001, "start_time": 7, "published_at": 1.0}))
-        old_tmp = folder / ".1.json.tmp"  # pid 1 lives, but no rename takes a minute
-        dead_tmp = folder / ".4000003.json.tmp"  # a fresh one, its process gone
-        new_tmp = folder / f".{os.getppid()}.json.tmp"  # a live process's, publishing
-        for tmp in (old_tmp, dead_tmp, new_tmp):
-            tmp.write_text("{")
-        age = time.time() - 120
-        os.utime(old_tmp, (age, age))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with fleetstore.open(db, publish_interval=0.05) as store:
+            store.sessions.create()
+            own = folder / f"{os.getpid()}.json"
+            wait_for("a published file", own.exists)
+            other = folder / "4000001.json"
+            other.write_text(json.dumps({"pid": 4_000_001, "start_time": 7, "published_at": 1.0}))
+            old_tmp = folder / ".1.json.tmp"  # pid 1 lives, but no rename takes a minute
+            dead_tmp = folder / ".4000003.json.tmp"  # a fresh one, its process gone
+            new_tmp = folder / f".{sleeper.pid}.json.tmp"  # a live process's, publishing
+            for tmp in (old_tmp, dead_tmp, new_tmp):
+                tmp.write_text("{")
+            age = time.time() - 120
+            os.utime(old_tmp, (age, age))
 
-        # This process's own file is kept, and not counted: whether the maintain run's
-        # publisher had written it by the procs step was a race (live 1 or 2).
-        assert remove_gone(db, dry_run=True)[1] == 0
-        assert other.exists() and old_tmp.exists() and dead_tmp.exists()
-        gone, live = remove_gone(db)
-        assert [p.pid for p in gone] == [4_000_001] and live == 0
-        assert not other.exists() and not old_tmp.exists() and not dead_tmp.exists()
-        assert own.exists() and new_tmp.exists()
+            # This process's own file is kept, and not counted: whether the maintain run's
+            # publisher had written it by the procs step was a race (live 1 or 2).
+            assert remove_gone(db, dry_run=True)[1] == 0
+            assert other.exists() and old_tmp.exists() and dead_tmp.exists()
+            gone, live = remove_gone(db)
+            assert [p.pid for p in gone] == [4_000_001] and live == 0
+            assert not other.exists() and not old_tmp.exists() and not dead_tmp.exists()
+            assert own.exists() and new_tmp.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 # -- frames ----------------------------------------------------------------------------------
