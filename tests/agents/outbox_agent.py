@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import apsw
+
 import fleetstore
 from fleetstore import errors
 from fleetstore.domain.worker import FailEffect, Handler, RetryEffect, Worker
@@ -165,9 +167,16 @@ def connections_in_transaction(store: fleetstore.Store) -> list[str]:
             time.sleep(0.25)
         conns = [("writer", db._writer), ("checkpointer", db._checkpointer)]
         conns += [("reader", c) for c in [*db._idle_readers, *db._busy_readers]]
-        now = {(role, id(c)) for role, c in conns if c is not None and c.in_transaction}
+        now = {(role, id(c)) for role, c in conns if c is not None and _inside(c)}
         left = now if left is None else left & now
     return sorted(role for role, _ in left or ())
+
+
+def _inside(conn: Any) -> bool:
+    try:
+        return bool(conn.in_transaction)
+    except apsw.ThreadingViolationError:
+        return False  # busy in another thread (the indexer's) at this look: in use, not left
 
 
 def worker_main(args: argparse.Namespace) -> int:
