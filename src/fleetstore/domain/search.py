@@ -439,24 +439,6 @@ def search(store: StorePort, q: Query) -> Page[SearchHit, str]:
     return Page(page, more=more, next_cursor=_encode("b", offset + q.limit) if more else None)
 
 
-def queue_lag(store: StorePort) -> tuple[int, float]:
-    """(owners queued for the index, how long the oldest has waited) over every file of
-    the store: ``status``'s two cheap figures (no count of sections or messages), for a
-    scrape."""
-    q = store.queries
-    queued, lag = 0, 0.0
-    for key in store.search_files(session_id=None, root_id=None, project=None):
-
-        def one(db: Engine) -> Sequence[Any]:
-            return db.read(lambda tx: tx.execute(q["search_queue_lag"])[0])
-
-        count, oldest, now = store.with_file(key, one)
-        queued += int(count)
-        if oldest is not None:
-            lag = max(lag, float(now) - float(oldest))
-    return queued, lag
-
-
 def status(store: StorePort) -> SearchStatus:
     """How far the index of every file of the store is behind."""
     queries = store.queries
@@ -609,7 +591,6 @@ __all__ = [
     "Query",
     "Search",
     "check",
-    "queue_lag",
     "search",
     "status",
 ]

@@ -25,7 +25,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -424,6 +424,7 @@ __all__ = [
     "lease_owner",
     "message_docs",
     "next_size",
+    "queue_lag",
     "requeue",
     "session_docs",
     "tag",
@@ -490,6 +491,30 @@ def _add(total: Batch, batch: Batch) -> None:
     total.docs += batch.docs
     total.chars += batch.chars
     total.hold += batch.hold
+
+
+def queue_lag(store: StorePort, keys: Iterable[str | None] | None = None) -> tuple[int, float]:
+    """(owners queued for the index, how long the oldest has waited) over the files
+    *keys* (default: every file of the store): no count of sections or messages, cheap
+    enough for a scrape and for an indexer's look."""
+    q = store.queries
+
+    def one(db: Engine) -> tuple[int, float]:
+        def run(tx: Tx) -> tuple[int, float]:
+            # the database's clock: a PostgreSQL read has no tx.now (the lag read 0)
+            count, oldest, now = tx.execute(q["search_queue_lag"])[0]
+            return int(count), 0.0 if oldest is None else max(0.0, float(now) - float(oldest))
+
+        return db.read(run)
+
+    if keys is None:
+        keys = store.search_files(session_id=None, root_id=None, project=None)
+    queued, worst = 0, 0.0
+    for key in keys:
+        count, age = store.with_file(key, one)
+        queued += count
+        worst = max(worst, age)
+    return queued, worst
 
 
 def backfill_progress(store: StorePort, db: Engine) -> tuple[int, int]:

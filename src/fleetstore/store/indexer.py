@@ -22,8 +22,8 @@ from typing import Any
 
 from fleetstore import errors
 from fleetstore.domain.ports import StorePort
-from fleetstore.domain.search_index import FIRST_CHARS, Batch, index_batch, next_size
-from fleetstore.engine.base import Engine, Tx
+from fleetstore.domain.search_index import FIRST_CHARS, Batch, index_batch, next_size, queue_lag
+from fleetstore.engine.base import Engine
 
 log = logging.getLogger("fleetstore")
 
@@ -176,21 +176,7 @@ class Indexer:
         if now - self._lag_at < _LAG_EVERY:
             return
         self._lag_at = now
-        q = self._store.queries
-
-        def lag(db: Engine) -> tuple[int, float]:
-            def run(tx: Tx) -> tuple[int, float]:
-                # the database's clock: a PostgreSQL read has no tx.now (the lag read 0)
-                count, oldest, now = tx.execute(q["search_queue_lag"])[0]
-                return int(count), 0.0 if oldest is None else max(0.0, float(now) - float(oldest))
-
-            return db.read(run)
-
-        queued, worst = 0, 0.0
-        for key in list(self._keys):
-            count, age = self._store.with_file(key, lag)
-            queued += count
-            worst = max(worst, age)
+        queued, worst = queue_lag(self._store, list(self._keys))
         with self._cond:
             self._figures["search_queued"] = queued
             self._figures["search_lag_s"] = round(worst, 3)

@@ -17,7 +17,7 @@ from fleetstore.core.logs import logger
 from fleetstore.core.telemetry import StoreFigures
 from fleetstore.domain import registry
 from fleetstore.domain.operations import Delivery, Operation, Scope
-from fleetstore.domain.search import queue_lag
+from fleetstore.domain.search_index import queue_lag
 
 #: A ``fleetstore.store.facade.Store`` (whose module imports this one: naming the class
 #: here would make an import cycle, which tests/test_layers.py forbids).
@@ -78,7 +78,7 @@ def store_figures(store: Store) -> StoreFigures:
         queued, lag = queue_lag(store)
     except errors.DatabaseError:  # a store read as it is, from before its search index
         queued, lag = 0, 0.0
-    return StoreFigures(counts, age, store.backend.wal_bytes(), queued, max(0.0, lag))
+    return StoreFigures(counts, age, store.backend.wal_bytes(), queued, lag)
 
 
 def log_spooled(store: Store, op: Operation, busy: BaseException) -> None:
