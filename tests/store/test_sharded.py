@@ -264,11 +264,15 @@ def test_kill_between_catalog_and_shard_is_finished_by_the_next_open(
     with fleetstore.open(_url(root)) as store:  # finishes the dead process's intent
         # ...at once; a delete's purge then runs in this process's job thread, a
         # catalog+shard write whose own intent may be in flight while the files are
-        # read (the check failed 2 runs in 3 on it): only this process's may be left.
+        # read: only this process's may be left, and the files are checked once that
+        # thread has ended (a look between two of its writes saw none left, then the
+        # check saw its next one: CI failed on it once).
         deadline = time.monotonic() + 60
-        while (left := read_layout(root).intents) and time.monotonic() < deadline:
+        while store._jobs_running or read_layout(root).intents:
+            left = read_layout(root).intents
             assert all(i[2] != victim for i in left), left
             assert all(i[2].startswith(f"{os.getpid()}:") for i in left), left
+            assert time.monotonic() < deadline, (store._jobs_running, left)
             time.sleep(0.02)
         lay = check_consistent(root)
         assert _shard_part_done(job, lay, key)  # rolled forward
@@ -277,11 +281,7 @@ def test_kill_between_catalog_and_shard_is_finished_by_the_next_open(
             assert sid not in listed
             with pytest.raises(fleetstore.NotFound):
                 store.sessions.get(sid)
-            deadline = time.monotonic() + 60
-            while sid in lay.index:  # the open's job thread purges it
-                assert time.monotonic() < deadline, lay.index
-                time.sleep(0.02)
-                lay = check_consistent(root)
+            assert sid not in lay.index  # the open's job thread purged it
         else:
             assert lay.index.get(sid) == key and sid in listed
         if job["do"] == "create":
