@@ -319,3 +319,27 @@ def test_iterate_reads_every_message_a_page_at_a_time_on_every_engine(
             return [m.seq async for m in aio.messages.iterate(s.id, page=2)]
 
     assert asyncio.run(collect()) == list(range(1, 9))
+
+
+def test_a_message_damaged_by_hand_is_a_clear_error_in_show_and_export(tmp_path: Path) -> None:
+    """Metadata another program left that is not JSON: ``sessions show`` and ``export``
+    exit 1 naming the message, with no traceback, and the export writes no file."""
+    import apsw
+
+    path = tmp_path / "s.db"
+    with fleetstore.open(path) as store:
+        sid = store.sessions.create("damaged").id
+        store.messages.append(sid, "user", "hi", id="m-damaged")
+    conn = apsw.Connection(str(path))
+    conn.execute("UPDATE messages SET metadata = '{' WHERE id = 'm-damaged'")
+    conn.close()
+    out = tmp_path / "out.jsonl"
+    export = [sys.executable, "-m", "fleetstore", "export", "--store", str(path), "-o", str(out)]
+    for done in (
+        show(path, sid),
+        subprocess.run(export, capture_output=True, text=True, timeout=300, env=clean_env()),
+    ):
+        assert done.returncode == 1, done
+        assert "stored message 'm-damaged' does not decode" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert not out.exists()

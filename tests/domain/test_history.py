@@ -1326,3 +1326,42 @@ def test_the_database_file_is_private(tmp_path: Path, clean_env: pytest.MonkeyPa
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_rows_damaged_by_hand_read_back_as_a_typed_error_naming_the_row(store: Store) -> None:
+    """A row another program edited (metadata that is not JSON, a part's metadata
+    without its keys, an error record without its fields) is ``CorruptStore`` naming
+    the row on every read of it, not a raw ``JSONDecodeError``; the rows beside it
+    still read."""
+    bad = store.sessions.create("damaged", id="s-bad")
+    good = store.sessions.create("whole", id="s-good")
+    store.messages.append(bad.id, "user", "hi", id="m-bad")
+    store.messages.append(bad.id, "assistant", [ToolCall("grep", {"q": 1}, "c1")], id="m-call")
+    store.messages.append(good.id, "user", "hi", id="m-good")
+    eid = store.effects.enqueue("t-bad", "hook", {"n": 1})
+    fine = store.effects.enqueue("t-good", "hook", {"n": 2})
+
+    def damage(_key: Any, db: Any) -> None:
+        db.run_write(
+            lambda tx: (
+                tx.execute("UPDATE sessions SET metadata = 'not json' WHERE id = 's-bad'"),
+                tx.execute("UPDATE messages SET metadata = '[1' WHERE id = 'm-bad'"),
+                tx.execute("UPDATE parts SET meta = '{}' WHERE message_id = 'm-call'"),
+                tx.execute("UPDATE effects SET errors = '[{}]' WHERE id = ?", (eid,)),
+            )
+        )
+
+    store.backend.each(damage)
+    reads: list[tuple[str, Callable[[], Any]]] = [
+        ("session 's-bad'", lambda: store.sessions.get("s-bad")),
+        ("message 'm-bad'", lambda: store.messages.get("m-bad")),
+        ("message 'm-call'", lambda: store.messages.get("m-call")),
+        ("message 'm-bad'", lambda: store.messages.list(bad.id)),
+        (f"effect {eid!r}", lambda: store.effects.get(eid)),
+    ]
+    for named, read in reads:
+        with pytest.raises(errors.CorruptStore, match=f"stored {named} does not decode"):
+            read()
+    assert store.sessions.get(good.id).title == "whole"
+    assert [m.id for m in store.messages.list(good.id)] == ["m-good"]
+    assert store.effects.get(fine).payload == {"n": 2}

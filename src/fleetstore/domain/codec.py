@@ -239,6 +239,24 @@ def decode_value(store: StorePort, enc: str, body: Any, blob_sha: str | None, si
     return body if body is not None else ""
 
 
+def damaged_row(what: str, row_id: object, exc: Exception) -> Exception:
+    """The error for a row read back that does not decode (edited by hand or by another
+    program: metadata that is not JSON, an unknown status): ``CorruptStore`` naming the
+    row, where a raw ``JSONDecodeError`` came out before.  A fleetstore error raised
+    while decoding (a blob's file damaged) is kept as it is."""
+    if isinstance(exc, errors.FleetstoreError):
+        return exc
+    return errors.CorruptStore(f"stored {what} {str(row_id)[:80]!r} does not decode: {exc!r:.200}")
+
+
+def stored_json(text: str, what: str, row_id: object) -> Any:
+    """*text*, a JSON column read back; ``CorruptStore`` naming its row if it is not."""
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise damaged_row(what, row_id, exc) from exc
+
+
 def decode_part(store: StorePort, row: Sequence[Any]) -> Part:
     _mid, _seq, kind, meta_text, enc, body, blob_sha, size, chunk_text = row
     meta = json.loads(meta_text)

@@ -39,6 +39,7 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain import session_jobs
 from fleetstore.domain.codec import (
+    damaged_row,
     decode_part,
     encode_part,
     encode_state,
@@ -130,21 +131,24 @@ def _metadata(store: StorePort, value: Mapping[str, Any] | None) -> dict[str, An
 
 
 def session_from_row(row: Sequence[Any]) -> Session:
-    return Session(
-        id=row[0],
-        root_id=row[1],
-        parent_id=row[2],
-        forked_from=row[3],
-        fork_seq=row[4],
-        project=row[5],
-        title=row[6],
-        status=SessionStatus(row[7]),
-        metadata=json.loads(row[8]),
-        created_at=row[9],
-        updated_at=row[10],
-        archived_at=row[11],
-        version=row[12],
-    )
+    try:
+        return Session(
+            id=row[0],
+            root_id=row[1],
+            parent_id=row[2],
+            forked_from=row[3],
+            fork_seq=row[4],
+            project=row[5],
+            title=row[6],
+            status=SessionStatus(row[7]),
+            metadata=json.loads(row[8]),
+            created_at=row[9],
+            updated_at=row[10],
+            archived_at=row[11],
+            version=row[12],
+        )
+    except (ValueError, TypeError) as exc:
+        raise damaged_row("session", row[0], exc) from exc
 
 
 def messages_from_rows(store: StorePort, tx: Tx, rows: Sequence[Sequence[Any]]) -> list[Message]:
@@ -188,20 +192,23 @@ def build_message(
     parts: dict[str, list[Sequence[Any]]],
     usage: dict[str, Usage],
 ) -> Message:
-    return Message(
-        id=r[0],
-        session_id=r[1],
-        seq=r[2],
-        role=r[3],
-        parts=tuple(decode_part(store, prow) for prow in parts.get(r[0], ())),
-        status=MessageStatus(r[4]),
-        model=r[5],
-        usage=usage.get(r[0]),
-        metadata=json.loads(r[6]),
-        error=r[7],
-        created_at=r[8],
-        completed_at=r[9],
-    )
+    try:
+        return Message(
+            id=r[0],
+            session_id=r[1],
+            seq=r[2],
+            role=r[3],
+            parts=tuple(decode_part(store, prow) for prow in parts.get(r[0], ())),
+            status=MessageStatus(r[4]),
+            model=r[5],
+            usage=usage.get(r[0]),
+            metadata=json.loads(r[6]),
+            error=r[7],
+            created_at=r[8],
+            completed_at=r[9],
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise damaged_row("message", r[0], exc) from exc
 
 
 # -- the public API --------------------------------------------------------------------------

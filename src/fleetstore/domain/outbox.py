@@ -33,6 +33,7 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain.codec import (
     Prepared,
+    damaged_row,
     decode_value,
     prepare_payload,
     redact_json,
@@ -102,39 +103,42 @@ def effect_from_row(store: StorePort, row: Sequence[Any]) -> Effect:
         started,
         finished,
     ) = row
-    return Effect(
-        id=eid,
-        thread_key=thread,
-        seq=seq,
-        kind=kind,
-        payload=decode_value(store, enc, payload, sha, size),
-        state=EffectState(state),
-        attempt=attempt,
-        max_attempts=max_attempts,
-        replay_safe=None if safe is None else bool(safe),
-        available_at=available_at,
-        fence=fence,
-        lease_owner=owner,
-        lease_expires_at=expires,
-        idempotency_key=key,
-        result=None if result is None else json.loads(result),
-        last_error=last_error,
-        dead_reason=dead_reason,
-        errors=tuple(
-            EffectError(
-                int(e["attempt"]),
-                str(e["error"]),
-                float(e["at"]),
-                e.get("owner"),
-                e.get("traceback"),
-            )
-            for e in json.loads(errs)
-        ),
-        created_at=created,
-        updated_at=updated,
-        started_at=started,
-        finished_at=finished,
-    )
+    try:
+        return Effect(
+            id=eid,
+            thread_key=thread,
+            seq=seq,
+            kind=kind,
+            payload=decode_value(store, enc, payload, sha, size),
+            state=EffectState(state),
+            attempt=attempt,
+            max_attempts=max_attempts,
+            replay_safe=None if safe is None else bool(safe),
+            available_at=available_at,
+            fence=fence,
+            lease_owner=owner,
+            lease_expires_at=expires,
+            idempotency_key=key,
+            result=None if result is None else json.loads(result),
+            last_error=last_error,
+            dead_reason=dead_reason,
+            errors=tuple(
+                EffectError(
+                    int(e["attempt"]),
+                    str(e["error"]),
+                    float(e["at"]),
+                    e.get("owner"),
+                    e.get("traceback"),
+                )
+                for e in json.loads(errs)
+            ),
+            created_at=created,
+            updated_at=updated,
+            started_at=started,
+            finished_at=finished,
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise damaged_row("effect", eid, exc) from exc
 
 
 def claimed_effect(store: StorePort, row: Sequence[Any]) -> Effect:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
+from fleetstore.domain.codec import stored_json
 from fleetstore.domain.imports import value_key
 from fleetstore.domain.operations import Queries
 from fleetstore.engine.base import Tx
@@ -113,10 +114,6 @@ def session_row(store: Store, sid: str) -> tuple[Any, ...] | None:
     return tuple(rows[0]) if rows else None
 
 
-def _canon(text: str) -> Any:
-    return json.loads(text)
-
-
 class Digest:
     """SHA-256 over a session's content in a canonical form (see SessionDigest)."""
 
@@ -129,14 +126,15 @@ class Digest:
         self._sha.update(line.encode("utf-8") + b"\n")
 
     def session(self, r: tuple[Any, ...]) -> None:
-        self._add(["session", *r[:8], _canon(r[8]), *r[9:]])
+        self._add(["session", *r[:8], stored_json(r[8], "session", r[0]), *r[9:]])
 
     def message(self, m: MessageRow) -> None:
         self.messages += 1
         r = m.row
-        parts = [[p.seq, p.kind, _canon(p.meta), *p.value_key()] for p in m.parts]
+        parts = [[p.seq, p.kind, stored_json(p.meta, "message", r[0]), *p.value_key()]
+                 for p in m.parts]  # fmt: skip
         usage = list(m.usage) if m.usage is not None else None
-        self._add(["message", *r[:6], _canon(r[6]), *r[7:], usage, parts])
+        self._add(["message", *r[:6], stored_json(r[6], "message", r[0]), *r[7:], usage, parts])
 
     def state(self, s: StateRow) -> None:
         ns, key, version, enc, body, sha, size, updated = s
