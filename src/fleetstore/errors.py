@@ -151,7 +151,8 @@ class MigrationError(PermanentError):
 
 
 class CorruptStore(PermanentError):
-    """The database file is damaged or is not a SQLite database."""
+    """The database file is damaged or is not a SQLite database, or a row read back
+    does not decode (edited by another program); the message names it."""
 
 
 class NotAStore(PermanentError):
