@@ -26,7 +26,7 @@ import fleetstore
 from fleetstore.admin import top
 from fleetstore.core import liveness
 from fleetstore.core.metrics import Histogram
-from fleetstore.files import inspect
+from fleetstore.files import processes
 from fleetstore.store.procstats import (
     Published,
     procs_dir,
@@ -300,12 +300,12 @@ def test_a_short_read_or_a_writer_is_not_a_reader_pinning_the_wal() -> None:
     """Seen in one sample only, a reader is not shown (a short read looks the same);
     a process holding the write lock reads as part of its write, and is left out."""
     locks = [
-        inspect.Lock(10, "shm", "POSIX", "READ", 123, 123, ("wal-read-2",)),
-        inspect.Lock(11, "shm", "POSIX", "READ", 121, 121, ("wal-read-0",)),
-        inspect.Lock(11, "shm", "POSIX", "WRITE", 120, 120, ("wal-write",)),
-        inspect.Lock(12, "shm", "POSIX", "READ", 122, 123, ("wal-read-1", "wal-read-2")),
+        processes.Lock(10, "shm", "POSIX", "READ", 123, 123, ("wal-read-2",)),
+        processes.Lock(11, "shm", "POSIX", "READ", 121, 121, ("wal-read-0",)),
+        processes.Lock(11, "shm", "POSIX", "WRITE", 120, 120, ("wal-write",)),
+        processes.Lock(12, "shm", "POSIX", "READ", 122, 123, ("wal-read-1", "wal-read-2")),
     ]
-    assert inspect.wal_readers(locks) == {10: 2, 12: 1}
+    assert processes.wal_readers(locks) == {10: 2, 12: 1}
     old = top.Sample(1.0, (), {"db": 1, "wal": 100, "shm": 1}, None)
     new = top.Sample(
         2.0,

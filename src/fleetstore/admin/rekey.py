@@ -49,7 +49,7 @@ from fleetstore.core.targets import parse_target
 from fleetstore.domain.blobs import COLLECTING, fsync_dir
 from fleetstore.engine import cipher
 from fleetstore.engine.gate import GateTimeout, WriterGate, announce_moved, wipe_board
-from fleetstore.files import inspect
+from fleetstore.files import processes
 from fleetstore.store.backend import store_files
 from fleetstore.store.spool import REJECTED, journals, seal_text, unseal_text
 
@@ -183,7 +183,7 @@ def _rekey_file(path: Path, keyring: Keyring, goal: Key | None, wait: float) -> 
 def _alone(name: str) -> None:
     """``StoreInUse`` unless no other process has the file, its -wal, -shm or gate
     open or locked."""
-    users = inspect.users_of([name, f"{name}-wal", f"{name}-shm", f"{name}.gate"])
+    users = processes.users_of([name, f"{name}-wal", f"{name}-shm", f"{name}.gate"])
     others = sorted({pid for pids in users.values() for pid in pids} - {os.getpid()})
     if others:
         raise StoreInUse(

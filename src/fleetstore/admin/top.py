@@ -4,7 +4,7 @@ Each frame reads what the processes publish (``<db>.procs/<pid>.json``, see
 ``fleetstore.store.procstats``), the sizes of the database, WAL and SHM files, and the
 outbox by state; rates and the lock-wait p99 are over the last interval (the
 difference of two snapshots), not over each process's lifetime.  A process found in
-a read transaction frame after frame (``inspect.wal_readers``, what doctor's
+a read transaction frame after frame (``processes.wal_readers``, what doctor's
 ``wal-reset-blocked`` reads) is named with how long it has held it and how much the
 WAL grew meanwhile: any process may pin the WAL, publishing or not (a 60 s reader let
 it reach 2.3 GB in the soak of issue 23, and top did not say who).
@@ -35,7 +35,7 @@ from fleetstore.core.targets import CATALOG, sharded_root
 from fleetstore.core.units import size as _size
 from fleetstore.engine.proclocks import lock_holders
 from fleetstore.errors import LockHolder
-from fleetstore.files import inspect
+from fleetstore.files import inspect, processes
 from fleetstore.store.procstats import Published, read_published
 from fleetstore.store.sharded.shards import shard_files as listed_shards
 
@@ -243,7 +243,7 @@ def _readers(db: str, at: float, wal: int, previous: Sample | None) -> tuple[Rea
     roles = {role: inspect.FileFacts.of(db + suffix).ident for role, suffix in _ROLES}
     known = {(r.pid, r.slot): r for r in previous.readers} if previous is not None else {}
     found = []
-    for pid, slot in sorted(inspect.wal_readers(inspect.locks_on(roles)).items()):
+    for pid, slot in sorted(processes.wal_readers(processes.locks_on(roles)).items()):
         # The same read mark in consecutive samples: taken as one read transaction
         # (as doctor takes its two looks); it began before the first sample saw it.
         first = known.get((pid, slot))
@@ -282,7 +282,7 @@ def frame(path: str, new: Sample, old: Sample | None) -> Frame:
     result.readers = [
         {
             "pid": r.pid,
-            "command": " ".join(inspect.command_line(r.pid).split()),  # one line
+            "command": " ".join(processes.command_line(r.pid).split()),  # one line
             "read_mark": r.slot,
             "held_s": round(new.at - r.since, 3),  # at least: it began before
             "wal_bytes_then": r.wal_then,

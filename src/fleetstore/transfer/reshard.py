@@ -17,7 +17,7 @@ after each table was copied (a message whose session came later stopped the copy
 "FOREIGN KEY constraint failed", and every later run stopped there again).  So a
 reshard refuses to start while another process could write to SRC (``SourceInUse``,
 naming each pid: a file of SRC open for writing, its writer gate or write lock held:
-``engine.inspect.writers_of``), and looks again between batches (at most once a
+``files.processes.writers_of``), and looks again between batches (at most once a
 second) and before it records the copy whole and verified.  A run that finds SRC in
 use, or whose copy no longer fits SRC (an ``IntegrityError``, ``VerificationFailed``),
 records DST as ``stale``; the next run throws it away and copies again.  A run that
@@ -40,7 +40,7 @@ from fleetstore import errors
 from fleetstore.core.logs import logger
 from fleetstore.core.targets import CATALOG, SHARDED_SCHEME, parse_target
 from fleetstore.engine.sqlite import Database
-from fleetstore.files.inspect import writers_of
+from fleetstore.files.processes import writers_of
 from fleetstore.store.sidecars import _DIRS as SIDECAR_DIRS
 from fleetstore.store.sidecars import _FILES as SIDECAR_FILES
 from fleetstore.transfer.archive import _fleetstore_file

@@ -476,7 +476,7 @@ def _lock_findings(report: Report, proc: dict[str, Any], waited: float, wal_size
             "fleetstore writers queue behind it",
             "it is inside a long write; if it hangs, end it (the kernel frees the gate)",
         )
-    slot = proc.get("wal_reader")  # inspect.wal_readers, in both looks
+    slot = proc.get("wal_reader")  # processes.wal_readers, in both looks
     if slot is not None:
         add(
             Severity.WARNING,

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetstore.core import liveness
-from fleetstore.files import inspect
-from fleetstore.files.inspect import Lock, OpenFile, SqliteLibrary
+from fleetstore.files import inspect, processes
+from fleetstore.files.processes import Lock, OpenFile, SqliteLibrary
 
 
 @dataclass(slots=True)
@@ -36,7 +36,9 @@ class Looks:
         cls, watched: dict[str, tuple[int, int, int] | None], paths: dict[str, str]
     ) -> Looks:
         started = time.monotonic()
-        return cls(watched, started, inspect.locks_on(watched), inspect.open_by_processes(paths))
+        return cls(
+            watched, started, processes.locks_on(watched), processes.open_by_processes(paths)
+        )
 
     def second_look(self, interval: float) -> None:
         """The locks again, *interval* seconds after the first look (at once if the
@@ -44,7 +46,7 @@ class Looks:
         inspect_time = time.monotonic() - self.started
         if interval > inspect_time:
             time.sleep(interval - inspect_time)
-        self.second = inspect.locks_on(self.watched)
+        self.second = processes.locks_on(self.watched)
         self.waited = time.monotonic() - self.started
 
     def processes(self, prefix: str | None = None) -> list[dict[str, Any]]:
@@ -67,8 +69,8 @@ class Looks:
         procs = _processes(pids, files, first, second, self.libraries)
         # A read transaction seen in both looks, on the same read mark (fleetstore top
         # follows the same reading frame after frame).
-        seen_first = inspect.wal_readers(first)
-        seen_second = inspect.wal_readers(second)
+        seen_first = processes.wal_readers(first)
+        seen_second = processes.wal_readers(second)
         for proc in procs:
             slot = seen_first.get(proc["pid"])
             proc["wal_reader"] = (
@@ -112,14 +114,14 @@ def _processes(
         libs: list[SqliteLibrary] = []
         if any(f.role in ("database", "wal", "shm") for f in files):
             if pid not in libraries:
-                libraries[pid] = inspect.sqlite_libraries(pid)
+                libraries[pid] = processes.sqlite_libraries(pid)
             libs = libraries[pid]
         out.append(
             {
                 "pid": pid,
-                "command": inspect.command_line(pid),
+                "command": processes.command_line(pid),
                 "alive": liveness.alive(pid),
-                "state": inspect.process_state(pid),
+                "state": processes.process_state(pid),
                 "open": sorted({f.role for f in files}),
                 "deleted_open": sorted({f.role for f in files if f.deleted}),
                 "locks": locks,

@@ -23,7 +23,8 @@ from fleetstore.domain.worker import DEFAULT_HANDLER_TIMEOUT
 from fleetstore.engine import cipher
 from fleetstore.engine.board import read_board
 from fleetstore.files import foreign, inspect
-from fleetstore.files.inspect import FileFacts, Lock
+from fleetstore.files.inspect import FileFacts
+from fleetstore.files.processes import Lock
 from fleetstore.store.procstats import read_published
 from fleetstore.store.spool import REJECTED, journal_pid, read_journal
 

@@ -22,7 +22,7 @@ from fleetstore.core.targets import CATALOG
 from fleetstore.engine.base import Tx
 from fleetstore.engine.gate import announce_moved
 from fleetstore.engine.sqlite import Database
-from fleetstore.files import foreign, inspect
+from fleetstore.files import foreign, inspect, processes
 from fleetstore.store.sharded.shards import shard_files
 
 log = logger("fleetstore")
@@ -77,7 +77,7 @@ def empty_shards(
     the index and the intents are read again there), and goes: rename the file (with
     its -wal, -shm and gate) aside, so that no process can open it any more by its
     name (a later first use creates a fresh shard, as for a key never used); look for
-    any process holding one of them open or locked (``inspect.users_of``: an open
+    any process holding one of them open or locked (``processes.users_of``: an open
     SQLite WAL connection always holds a lock on the -shm, seen in /proc/locks for
     every user); read it again (still empty?); only then delete.  Otherwise it is put
     back, never over a file made meanwhile.  This process holds none of them: the
@@ -141,7 +141,7 @@ def empty_shards(
             i += len(chunk)
             # Files in use now are left without being touched; the look inside the
             # transaction is for a process that opens one meanwhile.
-            users = inspect.users_of([str(p) for f in chunk for p, _t in f.sides()])
+            users = processes.users_of([str(p) for f in chunk for p, _t in f.sides()])
             busy = [f for f in chunk if any(str(p) in users for p, _t in f.sides())]
             kept.extend(f.key for f in busy)
             chunk = [f for f in chunk if f not in busy]
@@ -199,7 +199,7 @@ def _remove_unused(
             continue
         moved.append(f)
     trashed = [str(dst) for f in moved for _src, dst in f.sides() if dst.exists()]
-    users = inspect.users_of(trashed)
+    users = processes.users_of(trashed)
     for f in moved:
         sides = f.sides()
         busy = any(str(dst) in users for _src, dst in sides)
