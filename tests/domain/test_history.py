@@ -1355,7 +1355,7 @@ def test_rows_damaged_by_hand_read_back_as_a_typed_error_naming_the_row(store: S
     reads: list[tuple[str, Callable[[], Any]]] = [
         ("session 's-bad'", lambda: store.sessions.get("s-bad")),
         ("message 'm-bad'", lambda: store.messages.get("m-bad")),
-        ("message 'm-call'", lambda: store.messages.get("m-call")),
+        ("part 0 of message 'm-call'", lambda: store.messages.get("m-call")),
         ("message 'm-bad'", lambda: store.messages.list(bad.id)),
         (f"effect {eid!r}", lambda: store.effects.get(eid)),
     ]

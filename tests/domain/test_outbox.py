@@ -37,7 +37,7 @@ from fleetstore.core.ids import new_id
 from fleetstore.domain.outbox import Chain
 from fleetstore.domain.outbox_ops import kinds_json, timeouts_json
 from tests.fix_procs import Spawn, start_lock
-from tests.fix_stores import OpenStore
+from tests.fix_stores import OpenStore, read_everywhere
 
 
 def rows(store: Store, sql: str = "SELECT count(*) FROM effects") -> Any:
@@ -1157,3 +1157,33 @@ def test_cli_errors_exit_nonzero(tmp_path: Path) -> None:
     assert cli("worker", "no_such_module:H", "--store", db).returncode == 2
     assert cli("worker", "json:dumps", "--store", db).returncode == 2  # not a mapping
     assert cli("worker", "nocolon", "--store", db).returncode == 2
+
+
+def test_an_effect_whose_payload_does_not_decode_goes_dead_and_holds_up_no_claim(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A payload another program damaged: the claim that takes it returns the others,
+    and the damaged one goes dead with the reason at once (raised after the claim had
+    committed, it held every effect of that claim until their leases ran out, and
+    each later claim took it again), so the effect behind it in its thread runs."""
+    bad = store.effects.enqueue("t-1", "hook", {"n": 1})
+    other = store.effects.enqueue("t-2", "hook", {"n": 2})
+    behind = store.effects.enqueue("t-1", "hook", {"n": 3})
+
+    def damage(_key: Any, db: Any) -> None:
+        db.run_write(
+            lambda tx: tx.execute("UPDATE effects SET payload = 'x{' WHERE id = ?", (bad,))
+        )
+
+    store.backend.each(damage)
+    with caplog.at_level(logging.ERROR, logger="fleetstore"):
+        first = store.effects.claim("w", kinds=["hook"], limit=10)
+    assert [(c.id, c.effect.payload) for c in first] == [(other, {"n": 2})]
+    assert f"effect {bad} goes dead" in caplog.text
+    ((state, reason, error),) = read_everywhere(
+        store, "SELECT state, dead_reason, last_error FROM effects WHERE id = ?", (bad,)
+    )
+    assert (state, reason) == ("dead", "failed") and "does not decode" in error, error
+    with pytest.raises(errors.CorruptStore, match="does not decode"):
+        store.effects.get(bad)  # read whole, it still names the damage
+    assert [c.id for c in store.effects.claim("w", kinds=["hook"], limit=10)] == [behind]

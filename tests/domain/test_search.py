@@ -496,3 +496,31 @@ def test_a_body_holding_a_nul_is_indexed_and_found(store: Store) -> None:
     assert [h.message_id for h in store.search("pangolin")] == [first.id]
     assert [h.message_id for h in store.search("tapir")] == [later.id]
     assert [h.message_id for h in store.search("olin aft", match="substring")] == [first.id]
+
+
+def test_rows_damaged_by_hand_do_not_stop_the_index_at_them(store: Store) -> None:
+    """Session metadata that is not JSON and a tool call's part without its name (rows
+    another program edited) made the indexer's batch fail every time, and nothing after
+    them was indexed: the metadata is searched as it is stored, the damaged part is left
+    out and the parts beside it are indexed."""
+    s = store.sessions.create("okapi title")
+    m = store.messages.append(
+        s.id, "assistant", [Text("a narwhal here"), ToolCall("grep", {"q": "x"}, "c1")]
+    )
+
+    def damage(_key: Any, db: Any) -> None:
+        db.run_write(
+            lambda tx: (
+                tx.execute("UPDATE sessions SET metadata = 'quokka {' WHERE id = ?", (s.id,)),
+                tx.execute(
+                    "UPDATE parts SET meta = '{}' WHERE message_id = ? AND seq = 1", (m.id,)
+                ),
+            )
+        )
+
+    store.backend.each(damage)
+    later = store.messages.append(s.id, "user", "a later tapir")
+    store.search.catch_up()
+    assert [h.message_id for h in store.search("tapir")] == [later.id]
+    assert [h.message_id for h in store.search("narwhal")] == [m.id]
+    assert [(h.kind, h.session_id) for h in store.search("quokka")] == [("metadata", s.id)]

@@ -258,23 +258,31 @@ def stored_json(text: str, what: str, row_id: object) -> Any:
 
 
 def decode_part(store: StorePort, row: Sequence[Any]) -> Part:
-    _mid, _seq, kind, meta_text, enc, body, blob_sha, size, chunk_text = row
-    meta = json.loads(meta_text)
-    if enc == "chunks":
-        value: Any = chunk_text or ""
-    else:
-        value = decode_value(store, enc, body, blob_sha, size)
-    if kind == "text":
-        return Text(value)
-    if kind == "reasoning":
-        return Reasoning(value)
-    if kind == "tool_call":
-        return ToolCall(meta["name"], value, meta["call_id"])
-    if kind == "tool_result":
-        return ToolResult(meta["call_id"], value, meta.get("is_error", False), meta.get("name", ""))
-    if kind == "file":
-        return File(value, meta.get("mime_type", "application/octet-stream"), meta.get("name", ""))
-    raise errors.CorruptStore(f"part of unknown kind {kind!r} in message {_mid}")
+    """A part from its row; ``CorruptStore`` naming it if the row does not decode."""
+    mid, seq, kind, meta_text, enc, body, blob_sha, size, chunk_text = row
+    try:
+        meta = json.loads(meta_text)
+        if enc == "chunks":
+            value: Any = chunk_text or ""
+        else:
+            value = decode_value(store, enc, body, blob_sha, size)
+        if kind == "text":
+            return Text(value)
+        if kind == "reasoning":
+            return Reasoning(value)
+        if kind == "tool_call":
+            return ToolCall(meta["name"], value, meta["call_id"])
+        if kind == "tool_result":
+            return ToolResult(
+                meta["call_id"], value, meta.get("is_error", False), meta.get("name", "")
+            )
+        if kind == "file":
+            return File(
+                value, meta.get("mime_type", "application/octet-stream"), meta.get("name", "")
+            )
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise damaged_row(f"part {seq} of message", mid, exc) from exc
+    raise errors.CorruptStore(f"part of unknown kind {kind!r} in message {mid}")
 
 
 def value_payload(store: StorePort, value: Any, what: str) -> dict[str, Any]:

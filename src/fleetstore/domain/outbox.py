@@ -12,6 +12,7 @@ settlement checked against its own token).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fleetstore import errors
 from fleetstore.core import telemetry
 from fleetstore.core.ids import derived_id, new_id
+from fleetstore.core.logs import logger
 from fleetstore.core.validate import (
     check_bool,
     check_id,
@@ -65,6 +67,8 @@ from fleetstore.domain.outbox_ops import (
 )
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import Effect, EffectError, EffectState, NewEffect, Page
+
+log = logger("fleetstore")
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
@@ -194,6 +198,29 @@ def claimed_effect(store: StorePort, row: Sequence[Any]) -> Effect:
         started,
         None,
     )
+
+
+def claims_of(
+    store: StorePort, rows: Sequence[Sequence[Any]], owner: str, lease: float
+) -> builtins.list[Claim]:
+    """The claims of *rows* (``effect_claim``'s columns), decoded after the claim
+    committed.  An effect whose stored payload does not decode (its blob file lost or
+    damaged, a row another program edited) goes ``dead`` at once with the reason: raised
+    here, it failed the whole call after its claims were taken, and each later claim took
+    it again when its lease ran out, with the effects claimed beside it."""
+    claims: builtins.list[Claim] = []
+    for row in rows:
+        try:
+            effect = claimed_effect(store, row)
+        except (errors.CorruptStore, ValueError, TypeError) as exc:
+            damaged = damaged_row("effect", row[0], exc)
+            log.error("effect %s goes dead: %s", row[0], damaged)
+            stand_in = claimed_effect(store, (*row[:4], "json", "null", None, 0, *row[8:]))
+            with contextlib.suppress(errors.FleetstoreError):  # else swept at the lease's end
+                Claim(store, stand_in, owner, lease).fail(f"{type(damaged).__name__}: {damaged}")
+            continue
+        claims.append(Claim(store, effect, owner, lease))
+    return claims
 
 
 def _effect_args(
@@ -518,7 +545,7 @@ class Effects:
         )
         result = store.submit(op, Delivery.INDEPENDENT)
         assert result is not None  # independent operations are never spooled
-        claims = [Claim(store, claimed_effect(store, row), owner, lease) for row in result["rows"]]
+        claims = claims_of(store, result["rows"], owner, lease)
         if claims:
             store.outbox_metrics.record_claims(claims)
         return claims
@@ -584,7 +611,7 @@ class Effects:
         store = self._store
         sql = store.queries["effect_claimed_by"]
         rows = store.read(lambda tx: tx.execute(sql, (op_id,)))
-        claims = [Claim(store, claimed_effect(store, row), owner, lease) for row in rows]
+        claims = claims_of(store, rows, owner, lease)
         for claim in claims:
             claim.chained = True
         return claims

@@ -53,7 +53,7 @@ from fleetstore.domain.search_query import (
     pg_substring,
     pg_tsquery,
 )
-from fleetstore.domain.search_text import KINDS, json_text, part_text, snippet
+from fleetstore.domain.search_text import KINDS, metadata_text, part_text, snippet
 from fleetstore.engine.base import Engine, Tx
 from fleetstore.models import Page, SearchHit, SearchStatus
 
@@ -316,11 +316,11 @@ class _Texts:
             elif (mid, part) in self.parts:
                 try:
                     text = part_text(decode_part(self.store, self.parts[(mid, part)]))
-                except errors.BlobCorrupt:
+                except errors.CorruptStore:
                     text = None
         elif sid is not None and sid in self.sessions:
             s = self.sessions[sid]
-            text = s[3] if kind == "title" else json_text(json.loads(s[4]), keys=False)
+            text = s[3] if kind == "title" else metadata_text(s[4])
         self._cache[key] = text
         return text
 

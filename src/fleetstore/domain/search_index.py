@@ -32,7 +32,13 @@ from typing import Any
 from fleetstore import errors
 from fleetstore.domain.codec import decode_part
 from fleetstore.domain.ports import StorePort
-from fleetstore.domain.search_text import gram_fold, json_text, part_text, sections, tsvector
+from fleetstore.domain.search_text import (
+    gram_fold,
+    metadata_text,
+    part_text,
+    sections,
+    tsvector,
+)
 from fleetstore.engine.base import Engine, Tx
 
 log = logging.getLogger("fleetstore")
@@ -171,7 +177,7 @@ def message_docs(
     for prow in parts:
         try:
             part = decode_part(store, prow)
-        except errors.BlobCorrupt as exc:
+        except errors.CorruptStore as exc:
             log.warning("search: part %s of message %s not indexed: %s", prow[1], mid, exc)
             continue
         add(part_text(part), str(prow[2]), int(prow[1]))
@@ -183,7 +189,7 @@ def session_docs(row: Sequence[Any], most: int) -> list[Doc]:
     """The sections of a session's title and metadata (a ``search_session_rows`` row)."""
     sid, root_id, project, title, metadata = row[:5]
     found: list[Doc] = []
-    texts = [("title", title), ("metadata", json_text(json.loads(metadata), keys=False))]
+    texts = [("title", title), ("metadata", metadata_text(metadata))]
     for kind, text in texts:
         if not text:
             continue

@@ -139,6 +139,17 @@ def tsvector(text: str) -> str:
 # -- what is searched -------------------------------------------------------------------
 
 
+def metadata_text(stored: str) -> str:
+    """The text of a session's stored metadata: its values (``json_text``); stored text
+    that is not JSON (a row another program edited) is searched as it is, not a failure
+    that would stop the index at that row for every session after it."""
+    try:
+        value = json.loads(stored)
+    except (ValueError, TypeError):
+        return str(stored)
+    return json_text(value, keys=False)
+
+
 def json_text(value: object, *, keys: bool) -> str:
     """The text of a JSON value: each string, number and boolean on a line of its own
     (with its key before it, if *keys*), strings unescaped."""
@@ -278,6 +289,7 @@ __all__ = [
     "Section",
     "gram_fold",
     "json_text",
+    "metadata_text",
     "part_text",
     "sections",
     "snippet",
