@@ -106,6 +106,28 @@ def test_a_key_name_before_the_value_names_the_kind_when_the_value_is_known() ->
     assert R.redact("GITHUB_TOKEN=notatoken-but-secret\n").counts == Counter({"env-secret": 1})
 
 
+@pytest.mark.parametrize(
+    ("text", "kind", "secret"),
+    [
+        ("PGPASSWORD=hunter2hunter2 psql -h db", "env-secret", "hunter2hunter2"),
+        ("export REDISPASSWORD=s3cr3tValue9", "env-secret", "s3cr3tValue9"),
+        ("CLIENTSECRET=abcDEF123456", "env-secret", "abcDEF123456"),
+        ("redis://:Sup3rSecretPw@cache:6379/0", "url-password", "Sup3rSecretPw"),
+    ],
+)
+def test_names_and_urls_a_first_rule_missed_are_caught(text: str, kind: str, secret: str) -> None:
+    """PGPASSWORD= (no "_" before PASSWORD) and a URL with a password and no user."""
+    done = R.redact(text)
+    assert done.counts == Counter({kind: 1}) and secret not in done.text, done.text
+
+
+@pytest.mark.parametrize(
+    "text", ["myToken=abcdefghijk1", "http://host:8080/path@x", "see https://:8080/a"]
+)
+def test_lower_case_names_and_ports_stay_as_they_are(text: str) -> None:
+    assert R.redact(text).text == text
+
+
 # -- streams --------------------------------------------------------------------------------
 
 

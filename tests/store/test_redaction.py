@@ -20,6 +20,7 @@ import fleetstore
 from fleetstore import Store, errors
 from fleetstore.admin.scan import ScanFinding, scan
 from fleetstore.core.redact import Redactor, default_redactor, write_redaction
+from fleetstore.domain.history import MAX_ERROR_TEXT
 from fleetstore.models import File, Reasoning, Text, ToolCall, ToolResult
 from tests.fix_stores import OpenStore, read_everywhere
 from tests.secret_samples import samples
@@ -251,6 +252,47 @@ def test_a_secret_cut_at_every_character_by_a_flush_is_caught(tmp_path: Path, ki
                 reply.flush()  # the first piece is written now, the rest later
                 reply.text(text[cut:])
             assert store.messages.get(reply.id).text == want, cut
+    assert findings(tmp_path / "s.db") == []
+
+
+def test_names_of_parts_are_redacted_and_append_returns_what_it_stored(tmp_path: Path) -> None:
+    """A file or tool named after a token kept the token in the part's meta; and
+    ``append`` returned the text it was given, not what it stored."""
+    token = GH.secret
+    with fleetstore.open(tmp_path / "s.db") as store:
+        sid = store.sessions.create().id
+        parts = [
+            Text("out: " + GH.text),
+            ToolCall(f"tool {token}", {"k": GH.text}, "c1"),
+            ToolResult("c1", "fine", name=f"tool {token}"),
+            File(b"data", "text/plain", f"key {token}.txt"),
+        ]
+        returned = store.messages.append(sid, "tool", parts)
+        read = store.messages.get(returned.id)
+        assert returned.parts == read.parts
+        assert token not in repr(read.parts) and "[REDACTED:github-token]" in repr(read.parts)
+        plain = store.messages.append(sid, "user", [Text("nothing here"), File(b"x", name="a")])
+        assert plain.parts == (Text("nothing here"), File(b"x", name="a"))
+    assert findings(tmp_path / "s.db") == []
+
+
+@pytest.mark.parametrize("kind", ["github-token", "url-password"])
+def test_a_secret_at_the_length_limit_of_a_streams_error_is_caught(
+    tmp_path: Path, kind: str
+) -> None:
+    """The exception that ends a stream is kept as its error, cut to MAX_ERROR_TEXT: a
+    secret across that limit was cut first, and the piece kept matched no rule."""
+    line, secret = SAMPLES[kind].text, SAMPLES[kind].secret
+    with fleetstore.open(tmp_path / "s.db") as store:
+        sid = store.sessions.create().id
+        for back in (5, len(secret) // 2, len(secret) - 3):  # of the secret kept
+            at = len("RuntimeError: ") + 1 + line.index(secret) + back
+            with pytest.raises(RuntimeError), store.messages.stream(sid) as reply:
+                reply.text("hi")
+                raise RuntimeError("x" * (MAX_ERROR_TEXT - at) + " " + line)
+            error = store.messages.get(reply.id).error
+            assert error is not None and len(error) <= MAX_ERROR_TEXT
+            assert secret[: len(secret) // 3] not in error, (back, error[-60:])
     assert findings(tmp_path / "s.db") == []
 
 

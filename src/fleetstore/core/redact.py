@@ -55,8 +55,9 @@ _BOUNDARIES = {
     # No letter, digit, "_" or "-" right before the prefix (a token starts there), or a
     # JSON escape (a token at the start of a line of an escaped string).
     "word": r"(?:(?<![A-Za-z0-9_-])|(?<=\\[nrt]))",
-    # NAME_PREFIX= : the prefix ends a longer upper-case name, or starts one.
-    "env": r"(?:(?<=_)|(?<![A-Za-z0-9])|(?<=\\[nrt]))",
+    # NAME_PREFIX= : the prefix ends a longer upper-case name (DB_PASSWORD=, and
+    # PGPASSWORD=, which a rule wanting "_" before it missed), or starts one.
+    "env": r"(?:(?<=[A-Z_])|(?<![A-Za-z0-9])|(?<=\\[nrt]))",
     "none": "",
 }
 _FLAGS = re.ASCII

@@ -57,6 +57,8 @@ class Prepared:
     raw: bytes
     value: str | bytes
     enc: str
+    #: A part: redaction changed its value or its name (what is stored differs).
+    redacted: bool = False
 
 
 def prepare_payload(store: StorePort, value: str | bytes, enc: str) -> Prepared:
@@ -161,9 +163,17 @@ def _prepare_part(store: StorePort, part: object) -> Prepared:
         raise errors.InvalidInput(f"not a message part: {type(part).__name__} (parts are {kinds})")
     dump_json(head["meta"], f"the meta of a {part.kind} part", MAX_PART_META)
     redaction = store.redaction
-    if redaction is not None and (value.__class__ is not str or redaction.screen(value)):
-        value = _redacted(redaction, value, enc)
-    return Prepared(head, _raw(store, value), value, enc)
+    if redaction is None:
+        return Prepared(head, _raw(store, value), value, enc)
+    changed = False
+    meta = head["meta"]
+    if "name" in meta and meta["name"] and redaction.screen(meta["name"]) is not None:
+        meta["name"] = redaction.text(meta["name"])  # a file or tool named after a token
+        changed = True
+    if value.__class__ is not str or redaction.screen(value):
+        given, value = value, _redacted(redaction, value, enc)
+        changed = changed or value != given
+    return Prepared(head, _raw(store, value), value, enc, changed)
 
 
 def prepare_parts(store: StorePort, parts: Sequence[object]) -> list[Prepared | dict[str, Any]]:
@@ -189,6 +199,21 @@ def prepare_parts(store: StorePort, parts: Sequence[object]) -> list[Prepared | 
                 continue
         out.append(_prepare_part(store, p))
     return out
+
+
+def stored_parts(
+    store: StorePort, parts: Sequence[Part], prepared: Sequence[Prepared | dict[str, Any]]
+) -> tuple[Part, ...]:
+    """*parts* as *prepared* stores them: a part redaction changed comes back as
+    stored (a call returned the secret it had just kept out of the store)."""
+    found: list[Part] = []
+    for part, p in zip(parts, prepared, strict=True):
+        if p.__class__ is Prepared and p.redacted:
+            h = p.head
+            row = (None, 0, h["kind"], json.dumps(h["meta"]), p.enc, p.value, None, 0, None)
+            part = decode_part(store, row)
+        found.append(part)
+    return tuple(found)
 
 
 def write_parts(
@@ -461,6 +486,7 @@ __all__ = [
     "value_payload",
     "encoded_body",
     "decode_part",
+    "stored_parts",
     "decode_value",
     "encode_part",
     "encode_parts",

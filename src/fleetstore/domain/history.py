@@ -39,6 +39,7 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain import session_jobs
 from fleetstore.domain.codec import (
+    Prepared,
     damaged_row,
     decode_part,
     encode_part,
@@ -46,6 +47,7 @@ from fleetstore.domain.codec import (
     prepare_parts,
     redact_text,
     redact_value,
+    stored_parts,
     write_parts,
 )
 from fleetstore.domain.operations import Delivery, Operation
@@ -483,6 +485,10 @@ class Messages:
                 f"parts must be a list of parts or a string, not {type(parts).__name__}"
             )
         prepared = prepare_parts(self._store, part_list)
+        for p in prepared:  # (a loop without a call: the usual append makes none here)
+            if p.__class__ is Prepared and p.redacted:
+                part_list = stored_parts(self._store, part_list, prepared)
+                break
         prepared_effects = prepare_effects(self._store, effects) if effects else None
         # Last: they write the blob files, and everything has been checked.
         effect_list = prepared_effects.write() if prepared_effects is not None else None
@@ -710,7 +716,9 @@ class Stream:
         if exc is None:
             self.finish()
         else:
-            self.finish(error=error_text(f"{type(exc).__name__}: {exc}"))
+            # Redacted whole, then cut: a secret cut at the limit matches no rule.
+            text = redact_text(self._store, f"{type(exc).__name__}: {exc}")
+            self.finish(error=error_text(text))
 
     def open(self) -> None:
         """Start the reply.  Nothing is written yet: the message row goes with the
@@ -955,7 +963,10 @@ class Stream:
             # an error, so the message does not stay streaming when it can be helped.
             if error is None:
                 self._end_as_error(
-                    error_text(f"{type(exc).__name__}: {exc} (its last text was lost)")
+                    error_text(
+                        redact_text(self._store, f"{type(exc).__name__}: {exc}")
+                        + " (its last text was lost)"
+                    )
                 )
             raise
         finally:
