@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -860,6 +861,49 @@ def test_worker_runs_sync_and_async_handlers_in_order_with_retries(store: Store)
     assert store.effects.counts()["succeeded"] == 10
     # 9 + 3 retries of the sync kind, 1 async, 1 fail, 2 attempts of crash
     assert worker.stats["claimed"] == 16
+
+
+def test_a_handler_raising_what_is_not_an_exception_fails_its_attempt(store: Store) -> None:
+    """A handler's CancelledError (a task it awaited was cancelled), SystemExit,
+    KeyboardInterrupt or a bare BaseException: each left its effect running with its
+    lease renewed for ever (or stopped the worker), and its thread never moved on."""
+
+    async def inner_cancelled(e: Effect) -> None:
+        task = asyncio.ensure_future(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        task.cancel()
+        await task
+
+    def raising(exc: BaseException) -> Callable[[Effect], None]:
+        def handler(e: Effect) -> None:
+            raise exc
+
+        return handler
+
+    handlers: dict[str, Any] = {
+        "cancelled": inner_cancelled,
+        "exit": raising(SystemExit(7)),
+        "interrupt": raising(KeyboardInterrupt()),
+        "base": raising(BaseException("bare")),
+        "next": lambda e: "ran",
+    }
+    bad = {k: store.effects.enqueue(f"t-{k}", k, max_attempts=1) for k in handlers if k != "next"}
+    behind = {k: store.effects.enqueue(f"t-{k}", "next") for k in bad}
+    worker = Worker(store, handlers, until_idle=True, lease=2.0, poll_interval=0.01)
+    done: list[int] = []
+    thread = threading.Thread(target=lambda: done.append(worker.run()), daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        worker.stop(hard=True)
+    assert done == [fleetstore.domain.worker.EXIT_OK], (done, dict(worker.stats))
+    for kind, eid in bad.items():
+        e = store.effects.get(eid)
+        assert (e.state, e.dead_reason) == ("dead", "attempts_exhausted"), (kind, e.state)
+        assert e.last_error is not None and e.last_error.split(":")[0] in (
+            "CancelledError", "SystemExit", "KeyboardInterrupt", "BaseException"
+        ), e.last_error  # fmt: skip
+        assert store.effects.get(behind[kind]).result == "ran", kind
 
 
 def test_worker_stop_gives_back_prefetched_claims_without_spending_an_attempt(

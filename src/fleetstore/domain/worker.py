@@ -728,17 +728,25 @@ class Worker:
                 if inspect.isawaitable(result):
                     result = await result
                 outcome = ("succeed", result)
-        except asyncio.CancelledError:
-            if not inner.done():
-                self._abandon(claim, inner)
-            if not job.interrupted:
-                raise
-            return  # a hard stop settles it
+        except asyncio.CancelledError as exc:
+            me = asyncio.current_task()
+            if inner.done() and me is not None and not me.cancelling():
+                # The handler's own: a task it awaited was cancelled.  Re-raised as
+                # the worker's, it left the effect running, its lease renewed, for ever.
+                outcome = ("retry", (None, f"{type(exc).__name__}: {exc}", exc))
+            else:
+                if not inner.done():
+                    self._abandon(claim, inner)
+                if not job.interrupted:
+                    raise
+                return  # a hard stop settles it
         except RetryEffect as exc:
             outcome = ("retry", (exc.delay, str(exc), exc))
         except FailEffect as exc:
             outcome = ("fail", (str(exc) or "failed", exc))
-        except Exception as exc:
+        except BaseException as exc:
+            # Any other exception, SystemExit and KeyboardInterrupt from a handler's
+            # thread included (they stopped the worker with the effect left running).
             outcome = ("retry", (None, f"{type(exc).__name__}: {exc}", exc))
         if job.interrupted:
             return
