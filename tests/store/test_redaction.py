@@ -593,6 +593,49 @@ def test_fleetstore_redact_killed_then_run_again_rewrites_each_row_exactly_once(
     assert findings(path) == []
 
 
+def test_fleetstore_redact_on_a_sharded_store_leaves_no_copy_in_the_catalog(
+    tmp_path: Path,
+) -> None:
+    """The catalog keeps a copy of each shard's session rows: the command closed
+    without refreshing it, so titles and metadata stayed in catalog.db (listed,
+    scanned, backed up) and a second run said it had nothing to do.  A copy left so
+    by such a run is refreshed too."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "sh"
+    url = f"sqlite+sharded://{root}"
+    with fleetstore.open(url, redaction=False) as store:
+        sid = store.sessions.create("deploy " + GH.text, metadata={"out": GH.text}).id
+        other = store.sessions.create("plain").id
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSTORE_")}
+    argv = [sys.executable, "-m", "fleetstore", "redact", "--store", url]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert GH.secret.encode() not in (root / "catalog.db").read_bytes()
+    assert findings(root) == []
+    with fleetstore.open(url) as store:
+        titles = {s.id: s.title for s in store.sessions.list()}
+        assert titles == {sid: "deploy " + GH.redacted, other: "plain"}, titles
+
+        def stale(key: Any, db: Any) -> None:  # the catalog's copy, as a run before left it
+            if key is None:
+                title = "deploy " + GH.text
+                db.run_write(
+                    lambda tx: tx.execute(
+                        "UPDATE sessions SET title = ? WHERE id = ?", (title, sid)
+                    )
+                )
+
+        store.backend.each(stale)
+    assert findings(root) != []
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert findings(root) == []
+    assert GH.secret.encode() not in (root / "catalog.db").read_bytes()
+
+
 def test_fleetstore_redact_rewrites_titles_metadata_and_errors_once(
     open_store: OpenStore, engine: str, tmp_path: Path
 ) -> None:

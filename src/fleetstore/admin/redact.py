@@ -96,9 +96,15 @@ def redact_store(
         run.streamed(read)
         run.states(read)
         run.effects(read)
+    refreshed = 0
+    if store.router is not None and not dry_run:
+        # The catalog's copies of the rows rewritten in shards (and of rows a run
+        # before this one rewrote): a CLI run closes without the background refresh,
+        # and the titles stayed in catalog.db, listed, scanned and backed up.
+        refreshed = store.router.resync(run.stale_copies)
     report = run.report
     report.by_kind = Counter(redaction.counts)
-    if not dry_run and store.dialect == "sqlite" and report.rewritten:
+    if not dry_run and store.dialect == "sqlite" and (report.rewritten or refreshed):
         # Old page images leave the WAL (SECURE_DELETE zeroed them in the file).
         for db in _engines(store):
             try:
@@ -139,6 +145,8 @@ class _Run:
         self.dry_run = dry_run
         self.progress = progress
         self.report = RedactReport(str(store.url), dry_run)
+        #: Shards whose sessions' copies in a sharded catalog hold a secret.
+        self.stale_copies: set[str] = set()
 
     def _apply(
         self, table: str, name: str, args: dict[str, Any], old_blob: str | None, *ident: str
@@ -272,7 +280,11 @@ class _Run:
         while rows := read("red_sessions_page", {"id": after, "limit": PAGE}):
             for sid, title, metadata in rows:
                 self._tick("sessions")
-                if homed and self.store.backend.home(sid) is not None:
+                home = self.store.backend.home(sid) if homed else None
+                if home is not None:  # the catalog's copy of a shard's row: refreshed
+                    screen = self.redaction.screen  # (counts nothing: the shard's row does)
+                    if screen(title or "") is not None or screen(metadata) is not None:
+                        self.stale_copies.add(home)
                     continue
                 new_meta, meta = self._metadata(metadata)
                 new_title = self._text(title, MAX_SHORT)

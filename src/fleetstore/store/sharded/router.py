@@ -39,7 +39,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -478,6 +478,14 @@ class Router:
 
             self.catalog.run_write(run)
         return len(todo)
+
+    def resync(self, keys: Iterable[str]) -> int:
+        """Copy the session rows of shards *keys*, and of those this process wrote,
+        into the catalog's index now (up to the write budget): after rows were
+        rewritten in place (``fleetstore redact``).  The number of shards refreshed."""
+        with self._lock:
+            self._dirty.update(keys)
+        return self.sync_dirty()
 
     def sync_dirty(self) -> int:
         """Copy the session rows of the shards this process wrote into the catalog's
