@@ -386,3 +386,36 @@ def test_a_postgresql_store_s_figures_are_this_host_s_and_its_outbox(
     assert samples[("fleetstore_search_queued", ())] == 1
     assert samples[("fleetstore_search_lag_seconds", ())] > 0
     assert "password" not in data["store"]
+
+
+MALFORMED = [
+    '{"pid": 4242, "published_at": null}',
+    '{"pid": 4243, "published_at": 1.0, "metrics": {"commits": NaN}}',
+    '{"pid": 4244, "published_at": 1.0, "metrics": {"outbox": 5, "commits": "x"},'
+    ' "histograms": {"lock_wait": {"buckets": {"a": "b"}, "n": "x"}, "lock_hold": 7}}',
+    "[1, 2]",
+]
+
+
+def test_malformed_figures_files_are_left_out_not_a_crash(tmp_path: Path) -> None:
+    """Files in ``<db>.procs/`` that no publisher writes (a null time, a NaN counter,
+    a histogram that is a number) crashed metrics, top, doctor and maintain with a raw
+    traceback; so did such a ``retired.json``.  They are left out."""
+    path = tmp_path / "s.db"
+    with fleetstore.open(path) as store:
+        store.sessions.create("a")
+    procs = procs_dir(path)
+    assert one(scrape(path), "fleetstore_commits_total") >= 1
+    for n, text in enumerate(MALFORMED):
+        (procs / f"{4242 + n}.json").write_text(text)
+    for argv in (["metrics"], ["top", "--json", "--count", "1"], ["doctor"], ["maintain"]):
+        done = run_cli(*argv, "--store", str(path))
+        assert "Traceback" not in done.stderr, (argv, done.stderr)
+        assert done.returncode == 0, (argv, done.stdout, done.stderr)
+    (procs / "retired.json").write_text(
+        '{"counters": {"commits": "y", "operations": {"x": "z"}},'
+        ' "histograms": {"lock_wait": 5}, "folded": {"1:2": "x"}}'
+    )
+    for argv in (["metrics"], ["maintain"]):
+        done = run_cli(*argv, "--store", str(path))
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (argv, done.stderr)

@@ -150,6 +150,30 @@ class Published:
         return Histogram.from_buckets(buckets)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a figure")
+
+
+def _record(text: str) -> dict[str, Any]:
+    """A process's published figures, checked where they are read (a file in
+    ``<db>.procs/`` anyone with the directory could have written): ``ValueError``
+    unless it is an object with an integer pid, a finite publishing time, objects of
+    metrics and histograms, and no NaN or infinity anywhere (a NaN counter, a null
+    time crashed ``metrics``, ``top``, ``doctor`` and ``maintain``)."""
+    record = json.loads(text, parse_constant=_no_constant)
+    if not isinstance(record, dict):
+        raise ValueError("not an object")
+    pid, at = record.get("pid"), record.get("published_at", 0.0)
+    if pid.__class__ is not int or pid <= 0 or at.__class__ not in (int, float):
+        raise ValueError("no pid or publishing time")
+    for part in ("metrics", "histograms"):
+        if not isinstance(record.setdefault(part, {}), dict):
+            raise ValueError(f"{part} is not an object")
+    record["published_at"] = float(at)
+    record["histograms"] = {k: v for k, v in record["histograms"].items() if isinstance(v, dict)}
+    return record
+
+
 def read_published(db_path: str | os.PathLike[str], now: float | None = None) -> list[Published]:
     """Every process's figures for the store at *db_path*, live ones first; files of
     processes that are gone (or whose PID now names another process) have ``alive`` False."""
@@ -162,14 +186,14 @@ def read_published(db_path: str | os.PathLike[str], now: float | None = None) ->
         return []
     for entry in entries:
         try:
-            record = json.loads(entry.read_text(encoding="utf-8"))
-            pid = int(record["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+            record = _record(entry.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
             continue
+        pid = record["pid"]
         start = record.get("start_time")
         # A file without its start time (none readable when it was written): the PID's answer.
         alive = liveness.alive(pid, start if isinstance(start, int) else None)
-        age = now - float(record.get("published_at", 0.0))
+        age = now - record["published_at"]
         found.append(Published(pid, str(record.get("command", "")), alive, age, record))
     found.sort(key=lambda p: (not p.alive, p.pid))
     return found
@@ -192,7 +216,9 @@ def _key(pid: int, start_time: object, incarnation: object = None) -> str:
 def read_retired(folder: Path) -> dict[str, Any]:
     """The retired totals in *folder* (``<db>.procs``), empty if there are none."""
     try:
-        data = json.loads((folder / RETIRED).read_text(encoding="utf-8"))
+        data = json.loads(
+            (folder / RETIRED).read_text(encoding="utf-8"), parse_constant=_no_constant
+        )
     except (OSError, ValueError):
         data = None
     if not isinstance(data, dict):
@@ -200,7 +226,19 @@ def read_retired(folder: Path) -> dict[str, Any]:
     for part in ("counters", "histograms", "folded"):
         if not isinstance(data.get(part), dict):
             data[part] = {}
+    # What a write of fold() makes, and nothing else (a hand-edited file crashed maintain).
+    data["counters"] = {
+        name: {k: v for k, v in series.items() if _is_number(v)}
+        for name, series in data["counters"].items()
+        if isinstance(series, dict)
+    }
+    data["histograms"] = {k: v for k, v in data["histograms"].items() if isinstance(v, dict)}
+    data["folded"] = {k: v for k, v in data["folded"].items() if _is_number(v)}
     return data
+
+
+def _is_number(value: object) -> bool:
+    return value.__class__ in (int, float)
 
 
 def fold(
