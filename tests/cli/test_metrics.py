@@ -323,7 +323,9 @@ def test_quiet_leaves_the_warnings_out(tmp_path: Path, spawn: Spawn) -> None:
     env = {**clean_env(), "FLEETSTORE_WRITE_BUDGET": "0.2"}
 
     def enqueue(*group: str) -> subprocess.CompletedProcess[str]:
-        locker, _at = start_lock(spawn, str(path), hold=1.5)
+        # Held until the command is done (held 1.5 s, the lock was gone before a
+        # command slow to start on a loaded machine wrote: nothing spooled).
+        locker, _at = start_lock(spawn, str(path), hold=120)
         try:
             return subprocess.run(
                 [
@@ -344,6 +346,7 @@ def test_quiet_leaves_the_warnings_out(tmp_path: Path, spawn: Spawn) -> None:
                 env=env,
             )
         finally:
+            locker.popen.terminate()  # (SIGTERM releases the lock)
             locker.finish(30)
 
     loud, quiet = enqueue(), enqueue("-q")

@@ -713,16 +713,11 @@ class Worker:
             self._ran(job)
             if not done:
                 self.stats["timed_out"] += 1
-                how = "cancelled" if isinstance(inner, asyncio.Task) else "abandoned"
-                outcome = (
-                    "timed_out",
-                    f"the handler ran past its timeout of {timeout:g}s (worker {self.owner}); "
-                    + (
-                        "it was cancelled"
-                        if how == "cancelled"
-                        else "it was abandoned and may still be running"
-                    ),
-                )
+                why = f"the handler ran past its timeout of {timeout:g}s (worker {self.owner}); "
+                if isinstance(inner, asyncio.Task):
+                    outcome = ("timed_out", why + "it was cancelled")
+                else:
+                    outcome = ("timed_out", why + "it was abandoned and may still be running")
             else:
                 result = inner.result()
                 if inspect.isawaitable(result):
@@ -744,9 +739,7 @@ class Worker:
             outcome = ("retry", (exc.delay, str(exc), exc))
         except FailEffect as exc:
             outcome = ("fail", (str(exc) or "failed", exc))
-        except BaseException as exc:
-            # Any other exception, SystemExit and KeyboardInterrupt from a handler's
-            # thread included (they stopped the worker with the effect left running).
+        except BaseException as exc:  # SystemExit too: it stopped the worker, effect running
             outcome = ("retry", (None, f"{type(exc).__name__}: {exc}", exc))
         if job.interrupted:
             return
