@@ -13,8 +13,10 @@ listed values too.  Runs on one SQLite file and on the sharded layout.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import inspect
+import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -288,7 +290,19 @@ SEARCH_QUERIES = (
     )
 )
 SEARCH_LISTS = kind([5, "text", b"text", [5], [None], [""], [], [h.LONE], [["text"]], h.Opaque()])
-SEARCH_CURSORS = kind([5, "", "n.", "b.-1", "x.MQ==", "n.W10=", ["b.MQ=="], "b." + "A" * 2000])
+
+
+def _n_cursor(data: object) -> str:
+    return "n." + base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
+
+
+# (A newest-first cursor whose part holds a list or an object: a raw TypeError before.)
+SEARCH_CURSORS = kind(
+    [
+        *[5, "", "n.", "b.-1", "x.MQ==", "n.W10=", ["b.MQ=="], "b." + "A" * 2000],
+        *[_n_cursor([1, "", [[1]]]), _n_cursor([1, "", [{"a": 1}]]), _n_cursor([1, "", 5])],
+    ]
+)
 
 METHODS: list[Method] = [
     # -- Store

@@ -121,7 +121,12 @@ def _cursor(value: object, order: str) -> tuple[Any, ...] | None:
         data = None
     if head == "n" and order == "newest" and isinstance(data, list) and len(data) == 3:
         at, key, part = data
-        if isinstance(at, int) and isinstance(key, str) and isinstance(part, list):
+        if (
+            isinstance(at, int)
+            and isinstance(key, str)
+            and isinstance(part, list)
+            and all(p is None or isinstance(p, str | int | float) for p in part)
+        ):
             return ("n", at, key, tuple(part))
     if head == "b" and order == "best" and isinstance(data, int) and data >= 0:
         return ("b", data)
