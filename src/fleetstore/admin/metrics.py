@@ -23,6 +23,8 @@ from __future__ import annotations
 import http.server
 import json
 import math
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -211,13 +213,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # a line per scrape would drown stderr
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A scraper that went before its answer (Prometheus at its scrape timeout)
+        # printed a traceback on stderr.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 def server(host: str, port: int, render: Callable[[], str]) -> http.server.ThreadingHTTPServer:
     """An HTTP server (not yet serving) answering ``GET /metrics`` with ``render()``,
-    made afresh for every scrape."""
+    made afresh for every scrape; *host* may be an IPv6 address."""
     handler = type("MetricsHandler", (_Handler,), {"render": staticmethod(render)})
-    httpd = http.server.ThreadingHTTPServer((host, port), handler)
-    httpd.daemon_threads = True
-    return httpd
+    return (_Server6 if ":" in host else _Server)((host, port), handler)
 
 
 def serve_in_thread(httpd: http.server.ThreadingHTTPServer) -> threading.Thread:

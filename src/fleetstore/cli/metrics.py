@@ -136,6 +136,7 @@ def _serve(address: tuple[str, int], render: Any) -> None:
     previous = signal.signal(signal.SIGTERM, stop)
     host, port = httpd.server_address[:2]
     shown = host.decode() if isinstance(host, bytes) else host
+    shown = f"[{shown}]" if ":" in shown else shown  # an IPv6 address
     click.echo(f"fleetstore metrics: serving http://{shown}:{port}/metrics", err=True)
     try:
         httpd.serve_forever()
