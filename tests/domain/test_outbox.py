@@ -906,6 +906,32 @@ def test_a_handler_raising_what_is_not_an_exception_fails_its_attempt(store: Sto
         assert store.effects.get(behind[kind]).result == "ran", kind
 
 
+def test_effects_counted_dead_are_those_the_store_left_dead(store: Store) -> None:
+    """``outbox.settled["dead"]`` (``fleetstore_effects_settled_total{outcome="dead"}``,
+    the dead-effects alert) counted what a settlement asked for: a retry that spent the
+    last attempt, the commonest way to die, counted as a retry, and a sweep's dead as
+    nothing.  The worker's ``stats["dead"]`` counts its sweeps' too."""
+
+    def boom(e: Effect) -> None:
+        raise RuntimeError("boom")
+
+    store.effects.enqueue("t-1", "boom", max_attempts=1)
+    store.effects.enqueue("t-2", "boom", max_attempts=2)
+    Worker(store, {"boom": boom}, until_idle=True, backoff=0.001, poll_interval=0.01).run()
+    settled = store.metrics()["outbox"]["settled"]
+    assert (settled["dead"], settled["retry"]) == (2, 1), settled
+    store.effects.enqueue("t-3", "one", max_attempts=1)
+    (claim,) = store.effects.claim("w", kinds=["one"])
+    claim.retry(0.0, "last")  # settled alone, not in a batch
+    store.effects.enqueue("t-4", "once", replay_safe=False)
+    store.effects.claim("lost", kinds=["once"], lease=0.05)
+    time.sleep(0.2)
+    swept = Worker(store, {"once": boom}, until_idle=True, poll_interval=0.01)
+    swept.run()
+    assert swept.stats["dead"] == 1, dict(swept.stats)
+    assert store.metrics()["outbox"]["settled"]["dead"] == 4 == store.effects.counts()["dead"]
+
+
 def test_worker_stop_gives_back_prefetched_claims_without_spending_an_attempt(
     store: Store,
 ) -> None:

@@ -232,7 +232,9 @@ FIGURES: tuple[Figure, ...] = (
         "effects_settled",
         "counter",
         "{effect}",
-        "Claims settled, by outcome (succeeded, retry, dead, cancelled, release, timed_out).",
+        "Claims settled, by outcome as the store answered (succeeded, retry, dead, "
+        "cancelled, release, timed_out; dead: every effect that went dead, swept ones "
+        "included).",
         ("outcome",),
     ),
     Figure(

@@ -576,9 +576,13 @@ class Effects:
         for claim, item in zip(claims, items, strict=True):
             claim.outcome = item["outcome"]
         result = self._store.submit(op, Delivery.MUST_LAND)
+        # Counted by what the store answered where it did: a retry that spent the last
+        # attempt is "dead" (the dead-effects alert missed it), a refused one is none.
         settled = self._store.outbox_metrics.settled
-        for item in items:
-            settled[item["outcome"]] += 1
+        states = None if result is None else result.get("states")
+        if not isinstance(states, str) or len(states) != len(items):
+            for item in items:
+                settled[item["outcome"]] += 1
         if result is None:
             if chain is not None:
                 chain.unknown = True  # the spool applies it: look for its claims then
@@ -589,7 +593,6 @@ class Effects:
                 chain.claimed = self._chained(op_id, chain.owner, chain.lease)
             except errors.FleetstoreError:
                 chain.unknown = True
-        states = result.get("states")
         if not isinstance(states, str) or len(states) != len(items):
             # A duplicate whose result was too long to keep: it was applied, each
             # settlement as its token allowed, and what became of each is not known.
@@ -602,6 +605,7 @@ class Effects:
                 continue
             state, dead_reason = STATE_OF_CODE.get(code, ("applied", None))
             claim._answer = {"state": state, "dead_reason": dead_reason}  # (``settled``)
+            settled["dead" if state == "dead" else item["outcome"]] += 1
             outcome.append(state)
         return outcome
 
@@ -622,7 +626,11 @@ class Effects:
         op = Operation("sweep_effects", {}, new_id(), True)
         result = self._store.submit(op, Delivery.INDEPENDENT)
         assert result is not None
-        return [Swept(eid, EffectState(state)) for eid, state in result["swept"]]
+        swept = [Swept(eid, EffectState(state)) for eid, state in result["swept"]]
+        if swept:  # (an effect a sweep buried is dead as much as one settled so)
+            dead = sum(s.state is EffectState.dead for s in swept)
+            self._store.outbox_metrics.settled["dead"] += dead
+        return swept
 
     def retry(self, effect_id: str) -> Effect:
         """Run a dead or cancelled effect again (at the end of its thread, with
@@ -865,7 +873,8 @@ class Claim:
         applied = self._store.submit(Operation("settle_effect", item, new_id(), True), delivery)
         self.outcome = item["outcome"]
         self._answer = applied  # read by ``settled`` when asked: nothing on the hot path
-        self._store.outbox_metrics.settled[item["outcome"]] += 1
+        dead = applied is not None and applied.get("state") == "dead"
+        self._store.outbox_metrics.settled["dead" if dead else item["outcome"]] += 1
         return applied is not None
 
     def __repr__(self) -> str:

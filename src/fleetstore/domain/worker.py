@@ -13,7 +13,7 @@ a time, or dead) and the effect's fields in ``extra`` (``effect_id``, ``kind``,
 ``thread_key``, ``attempt``...); an unexpected exception's record carries its
 traceback.  The traceback is also kept with the attempt in the effect's ``errors``
 (``EffectError.traceback``, its last 8 KiB), and ``stats["dead"]`` counts the effects
-this worker's settlements left dead (``fleetstore worker --until-idle`` exits 5 on it).
+this worker's settlements and sweeps left dead (``--until-idle`` exits 5 on it).
 tests/domain/test_outbox_fleet.py::test_a_failing_handler_*
 
 Handler timeouts: an attempt may run ``handler_timeout`` seconds (per kind:
@@ -550,6 +550,7 @@ class Worker:
             counts = await self._call(self._effects.counts)
             if counts["expired"]:
                 swept = await self._call(self._effects.sweep)
+                self.stats["dead"] += sum(s.state is EffectState.dead for s in swept)
                 if swept:
                     log.warning(
                         "swept %d effect(s) of lost workers: %s",
