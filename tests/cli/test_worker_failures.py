@@ -232,3 +232,24 @@ def test_backoff_sets_when_a_failed_effect_runs_again(tmp_path: Path, db: Path) 
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_a_module_or_factory_that_names_no_handlers_is_bad_usage(tmp_path: Path, db: Path) -> None:
+    """A path-like or relative module name raised a raw TypeError (exit 1); a
+    HANDLERS() factory whose own body raised TypeError was reported as one that
+    "takes arguments"."""
+    (tmp_path / "fk.py").write_text(
+        "def WITH_ARG(x):\n    return {}\n"
+        "def BROKEN():\n    raise TypeError('inside the factory')\n"
+    )
+    for spec, says in (
+        ("../etc:x", "is not a module name"),
+        (".hk:HANDLERS", "is not a module name"),
+        ("fk:WITH_ARG", "takes arguments"),
+    ):
+        done = fleetstore_cli(tmp_path, "worker", spec, "--store", str(db), "--until-idle")
+        assert done.returncode == 2 and says in done.stderr, (spec, done.stderr)
+        assert "Traceback" not in done.stderr
+    done = fleetstore_cli(tmp_path, "worker", "fk:BROKEN", "--store", str(db), "--until-idle")
+    assert done.returncode == 1 and "inside the factory" in done.stderr, done.stderr
+    assert "takes arguments" not in done.stderr
