@@ -278,6 +278,35 @@ def test_rekey_rotates_the_database_and_reseals_blobs_and_journals(tmp_path: Pat
     assert oct(path.stat().st_mode & 0o777) == "0o600"
 
 
+def test_rekey_leaves_a_torn_last_line_of_a_dead_journal_as_a_replay_would(
+    tmp_path: Path,
+) -> None:
+    """A dead process's journal whose last append was cut short: rekey raised a raw
+    binascii.Error after it had rekeyed the database, and every run after did too.
+    The whole lines are resealed; the torn one is left, and ignored by the replay."""
+    import os
+
+    keys, _ = keyring_file(tmp_path / "keys", "k1")
+    path = tmp_path / "s.db"
+    spool = tmp_path / "s.db.spool"
+    with fleetstore.open(path, encryption_key_file=str(keys)) as store:
+        sid = store.sessions.create().id
+        store.spool.append(store_op(store, sid))
+        (live,) = spool.glob("*.jsonl")
+        line = live.read_bytes()
+        dead = spool / f"999999-{os.urandom(6).hex()}.jsonl"  # (no such process)
+        dead.write_bytes(line + line[:60])  # a whole line, then a torn append
+        store.flush(30)
+    done = cli("--key-file", str(keys), "rekey", "--new-key", "k2", "--store", str(path))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    resealed = dead.read_bytes()
+    assert resealed.endswith(b"\n" + line[:60]) and not resealed.startswith(line)
+    write_keyring(keys, Keyring.load(keys).without("k1"))  # k2 alone reads the rest
+    with fleetstore.open(path, encryption_key_file=str(keys)) as store:
+        assert [m.text for m in store.messages.list(sid)] == [f"{MARKER} spooled"]
+    assert not dead.exists()  # replayed (a duplicate of the live one's), the torn tail ignored
+
+
 def test_rekey_encrypts_a_plain_store_and_decrypts_it_back(tmp_path: Path) -> None:
     keys, _ = keyring_file(tmp_path / "keys", "k1")
     path = tmp_path / "s.db"

@@ -51,7 +51,7 @@ from fleetstore.engine import cipher
 from fleetstore.engine.gate import GateTimeout, WriterGate, announce_moved, wipe_board
 from fleetstore.files import processes
 from fleetstore.store.backend import store_files
-from fleetstore.store.spool import REJECTED, journals, seal_text, unseal_text
+from fleetstore.store.spool import REJECTED, checked_body, journals, seal_text, unseal_text
 
 _SUFFIX = ".rekey.tmp"
 
@@ -263,12 +263,23 @@ def _reseal_line(
 ) -> tuple[bytes, list[str]]:
     """A journal line (``crc json``) or a rejected record under *goal*; the key ids it
     is left under."""
-    body = line if rejected else line[9:]
-    if not line or (not body.startswith(b"!") and goal is None):
+    if not line:
+        return line, []
+    try:
+        body = line if rejected else checked_body(line + b"\n")
+    except errors.InvalidInput:
+        # A torn last append (never acknowledged, ignored by a replay) or damage (a
+        # replay stops there): left as it is (it raised a raw binascii.Error).
+        return line, ["damaged"]
+    if not body.startswith(b"!") and goal is None:
         return line, []
     if body.startswith(b"!"):
-        data = base64.b64decode(body[1:])
-        if goal is not None and sealed.read_header(io.BytesIO(data)).key_id == goal.id:
+        try:
+            data = base64.b64decode(body[1:], validate=True)
+            under = sealed.read_header(io.BytesIO(data)).key_id
+        except (ValueError, errors.SealedCorrupt):
+            return line, ["damaged"]
+        if goal is not None and under == goal.id:
             return line, [goal.id]
         text = unseal_text(body, keyring, "journal line")
     else:

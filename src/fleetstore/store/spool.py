@@ -89,7 +89,7 @@ def unseal_text(text: bytes, keyring: Keyring | None, where: str) -> bytes:
     return sealed.unseal(data, keyring, where)
 
 
-def _checked_body(line: bytes) -> bytes:
+def checked_body(line: bytes) -> bytes:
     """The JSON of a whole journal line whose checksum matches (``InvalidInput`` if not)."""
     if len(line) < 10 or line[8:9] != b" " or not line.endswith(b"\n"):
         raise errors.InvalidInput("damaged journal line")
@@ -117,7 +117,7 @@ def _operation(body: bytes, keyring: Keyring | None = None, where: str = "journa
 
 def decode_line(line: bytes, keyring: Keyring | None = None) -> Operation:
     """One journal line → its operation (``InvalidInput`` if damaged)."""
-    return _operation(_checked_body(line), keyring)
+    return _operation(checked_body(line), keyring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +146,7 @@ def read_journal(path: Path, keyring: Keyring | None = None) -> JournalRead:
         if end < 0:
             return JournalRead(ops, len(data) - pos, False, "torn last line")
         try:
-            body = _checked_body(data[pos : end + 1])
+            body = checked_body(data[pos : end + 1])
         except errors.InvalidInput as exc:
             # Its newline was written, so the whole append was, and it was fsynced
             # and acknowledged: damage, even as the last line, never a torn append.
@@ -553,6 +553,7 @@ def recover_journal(
 
 __all__ = [
     "REJECTED",
+    "checked_body",
     "JournalRead",
     "Recovered",
     "Rejection",
