@@ -343,3 +343,42 @@ def test_a_message_damaged_by_hand_is_a_clear_error_in_show_and_export(tmp_path:
         assert "stored message 'm-damaged' does not decode" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
     assert not out.exists()
+
+
+def test_control_characters_of_the_data_never_reach_the_terminal(tmp_path: Path) -> None:
+    """A title, a text, an effect's error holding ESC sequences (clear the screen, set
+    the window title): printed as they were by the text outputs, shown as their
+    pictures now; JSON escapes them anyway."""
+    path = tmp_path / "s.db"
+    clear, title = "\x1b[2J\x1b[H", "\x1b]0;pwned\x07"
+    with fleetstore.open(path) as store:
+        sid = store.sessions.create(f"deploy {clear}done").id
+        store.messages.append(sid, "tool", f"output {title} zebra\x9b31m and\x7f")
+        store.search.catch_up()
+        eid = store.effects.enqueue("t", "k", {"n": 1}, max_attempts=1)
+        (claim,) = store.effects.claim("w", kinds=["k"])
+        claim.fail(f"failed {clear}", traceback=f"Traceback:\n  {title}")
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "fleetstore", *args, "--store", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, (args, done.stderr)
+        return done.stdout
+
+    for args in (
+        ["sessions", "list"],
+        ["sessions", "show", sid],
+        ["sessions", "show", sid, "--summary"],
+        ["effects", "list"],
+        ["effects", "show", eid],
+        ["search", "zebra"],
+    ):
+        out = cli(*args)
+        assert not any(c in out for c in "\x1b\x07\x9b\x7f"), (args, out)
+    assert "␛[2J" in cli("sessions", "list") and "␛]0;pwned␇" in cli("sessions", "show", sid)

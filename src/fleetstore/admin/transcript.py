@@ -32,6 +32,7 @@ from typing import Any, TextIO
 import fleetstore
 from fleetstore import errors
 from fleetstore.admin.stats import known_as, known_name
+from fleetstore.core.render import printable
 from fleetstore.core.transcripts import DEFAULT_WIDTH, FORMATS
 from fleetstore.models import File, Message, Part, Reasoning, Session, Text, ToolCall, ToolResult
 
@@ -247,7 +248,7 @@ class _Text(_Renderer):
     subagent's transcript ruled off at the left where it was spawned."""
 
     def _line(self, depth: int, text: str = "") -> None:
-        self.out.write(("│ " * depth + text).rstrip() + "\n")
+        self.out.write(("│ " * depth + printable(text)).rstrip() + "\n")
 
     def _block(self, depth: int, text: str, indent: str = "    ") -> None:
         for line in text.splitlines() or [""]:

@@ -16,6 +16,7 @@ from fleetstore.cli.util import env as _env
 from fleetstore.cli.util import open_existing as _open_existing
 from fleetstore.cli.util import reading_store as _reading
 from fleetstore.cli.util import store_params as _store_params
+from fleetstore.core.render import printable
 from fleetstore.errors import FleetstoreError
 from fleetstore.models import EffectState
 
@@ -163,14 +164,16 @@ def effects_show(effect_id: str, as_json: bool, store: str | None) -> None:
         elif name in ("payload", "result"):
             value = json.dumps(value, ensure_ascii=False)
         if name != "errors":
-            click.echo(f"{name:>16}: {value}")
+            click.echo(printable(f"{name:>16}: {value}"))
     for err in effect.errors:
         click.echo(
-            f"{'error':>16}: attempt {err.attempt}, {_when(err.at)}, {err.owner}: {err.error}"
+            printable(
+                f"{'error':>16}: attempt {err.attempt}, {_when(err.at)}, {err.owner}: {err.error}"
+            )
         )
         if err.traceback:
             for line in err.traceback.rstrip("\n").splitlines():
-                click.echo(f"{'':>18}{line}")
+                click.echo(f"{'':>18}{printable(line)}")
 
 
 def _get_effect(opened: fleetstore.Store, command: str, effect_id: str) -> fleetstore.Effect:

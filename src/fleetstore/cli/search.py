@@ -13,6 +13,7 @@ from fleetstore.cli.util import reading_store as _reading
 from fleetstore.cli.util import store_params as _store_params
 from fleetstore.cli.util import using_store as _opened
 from fleetstore.cli.util import when as _when
+from fleetstore.core.render import printable
 
 _KINDS = ("text", "reasoning", "tool_call", "tool_result", "file", "error", "title", "metadata")
 #: Hits read per page with --all.
@@ -207,7 +208,7 @@ class _Printer:
         if hit.role:
             head += f" ({hit.role})"
         self.console.print(Text(f"{head}  {_when(hit.created_at)}", style="bold"), soft_wrap=True)
-        snippet = Text("    " + hit.snippet)
+        snippet = Text("    " + printable(hit.snippet))
         for start, end in hit.highlights:
             snippet.stylize("bold red", start + 4, end + 4)
         self.console.print(snippet, soft_wrap=True)

@@ -18,6 +18,7 @@ from fleetstore.cli.util import size as _size
 from fleetstore.cli.util import store_params as _store_params
 from fleetstore.cli.util import using_store as _opened
 from fleetstore.cli.util import when as _when
+from fleetstore.core.render import printable
 from fleetstore.core.transcripts import DEFAULT_WIDTH, FORMATS
 
 if TYPE_CHECKING:
@@ -350,9 +351,9 @@ def sessions_show(
         emit_json(facts.to_json())
         return
     s = facts.session
-    click.echo(f"{s.id}  {s.title or ''}")
+    click.echo(printable(f"{s.id}  {s.title or ''}"))
     if known_as(s.metadata):
-        click.echo(f"  known as {known_name(known_as(s.metadata))}")
+        click.echo(printable(f"  known as {known_name(known_as(s.metadata))}"))
     click.echo(f"  project {s.project or '-'}, status {s.status}, version {s.version}")
     click.echo(f"  created {_when(s.created_at)}, last written {_when(s.updated_at)}")
     if s.parent_id:

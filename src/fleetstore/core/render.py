@@ -20,6 +20,23 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+#: Control characters but tab and line feed, as the characters that picture them (one for
+#: one, so a snippet's highlights stay where they were): C0 as U+2400.., DEL as U+2421, C1
+#: (no pictures of their own) as U+FFFD.
+_PICTURES = {
+    **{c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)},
+    0x7F: 0x2421,
+    **{c: 0xFFFD for c in range(0x80, 0xA0)},
+}
+
+
+def printable(text: str) -> str:
+    """*text* with its control characters shown as their pictures (ESC as "␛"): a
+    title or a tool's output holding ``ESC [2J`` cleared the screen of whoever listed or
+    read it, and could rewrite what the terminal showed before."""
+    return text.translate(_PICTURES)
+
+
 def is_terminal(stream: TextIO | None) -> bool:
     """Is *stream* a terminal a person reads (not a pipe, a file, or ``TERM=dumb``)?"""
     try:
@@ -85,7 +102,9 @@ def table(
         width = _terminal_width(target) if styled else 1_000_000
     # On a terminal a line break inside a cell (a `python -c` program's command line, a
     # title) would make one row several lines: shown as spaces there.
-    cells = [[" ".join(str(c).split()) if styled else str(c) for c in row] for row in rows]
+    cells = [
+        [printable(" ".join(str(c).split()) if styled else str(c)) for c in row] for row in rows
+    ]
     caps = _text_caps(columns, cells, right, width - indent) if styled else {}
     for i, name in enumerate(columns):
         # One line a row (a process, a session): a cell too wide for the terminal is cut
