@@ -262,7 +262,9 @@ def jsonl(path: Path, records: list[dict[str, Any]]) -> None:
 
 def test_a_directory_of_transcripts_is_walked(tmp_path: Path) -> None:
     """Claude Code's and Codex's shape: JSONL files in nested directories.  Links are not
-    followed, other files are skipped, and each finding names its line and JSON path."""
+    followed, other text files are read line by line (a directory of logs full of keys
+    was scanned "clean", exit 0), binary ones skipped, and each finding names its line
+    and JSON path."""
     root = tmp_path / "projects"
     jsonl(
         root / "-work-repo" / "a.jsonl",
@@ -272,7 +274,8 @@ def test_a_directory_of_transcripts_is_walked(tmp_path: Path) -> None:
         ],
     )
     jsonl(root / "2026" / "05" / "rollout.jsonl", [{"payload": {"output": S["gitlab-token"].text}}])
-    (root / "notes.txt").write_text(S["npm-token"].text)  # not a transcript: skipped
+    (root / "notes.txt").write_text(S["npm-token"].text)  # not a transcript: read as text
+    (root / "core.bin").write_bytes(b"\0\1" + S["npm-token"].text.encode())  # binary: skipped
     outside = tmp_path / "outside.jsonl"
     jsonl(outside, [{"x": S["sendgrid-key"].text}])
     (root / "link.jsonl").symlink_to(outside)
@@ -285,10 +288,11 @@ def test_a_directory_of_transcripts_is_walked(tmp_path: Path) -> None:
     assert got == [
         ("a.jsonl", 2, "$.content[0].text", "env-secret"),
         ("broken.jsonl", 1, None, "huggingface-token"),
+        ("notes.txt", 1, None, "npm-token"),
         ("rollout.jsonl", 1, "$.payload.output", "gitlab-token"),
     ]
     skipped = {Path(x["path"]).name: x["why"] for x in summary["skipped"]}
-    assert set(skipped) == {"notes.txt", "link.jsonl"}
+    assert set(skipped) == {"core.bin", "link.jsonl"}
     assert "link" in skipped["link.jsonl"]
     # Named on the command line, any file is read.
     rc, findings, _ = scan_json(root / "notes.txt")
@@ -306,6 +310,11 @@ def test_a_fifo_in_a_directory_is_skipped_not_read(tmp_path: Path) -> None:
     assert summary["skipped"] == [
         {"path": str(tmp_path / "pipe.jsonl"), "why": "not a regular file"}
     ]
+    # Named on the command line, it is what was asked for, and unread: not known to be
+    # clean (exit 3; it said "no secret found" and exited 0).
+    done = cli(str(tmp_path / "pipe.jsonl"), "--json", timeout=60)
+    summary = json.loads(done.stdout.splitlines()[-1])["summary"]
+    assert done.returncode == 3 and summary["errors"], summary
 
 
 def test_a_sharded_store_is_scanned_whole(tmp_path: Path) -> None:

@@ -163,6 +163,11 @@ def _path_of(target: str | os.PathLike[str]) -> Path:
     return Path(text)
 
 
+#: Bytes read to tell a file's kind: a text file (read line by line in a directory) holds
+#: no NUL in them.
+_TEXT_PROBE = 8192
+
+
 class _Scanner:
     def __init__(
         self, redactor: Redactor, on_finding: OnFinding, keyring: Keyring | None = None
@@ -212,12 +217,16 @@ class _Scanner:
                 self.error(path, exc)
                 return
         if not stat.S_ISREG(st.st_mode):
-            # A FIFO or a device would block the scan, or never end.
-            self.skip(path, "not a regular file")
+            # A FIFO or a device would block the scan, or never end.  Named, it is what
+            # was asked for, and unread: not known to be clean (exit 3, not 0).
+            if named:
+                self.error(path, errors.InvalidInput("not a regular file: not read"))
+            else:
+                self.skip(path, "not a regular file")
             return
         try:
             with path.open("rb") as f:
-                head = f.read(100)
+                head = f.read(_TEXT_PROBE)
         except OSError as exc:
             self.error(path, exc)
             return
@@ -234,13 +243,15 @@ class _Scanner:
                 self.error(path, errors.KeyMissing(_NO_KEY.format(what="sealed (encrypted)")))
             else:
                 self.lines(path)
-        elif named or path.name.endswith(JSON_SUFFIXES):
+        elif named or path.name.endswith(JSON_SUFFIXES) or b"\0" not in head:
+            # Any text file in a directory too (a .log, a .env, notes): skipped, a
+            # directory of logs full of keys scanned "clean".
             if not head:
                 self.report.scanned["files"] += 1
                 return
             self.lines(path)
         else:
-            self.skip(path, "not a SQLite file or JSON lines")
+            self.skip(path, "a binary file, not a SQLite database")
 
     def skip(self, path: Path, why: str) -> None:
         self.report.skipped.append({"path": str(path), "why": why})
