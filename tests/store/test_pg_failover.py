@@ -318,9 +318,12 @@ def test_a_write_waits_out_a_slow_promotion_within_its_budget(
 
         primary.kill9()
         writer = threading.Thread(target=append)
+        started = time.monotonic()
         writer.start()
         wait_for("the dead connection thrown away", lambda: db_retries(store) >= 1 or bool(done))
-        time.sleep(PROMOTE_AFTER)  # the failover manager has not noticed yet
+        # The failover manager has not noticed yet: promoted 8 s after the write began
+        # (8 s after the look above, slow on a loaded machine, came past the budget).
+        time.sleep(max(0.0, started + PROMOTE_AFTER - time.monotonic()))
         assert writer.is_alive(), done
         standby.promote()
         writer.join(WAIT)
