@@ -179,7 +179,7 @@ def effects_show(effect_id: str, as_json: bool, store: str | None) -> None:
 def _get_effect(opened: fleetstore.Store, command: str, effect_id: str) -> fleetstore.Effect:
     try:
         return opened.effects.get(effect_id)
-    except fleetstore.NotFound as exc:
+    except (fleetstore.NotFound, fleetstore.InvalidInput) as exc:  # (not an id: bad usage)
         click.echo(f"fleetstore effects {command}: {exc}", err=True)
         sys.exit(2)
     except FleetstoreError as exc:

@@ -332,7 +332,7 @@ def sessions_show(
                         f"{written.messages} message(s) -> {output}",
                         err=True,
                     )
-            except errors.NotFound as exc:
+            except (errors.NotFound, errors.InvalidInput) as exc:
                 click.echo(f"fleetstore sessions show: {exc}", err=True)
                 sys.exit(2)
             except OSError as exc:
@@ -344,7 +344,7 @@ def sessions_show(
     with _reading("sessions show", store) as opened:
         try:
             facts = session_facts(opened, session_id)
-        except errors.NotFound as exc:
+        except (errors.NotFound, errors.InvalidInput) as exc:
             click.echo(f"fleetstore sessions show: {exc}", err=True)
             sys.exit(2)
     if fmt == "json":
