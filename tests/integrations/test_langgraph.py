@@ -569,3 +569,25 @@ def test_fleet_of_16_processes_checkpoints_through_an_outside_lock(
                 )
         check = saver.store.read(lambda tx: tx.execute("PRAGMA integrity_check"))
         assert check == [("ok",)]
+
+
+def test_a_list_filter_compares_numbers_by_value_as_langgraphs_savers_do(
+    open_store: OpenStore,
+) -> None:
+    """``filter={"step": 1.0}`` found nothing where the metadata held 1 (the JSON types,
+    integer and real, were compared): InMemorySaver and SqliteSaver find it."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    filters: list[dict[str, Any]] = [{"step": 1.0}, {"step": 1}, {"score": 2}, {"score": 2.5}]
+
+    def found(saver: Any) -> list[list[str]]:
+        for n, meta in enumerate(({"step": 1, "score": 2.0}, {"step": 2, "score": 2.5})):
+            saver.put(config, _empty_checkpoint(str(n + 1)), meta, {})
+        return [[t.checkpoint["id"] for t in saver.list(config, filter=f)] for f in filters]
+
+    expected = found(InMemorySaver())
+    with SqliteSaver.from_conn_string(":memory:") as sqlite_saver:
+        assert found(sqlite_saver) == expected == [["1"], ["1"], ["1"], ["2"]]
+    with FleetstoreSaver(open_store("filter.db")) as saver:
+        assert found(saver) == expected

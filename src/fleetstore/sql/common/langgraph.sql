@@ -54,7 +54,9 @@ WHERE c.thread_id = :thread
         SELECT 1 FROM json_each(:filter) f
         WHERE NOT EXISTS (
             SELECT 1 FROM json_each(c.metadata) m
-            WHERE m.key = f.key AND m.type = f.type AND m.value IS f.value)))
+            WHERE m.key = f.key AND m.value IS f.value
+              AND (m.type = f.type OR (m.type IN ('integer', 'real')
+                                       AND f.type IN ('integer', 'real'))))))
 ORDER BY c.checkpoint_id DESC, c.checkpoint_ns DESC
 LIMIT :limit
 
@@ -71,7 +73,9 @@ WHERE (:ns IS NULL OR c.checkpoint_ns = :ns)
         SELECT 1 FROM json_each(:filter) f
         WHERE NOT EXISTS (
             SELECT 1 FROM json_each(c.metadata) m
-            WHERE m.key = f.key AND m.type = f.type AND m.value IS f.value)))
+            WHERE m.key = f.key AND m.value IS f.value
+              AND (m.type = f.type OR (m.type IN ('integer', 'real')
+                                       AND f.type IN ('integer', 'real'))))))
 ORDER BY c.checkpoint_id DESC, c.thread_id DESC, c.checkpoint_ns DESC
 LIMIT :limit
 
