@@ -582,6 +582,8 @@ def test_damaged_and_oversized_files_are_rejected_whole(
     data = exported.read_bytes()
     cases = {
         "truncated": (data[: len(data) // 2], "truncated"),
+        # Cut inside its first frame: no line at all (it said "empty").
+        "cut in its first frame": (data[:700], "cut short"),
         "not zstd": (b'{"format": "fleetstore-export", "version": 1}\n', "not zstd-compressed"),
         "empty": (zstandard.ZstdCompressor().compress(b""), "empty"),
         "not an export": (
@@ -664,6 +666,13 @@ def test_merge_of_stores_written_by_separate_processes_twice(
     second = cli("merge", str(a), str(b), str(dst))
     assert second.returncode == 0, second.stderr.decode()
     assert dump(merged) == before and blob_dir(merged) == files
+    # A sharded store as a SRC is bad usage, as it is as the DST (it exited 1).
+    sharded = f"sqlite+sharded://{tmp_path / 'fleet'}"
+    fleetstore.open(sharded).close()
+    for args in ((str(a), sharded, str(dst)), (str(a), sharded)):
+        refused = cli("merge", *args)
+        assert refused.returncode == 2 and b"sharded" in refused.stderr, refused.stderr
+    assert dump(merged) == before
 
 
 def test_merge_verification_catches_a_damaged_or_diverged_destination(

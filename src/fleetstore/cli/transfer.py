@@ -292,8 +292,10 @@ def merge_command(stores: tuple[str, ...], as_json: bool) -> None:
     if len(stores) < 2:
         raise click.UsageError("give at least one SRC and the DST")
     *sources, dest = stores
-    try:
+    try:  # SQLite store files only, each SRC as the DST (a sharded SRC exited 1, not 2)
         dest_path = resolve_target(dest).resolve()
+        for source in sources:
+            resolve_target(source)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     paths = [_existing_store("merge", s) for s in sources]

@@ -275,7 +275,8 @@ class Reader:
             if spool is not None:
                 spool.close()
         if n == 0:
-            raise self.fail(0, "empty: not a fleetstore export")
+            # (A zstd stream cut inside its first frame reads as no line at all.)
+            raise self.fail(0, "empty, or cut short before its first line: not a whole export")
         if not ended:
             raise self.fail(n, "the file ends without its end record: it is truncated")
 
