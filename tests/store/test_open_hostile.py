@@ -356,3 +356,27 @@ def test_every_directory_fleetstore_makes_is_0700_whatever_the_umask(
     assert any(n.startswith("c/d/st/shards/") for n in names)
     modes = {str(p.relative_to(base)): oct(stat.S_IMODE(p.stat().st_mode)) for p in made}
     assert set(modes.values()) == {"0o700"}, modes
+
+
+def test_a_shard_file_or_a_file_stores_directory_is_not_opened_as_the_other_layout(
+    tmp_path: Path,
+) -> None:
+    """A shard file opened as a store took writes its sharded store never showed; a
+    sharded URL on a directory holding a file store made an empty sharded store beside
+    it, and the writes went there."""
+    url = f"sqlite+sharded://{tmp_path / 'fleet'}"
+    with fleetstore.open(url) as store:
+        sid = store.sessions.create("root").id
+    (shard,) = (tmp_path / "fleet" / "shards").glob("*/*.db")
+    before = sorted(p.name for p in shard.parent.iterdir())
+    with pytest.raises(errors.ConfigError, match="a shard of the sharded store"):
+        fleetstore.open(shard)
+    assert sorted(p.name for p in shard.parent.iterdir()) == before
+    with fleetstore.open(url) as store:
+        assert [s.id for s in store.sessions.list()] == [sid]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    fleetstore.open(plain).close()  # plain/fleetstore.db
+    with pytest.raises(errors.ConfigError, match="holds a single-file store"):
+        fleetstore.open(f"sqlite+sharded://{plain}")
+    assert not (plain / CATALOG).exists()

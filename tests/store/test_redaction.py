@@ -380,8 +380,10 @@ def test_a_rules_file_that_cannot_be_used_is_refused_at_open(tmp_path: Path) -> 
     bad.write_text('[[rule]]\nkind = "x"\nprefixes = ["x_"]\nbody = "[a-z]+"\n')  # unbounded
     with pytest.raises(errors.ConfigError, match="bound"):
         fleetstore.open(tmp_path / "s.db", redaction_rules_file=str(bad))
-    with pytest.raises(errors.NotFound):
+    # A setting refused before anything is made (it was NotFound, after the database).
+    with pytest.raises(errors.ConfigError, match="no such rules file"):
         fleetstore.open(tmp_path / "t.db", redaction_rules_file=str(tmp_path / "none.toml"))
+    assert not list(tmp_path.glob("[st].db*"))
 
 
 # -- the screen ---------------------------------------------------------------------------------

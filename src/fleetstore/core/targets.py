@@ -66,6 +66,12 @@ def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path 
             directory = Path(rest)
             if directory.exists() and not directory.is_dir():
                 raise errors.ConfigError(f"{text!r}: a sharded store is a directory, not a file")
+            if (directory / DEFAULT_FILENAME).exists() and not (directory / CATALOG).exists():
+                # (It made an empty sharded store beside the file store, writes went there.)
+                raise errors.ConfigError(
+                    f"{text!r}: {directory} holds a single-file store ({DEFAULT_FILENAME}); "
+                    f"open it by its path, or convert it: fleetstore reshard"
+                )
             return "sharded", directory
         text = rest
     if not text:
@@ -78,6 +84,16 @@ def parse_target(url_or_path: str | os.PathLike[str] | None) -> tuple[str, Path 
     if path.name == CATALOG and (path.parent / SHARDS).is_dir():
         return "sharded", path.parent
     return "sqlite", path
+
+
+def refuse_shard(path: Path) -> None:
+    """``ConfigError`` if *path* is a shard file of a sharded store: opened alone as a
+    store, it took writes the sharded store never showed (doctor may still read it)."""
+    root = path.parent.parent.parent
+    if path.parent.parent.name == SHARDS and (root / CATALOG).is_file():
+        raise errors.ConfigError(
+            f"{path}: a shard of the sharded store at {root}; open sqlite+sharded://{root}"
+        )
 
 
 def resolve_target(url_or_path: str | os.PathLike[str] | None) -> Path:
@@ -156,6 +172,7 @@ __all__ = [
     "local_base",
     "parse_target",
     "redact",
+    "refuse_shard",
     "resolve_target",
     "sharded_root",
     "sharded_url",

@@ -31,6 +31,7 @@ from fleetstore.core.targets import (
     local_base,
     parse_target,
     redact,
+    refuse_shard,
     resolve_target,
 )
 from fleetstore.core.validate import (
@@ -661,7 +662,16 @@ def check_callable(fn: object) -> None:
 
 def _open_store(path: Path | str, config: Settings, kind: str = "") -> Store:
     backend: Backend
+    if config.redaction:
+        # Before anything is made: a rules file that cannot be used is a setting refused
+        # (it was NotFound, after the database had been created).
+        try:
+            write_redaction(config.redaction_rules_file)
+        except errors.NotFound as exc:
+            raise errors.ConfigError(f"redaction_rules_file: {exc}") from None
     if isinstance(path, Path):
+        if kind != "sharded":
+            refuse_shard(path)
         check_sidecars(path / CATALOG if kind == "sharded" else path)
     if kind == "sharded":
         assert isinstance(path, Path)

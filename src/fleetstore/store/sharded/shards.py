@@ -89,7 +89,12 @@ class ShardSet:
         self.migrations = list(migrations)
         self.settings = settings
         self.max_open = max(1, max_open)
-        private_dirs(root)
+        try:
+            private_dirs(root)
+        except OSError as exc:  # (a raw PermissionError; a file store's open says why)
+            raise errors.DatabaseError(
+                f"{root}: cannot make the store's directory: {exc}"
+            ) from None
         self.catalog = Database.open(root / CATALOG, self.migrations, **settings)
         self._share(self.catalog)
         if serve is not None:
