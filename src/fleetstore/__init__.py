@@ -40,10 +40,11 @@ from fleetstore.errors import (
 
 if TYPE_CHECKING:
     from fleetstore.core.settings import Settings, default_data_dir
-    from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
+    from fleetstore.domain.history import Messages, Stream, ToolCallHandle
     from fleetstore.domain.operations import Delivery, Operation
     from fleetstore.domain.outbox import Claim, Effects, Swept
     from fleetstore.domain.search import Search
+    from fleetstore.domain.sessions import Sessions
     from fleetstore.domain.state import State
     from fleetstore.domain.worker import FailEffect, Handler, RetryEffect, Worker
     from fleetstore.engine.sqlite import Database, Migration, ReadTx, WriteTx
@@ -87,7 +88,7 @@ _LAZY: dict[str, str] = {
     "Settings": "fleetstore.core.settings",
     "default_data_dir": "fleetstore.core.settings",
     "Messages": "fleetstore.domain.history",
-    "Sessions": "fleetstore.domain.history",
+    "Sessions": "fleetstore.domain.sessions",
     "Stream": "fleetstore.domain.history",
     "ToolCallHandle": "fleetstore.domain.history",
     "Delivery": "fleetstore.domain.operations",

@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +41,7 @@ from fleetstore import (
 )
 from fleetstore.core.ids import new_id
 from fleetstore.domain import registry
+from tests.fix_procs import Spawn, start_lock
 from tests.fix_stores import read_everywhere
 
 TABLES = ("sessions", "messages", "parts", "chunks", "usage", "state", "blobs", "applied_ops")
@@ -1365,3 +1367,62 @@ def test_rows_damaged_by_hand_read_back_as_a_typed_error_naming_the_row(store: S
     assert store.sessions.get(good.id).title == "whole"
     assert [m.id for m in store.messages.list(good.id)] == ["m-good"]
     assert store.effects.get(fine).payload == {"n": 2}
+
+
+def test_a_stream_on_a_store_busy_past_its_budget_loses_and_doubles_nothing(
+    tmp_path: Path, spawn: Spawn
+) -> None:
+    """With ``on_busy="raise"``: a delta whose buffer filled while the store was locked
+    raised StoreBusy yet was kept (a caller's retry stored it twice); a finish() that
+    raised StoreBusy was marked finished (a retry wrote nothing, the message stayed
+    streaming).  Now the delta call returns, and finish() can be called again."""
+    path = tmp_path / "busy.db"
+    with fleetstore.open(
+        path, write_budget=0.3, on_busy="raise", stream_flush_bytes=10, stream_flush_interval=600
+    ) as store:
+        sid = store.sessions.create().id
+        reply = store.messages.stream(sid, id="busy-reply")
+        reply.open()
+        reply.text("start;")
+        reply.flush()
+        locker, _ = start_lock(spawn, str(path), hold=120)
+        try:
+            reply.text("one-long-delta;")  # fills the buffer: its flush meets the lock
+            reply.tool_call("grep", {"q": 1}, call_id="c1")
+            reply.text("two-long-delta;")
+            with pytest.raises(errors.StoreBusy):
+                reply.finish()
+            with pytest.raises(errors.StoreBusy):
+                reply.finish()  # again, still locked: still nothing written
+        finally:
+            locker.popen.terminate()
+            locker.finish(30)
+        reply.finish()
+        m = store.messages.get("busy-reply")
+        assert m.status == "complete" and m.text == "start;one-long-delta;two-long-delta;"
+        assert [p.call_id for p in m.parts if isinstance(p, ToolCall)] == ["c1"]
+
+
+def test_a_delta_written_as_another_thread_finishes_is_stored_or_refused(store: Store) -> None:
+    """A delta let in while finish() took the buffer for its last write returned
+    without an error and was never stored (2 runs in 300 lost one)."""
+    sid = store.sessions.create().id
+    for trial in range(100):
+        reply = store.messages.stream(sid)
+        reply.open()
+        accepted: list[str] = []
+
+        def write(reply: Any = reply, accepted: list[str] = accepted) -> None:
+            for i in range(100_000):
+                try:
+                    reply.text(f"<{i}>")
+                except errors.InvalidInput:
+                    return  # finished: refused, as it says
+                accepted.append(f"<{i}>")
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        time.sleep(0.001)
+        reply.finish()
+        writer.join(30)
+        assert store.messages.get(reply.id).text == "".join(accepted), trial

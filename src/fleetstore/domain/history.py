@@ -1,4 +1,5 @@
-"""Sessions, messages, parts and usage: the domain rules of session history.
+"""Messages, parts and usage: the domain rules of a session's history (its sessions:
+``fleetstore.domain.sessions``).
 
 Payloads are encoded here, before any transaction: a body of at least
 ``blob_threshold`` bytes becomes a blob file (written and fsynced now) and the
@@ -8,7 +9,6 @@ chunks; a part is never rewritten whole.
 
 from __future__ import annotations
 
-import builtins
 import collections
 import json
 import threading
@@ -18,26 +18,23 @@ from typing import TYPE_CHECKING, Any
 
 from fleetstore import errors
 from fleetstore.core.ids import new_id
+from fleetstore.core.logs import logger
 from fleetstore.core.redact import LOOKAROUND, CountedStream
 from fleetstore.core.validate import (
-    INT_MAX,
     MAX_ERROR_TEXT,
     MAX_METADATA,
     MAX_MODEL,
     MAX_SHORT,
     MAX_TEXT,
     ROLES_MAX,
-    check_bool,
     check_id,
     check_int,
     check_mapping,
     check_number,
-    check_opt_id,
     check_opt_str,
     check_str,
     dump_json,
 )
-from fleetstore.domain import session_jobs
 from fleetstore.domain.codec import (
     Prepared,
     damaged_row,
@@ -50,7 +47,7 @@ from fleetstore.domain.codec import (
     stored_parts,
     write_parts,
 )
-from fleetstore.domain.operations import Delivery, Operation
+from fleetstore.domain.operations import Operation
 from fleetstore.domain.outbox import effects_args, prepare_effects
 from fleetstore.domain.ports import StorePort
 from fleetstore.models import (
@@ -58,7 +55,6 @@ from fleetstore.models import (
     Message,
     MessageStatus,
     NewEffect,
-    Page,
     Part,
     Session,
     SessionStatus,
@@ -70,6 +66,8 @@ from fleetstore.models import (
 
 if TYPE_CHECKING:
     from fleetstore.engine.base import Tx
+
+log = logger("fleetstore")
 
 #: Seconds a listing waits for this process's recent writes to reach a sharded
 #: store's catalog index (its background refresh); past it, it lists what is there.
@@ -108,14 +106,14 @@ def effects_arg(store: StorePort, effects: Sequence[NewEffect]) -> list[dict[str
     return effects_args(store, effects)
 
 
-def _title(store: StorePort, value: object) -> str | None:
+def title_arg(store: StorePort, value: object) -> str | None:
     """A title checked and redacted (often made from the first message), still within
     its limit (a marker may be longer than the secret it replaces)."""
     title = redact_text(store, check_opt_str(value, "title"))
     return title if title is None else title[:MAX_SHORT]
 
 
-def _metadata(store: StorePort, value: Mapping[str, Any] | None) -> dict[str, Any]:
+def metadata_arg(store: StorePort, value: Mapping[str, Any] | None) -> dict[str, Any]:
     """Metadata checked and redacted (its values are content too: a title's source, a
     command line, a URL with its token)."""
     if value is None:
@@ -224,215 +222,6 @@ def error_text(text: str) -> str:
     return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 1] + "…"
 
 
-class Sessions:
-    """``store.sessions``: create, read, list, fork, archive and delete sessions."""
-
-    def __init__(self, store: StorePort) -> None:
-        self._store = store
-
-    def create(
-        self,
-        title: str | None = None,
-        *,
-        project: str | None = None,
-        parent_id: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        id: str | None = None,
-        effects: Sequence[NewEffect] = (),
-    ) -> Session:
-        """A new session; with *parent_id*, a subagent's session in its parent's tree.
-        *effects* are enqueued in the same transaction (the transactional outbox)."""
-        sid = new_id() if id is None else check_id(id, "id")
-        check_opt_id(parent_id, "parent_id")
-        title = _title(self._store, title)
-        check_opt_str(project, "project")
-        meta = _metadata(self._store, metadata)
-        effect_list = prepare_effects(self._store, effects).write()
-        now = time.time()
-        args: dict[str, Any] = {
-            "id": sid,
-            "parent_id": parent_id,
-            "project": project,
-            "title": title,
-            "metadata": meta,
-            "created_at": now,
-        }
-        if effect_list:
-            args["effects"] = effect_list
-        if self._store.submit(Operation("create_session", args, new_id(), True)) is None:
-            return Session(
-                id=sid,
-                root_id=sid if parent_id is None else "",
-                parent_id=parent_id,
-                project=project,
-                title=title,
-                metadata=meta,
-                created_at=now,
-                updated_at=now,
-                version=0,
-            )
-        return self.get(sid)
-
-    def get(self, session_id: str) -> Session:
-        """The session (``NotFound`` if there is none)."""
-        check_id(session_id, "session_id")
-        self._store.check_visible(session_id)
-        rows = self._store.read(
-            lambda tx: tx.execute(self._store.queries["session_get"], (session_id,)),
-            session_id=session_id,
-        )
-        if not rows:
-            raise errors.NotFound(f"no session {session_id!r}")
-        return session_from_row(rows[0])
-
-    def list(
-        self,
-        *,
-        project: str | None = None,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        include_archived: bool = False,
-        limit: int = 100,
-        before: str | None = None,
-    ) -> Page[Session, str]:
-        """Sessions, newest first: at most *limit*, in a ``Page`` whose ``more`` says
-        there are older ones; ``before=page.next_cursor`` (a session id) lists them."""
-        check_int(limit, "limit", minimum=1)
-        check_opt_str(project, "project")
-        for name, value in (("parent_id", parent_id), ("root_id", root_id), ("before", before)):
-            check_opt_id(value, name)
-        check_bool(include_archived, "include_archived")
-        self._store.check_visible(None)
-        params = {
-            "project": project,
-            "parent_id": parent_id,
-            "root_id": root_id,
-            "include_archived": include_archived,
-            "before": before,
-            # One more than asked for: whether there is more is then known.
-            "limit": min(limit, INT_MAX - 1) + 1,
-        }
-        # A sharded store lists from its catalog: first bring this process's own
-        # writes' updated_at into it.
-        self._store.sync_catalog(LISTING_SYNC_WAIT)
-        rows = self._store.read(lambda tx: tx.execute(self._store.queries["session_list"], params))
-        found = [session_from_row(r) for r in rows[:limit]]
-        more = len(rows) > limit
-        return Page(found, more=more, next_cursor=found[-1].id if more else None)
-
-    def children(self, session_id: str) -> builtins.list[Session]:
-        """The subagent sessions spawned by *session_id*."""
-        check_id(session_id, "session_id")
-        return self.list(parent_id=session_id, include_archived=True, limit=INT_MAX)
-
-    def update(
-        self,
-        session_id: str,
-        *,
-        title: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        expected_version: int | None = None,
-        effects: Sequence[NewEffect] = (),
-    ) -> Session:
-        """Change the title and/or metadata; with *expected_version*, only if
-        nobody changed the session since (``VersionConflict``).  *effects* are
-        enqueued in the same transaction.  Never spooled (see ``_unspooled``)."""
-        args: dict[str, Any] = {"id": check_id(session_id, "session_id")}
-        if title is not None:
-            args["title"] = _title(self._store, title)
-        if metadata is not None:
-            args["metadata"] = _metadata(self._store, metadata)
-        if expected_version is not None:
-            args["expected_version"] = check_int(expected_version, "expected_version", minimum=1)
-        effect_list = prepare_effects(self._store, effects).write()
-        if effect_list:
-            args["effects"] = effect_list
-        return self._unspooled(Operation("update_session", args, new_id(), True), session_id)
-
-    def fork(
-        self,
-        session_id: str,
-        *,
-        at_message_id: str | None = None,
-        title: str | None = None,
-        id: str | None = None,
-    ) -> Session:
-        """A new session holding a copy of *session_id*'s messages up to and
-        including *at_message_id* (all of them by default).  Never spooled."""
-        new = new_id() if id is None else check_id(id, "id")
-        check_id(session_id, "session_id")
-        check_opt_id(at_message_id, "at_message_id")
-        title = _title(self._store, title)
-        at_seq = None
-        if at_message_id is not None:
-            # Only its seq: reading the whole message would read (and verify) its blobs.
-            self._store.check_visible(session_id)
-            q = self._store.queries
-            found = self._store.read(
-                lambda tx: tx.execute(q["message_identity"], (at_message_id,)),
-                session_id=session_id,
-            )
-            if not found or found[0][0] != session_id:
-                raise errors.NotFound(f"session {session_id!r} has no message {at_message_id!r}")
-            at_seq = found[0][1]
-        args = {
-            "id": new,
-            "source_id": check_id(session_id, "session_id"),
-            "at_seq": at_seq,
-            "title": title,
-            "owner": session_jobs.job_owner(),
-            "limit": session_jobs.FORK_MESSAGES,
-            "created_at": time.time(),
-        }
-        # The first batch of messages goes with the fork's row, hidden; a large
-        # session's next batches each in a transaction of their own, and the fork is
-        # seen once the last one is in (never half copied).
-        op = Operation("fork_session", args, new_id(), True)
-        result = self._store.submit(op, Delivery.NOW)
-        if result is not None and not result.get("done"):
-            session_jobs.copy_fork(self._store, new, session_id)
-        return self.get(new)
-
-    def archive(self, session_id: str, archived: bool = True) -> Session:
-        """Archive a session (``archived=False`` restores it); its history is kept.
-        Never spooled."""
-        args = {
-            "id": check_id(session_id, "session_id"),
-            "archived": check_bool(archived, "archived"),
-        }
-        return self._unspooled(Operation("archive_session", args, new_id(), True), session_id)
-
-    def delete(self, session_id: str) -> None:
-        """Delete a session with its subagent sessions, messages, parts, usage and state.
-        Gone for every reader at once; its rows are then removed in short transactions
-        before this returns (past the write budget, by the store's job thread)."""
-        args = {"id": check_id(session_id, "session_id")}
-        if self._store.submit(Operation("delete_session", args, new_id(), True)) is not None:
-            session_jobs.purge(self._store, session_id)
-
-    def usage(self, session_id: str) -> Usage:
-        """Tokens and cost summed over the session's messages."""
-        check_id(session_id, "session_id")
-        self._store.check_visible(session_id)
-        q = self._store.queries
-
-        def run(tx: Tx) -> Usage:
-            if not tx.execute(q["session_exists"], (session_id,)):
-                raise errors.NotFound(f"no session {session_id!r}")
-            row = tx.execute(q["usage_total"], (session_id,))[0]
-            return Usage(row[1], row[2], row[3], row[4], row[5], row[6])
-
-        return self._store.read(run, session_id=session_id)
-
-    def _unspooled(self, op: Operation, session_id: str) -> Session:
-        """Apply *op* now and return the session as stored.  These writes return what
-        they made, so they are not spooled: past the budget ``StoreBusy``, behind
-        spooled writes ``SpoolPending``, both with nothing written.  Spooling them and
-        raising afterwards made a caller's retry apply them twice (a second fork)."""
-        self._store.submit(op, Delivery.NOW)
-        return self.get(session_id)
-
-
 class Messages:
     """``store.messages``: append, stream, get and list messages."""
 
@@ -472,7 +261,7 @@ class Messages:
         check_str(role, "role", limit=ROLES_MAX, empty=False)
         if model is not None:
             check_str(model, "model", limit=MAX_MODEL)
-        meta = {} if metadata is None else _metadata(self._store, metadata)
+        meta = {} if metadata is None else metadata_arg(self._store, metadata)
         usage_dict = None if usage is None else usage_args(usage)
         if parts.__class__ is str:
             part_list: tuple[Part, ...] = (Text(parts),)
@@ -681,7 +470,7 @@ class Stream:
         check_str(role, "role", limit=ROLES_MAX, empty=False)
         self.role = role
         self.model = check_opt_str(model, "model", MAX_MODEL)
-        self._metadata = _metadata(store, metadata)
+        self._metadata = metadata_arg(store, metadata)
         self._lock = threading.Lock()  # guards the buffer below
         self._flush_lock = threading.Lock()  # one write at a time keeps chunk order
         self._pending: list[dict[str, Any]] = []  # chunks
@@ -758,8 +547,10 @@ class Stream:
             return
         # Here, not at a flush that would keep failing.
         check_str(delta, f"a {kind} delta", limit=MAX_TEXT)
-        self._check_open()
         with self._lock:
+            # Under the lock finish() ends the stream with: a delta let in as it took
+            # the buffer for its last write was dropped without a word.
+            self._check_open()
             if self._part_kind != kind:
                 self._part_seq += 1
                 self._part_kind = kind
@@ -783,7 +574,17 @@ class Stream:
         if first:
             self._store.streams_opened(self)
         if full:
+            self._flush_kept()
+
+    def _flush_kept(self) -> None:
+        """A flush because the buffer is full: if it fails (the store busy past the
+        budget with ``on_busy="raise"``), what it held stays buffered for the next
+        write and the call that added to it returns.  Raised, it was taken for the
+        delta's refusal, and a retried delta was stored twice."""
+        try:
             self.flush()
+        except errors.FleetstoreError as exc:
+            log.debug("stream %s: its flush is left for the next write: %s", self.id, exc)
 
     def _buffered_first(self) -> bool:
         """Under _lock, after buffering: start the flush clock if this is the first
@@ -909,6 +710,7 @@ class Stream:
         self._check_open()
         encoded = encode_part(self._store, part)  # a blob is written here, outside the lock
         with self._lock:
+            self._check_open()  # (finish() may have taken the buffer meanwhile)
             self._part_seq += 1
             self._part_kind = None
             self._parts.append({"seq": self._part_seq, "part": encoded})
@@ -918,7 +720,7 @@ class Stream:
         if first:
             self._store.streams_opened(self)
         if full:
-            self.flush()
+            self._flush_kept()
 
     def usage(self, /, usage: Usage | None = None, **tokens: Any) -> None:
         """The model call's usage, recorded when the message completes."""
@@ -947,9 +749,10 @@ class Stream:
             # An exception's message prints what it was given: kept redacted.
             error = redact_text(self._store, check_str(error, "error", limit=MAX_ERROR_TEXT))
             error = error[:MAX_ERROR_TEXT]
-        if self._finished or not self._open:
-            return
-        self._finished = True
+        with self._lock:
+            if self._finished or not self._open:
+                return
+            self._finished = True
         finish = {
             "status": "error" if error is not None else "complete",
             "error": error,
@@ -961,26 +764,41 @@ class Stream:
         except BaseException as exc:
             # Never mark it complete without its last text: try the end alone, as
             # an error, so the message does not stay streaming when it can be helped.
-            if error is None:
-                self._end_as_error(
-                    error_text(
-                        redact_text(self._store, f"{type(exc).__name__}: {exc}")
-                        + " (its last text was lost)"
-                    )
+            ended = error is None and self._end_as_error(
+                error_text(
+                    redact_text(self._store, f"{type(exc).__name__}: {exc}")
+                    + " (its last text was lost)"
                 )
-            raise
-        finally:
+            )
+            if not ended:
+                # Nothing was written (the store busy past the budget with
+                # on_busy="raise"): finish() can be called again, the text still
+                # buffered.  Marked finished, a retry returned at once, nothing
+                # written, and the message stayed streaming.
+                with self._lock:
+                    self._finished = False
+                raise
             self._store.streams_closed(self)
+            raise
+        self._store.streams_closed(self)
 
-    def _end_as_error(self, error: str) -> None:
+    def _end_as_error(self, error: str) -> bool:
+        """End the message as an error without what is buffered: True if written; else
+        (the write that failed said why) the buffer is as it was."""
         error = redact_text(self._store, error)[:MAX_ERROR_TEXT]
         with self._lock:
+            kept = self._pending, self._parts, self._pending_bytes, self._sealed
             self._pending, self._parts, self._pending_bytes = [], [], 0
         try:
             with self._flush_lock:
                 self._write({"status": "error", "error": error, "usage": self._usage})
         except errors.FleetstoreError:
-            pass  # the write that failed said why; the message stays streaming
+            with self._lock:
+                self._pending[:0], self._parts[:0] = kept[0], kept[1]
+                self._pending_bytes += kept[2]
+                self._sealed = kept[3]
+            return False
+        return True
 
     def _check_open(self) -> None:
         if not self._open or self._finished:
@@ -992,4 +810,4 @@ def _encoded_size(encoded: Mapping[str, Any]) -> int:
     return len(body) if isinstance(body, str) else 0
 
 
-__all__ = ["Messages", "Sessions", "Stream", "ToolCallHandle"]
+__all__ = ["Messages", "Stream", "ToolCallHandle", "metadata_arg", "title_arg"]

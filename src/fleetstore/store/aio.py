@@ -60,9 +60,10 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from fleetstore import errors
-from fleetstore.domain.history import Messages, Sessions, Stream, ToolCallHandle
+from fleetstore.domain.history import Messages, Stream, ToolCallHandle
 from fleetstore.domain.outbox import Claim, Effects
 from fleetstore.domain.search import Search
+from fleetstore.domain.sessions import Sessions
 from fleetstore.domain.state import State
 from fleetstore.models import Message
 from fleetstore.store.facade import Store

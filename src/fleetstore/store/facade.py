@@ -43,11 +43,12 @@ from fleetstore.core.validate import (
 )
 from fleetstore.domain import registry, session_jobs
 from fleetstore.domain.blobs import BlobStore, DbBlobStore, referenced_shas
-from fleetstore.domain.history import Messages, Sessions
+from fleetstore.domain.history import Messages
 from fleetstore.domain.operations import Delivery, Operation
 from fleetstore.domain.outbox import Effects
 from fleetstore.domain.ports import Flushable
 from fleetstore.domain.search import Search
+from fleetstore.domain.sessions import Sessions
 from fleetstore.domain.state import State
 from fleetstore.engine.base import Engine, Tx
 from fleetstore.engine.cipher import key_of_file
