@@ -36,7 +36,9 @@ def stress(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
         [sys.executable, "-m", "fleetstore_stress", "--json", "--seed", "1", *args],
         capture_output=True,
         text=True,
-        timeout=150,
+        # A safety net only (runs take 20-85 s): a hung-worker run on a loaded machine
+        # went past 150 s once, its worker frozen by SIGSTOP while it held the gate.
+        timeout=270,  # (within pytest-timeout's 300 s)
         env=clean_env(tmp_path),
     )
     try:
